@@ -1,0 +1,52 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "otaflash",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "otaflash", targets: ["otaflash"]),
+        .library(name: "OTA", targets: ["OTA"]),
+        .library(name: "GATT", targets: ["GATT"]),
+        .library(name: "Simulator", targets: ["Simulator"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+    ],
+    targets: [
+        // C shims: the only places C comes in.
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
+
+        // Transport abstraction: value types and the connection protocol. No C.
+        .target(name: "GATT"),
+        // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
+        .target(name: "OTAWire", dependencies: ["CZlib"]),
+        // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
+        .target(name: "OTADevice", dependencies: ["OTAWire"]),
+        // In-process simulated peripheral: link model, virtual clock, fault injection.
+        .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
+        // Central side: images, the engine state machine, the session driver, progress.
+        .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // libdbus wrapper: the only importer of CDBus.
+        .target(name: "DBus", dependencies: ["CDBus"]),
+        // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
+        .target(name: "BlueZ", dependencies: ["GATT", "DBus", .product(name: "Logging", package: "swift-log")]),
+        // Command implementations (testable in-process); `otaflash` is only its entry point.
+        .target(name: "OTAFlashCLI", dependencies: [
+            "OTA", "Simulator", "BlueZ", "OTADevice",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
+
+        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
+        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
+        .testTarget(name: "DBusTests", dependencies: ["DBus"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
+    ],
+    swiftLanguageModes: [.v6]
+)
