@@ -22,7 +22,7 @@ let package = Package(
         // Transport abstraction: value types and the connection protocol. No C.
         .target(name: "GATT"),
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
-        .target(name: "OTAWire", dependencies: ["CZlib"]),
+        .target(name: "OTAWire", dependencies: ["CZlib", "GATT"]),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
         .target(name: "OTADevice", dependencies: ["OTAWire"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.

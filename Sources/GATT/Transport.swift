@@ -17,6 +17,9 @@ public protocol GATTConnection: AnyObject, Sendable {
     /// The peer, as the user named it.
     var peer: String { get }
 
+    /// The time this link runs on (virtual on the simulator).
+    var clock: any MonotonicClock { get }
+
     /// Discovers the primary services and their characteristics.
     func discoverServices() async throws(GATTError) -> [GATTService]
 
@@ -92,6 +95,9 @@ extension GATTConnection {
 
 /// Finds and connects to peripherals: a BlueZ adapter, or the simulator.
 public protocol GATTCentral: Sendable {
+    /// The time this central's links run on.
+    var clock: any MonotonicClock { get }
+
     /// Scans for `timeout` and returns what matched, strongest signal first.
     func scan(filter: ScanFilter, timeout: Duration) async throws(GATTError) -> [Advertisement]
 

@@ -1,0 +1,220 @@
+import OTAWire
+
+/// The device side of the OTA protocol: a flash slot and the rules of docs/PROTOCOL.md.
+///
+/// A pure state machine: bytes written by a central go in, notification bytes come out. The
+/// in-process simulator and `otaflash simulate` (peripheral mode over BlueZ) both run this code, so
+/// there is one implementation of the device's rules.
+///
+/// What survives a reboot (`reboot()`): the transfer's parameters, the flash contents and the last
+/// committed checkpoint. What does not: data received after that checkpoint.
+public struct OTATarget: Sendable {
+    public let slotSize: Int
+    public private(set) var firmwareVersion: FirmwareVersion
+    public private(set) var state: DeviceState = .idle
+    /// The central that owns the transfer in progress, if the transport can tell centrals apart.
+    public private(set) var owner: String?
+
+    /// Parameters of the transfer in progress (BEGIN).
+    public private(set) var pending: ControlRequest.Begin?
+    /// The slot's contents, `pending.imageSize` bytes (0xFF where nothing was written).
+    public private(set) var flash: [UInt8] = []
+    /// Contiguous bytes received, and the CRC of `flash[0..<received]`.
+    public private(set) var received = 0
+    private var runningCRC = CRC32()
+    /// The last checkpoint whose CRC the central confirmed; survives reboots.
+    public private(set) var committed = 0
+    private var committedCRC: UInt32 = 0
+    private var gapReported = false
+
+    /// Images activated so far, newest last: what the device booted.
+    public private(set) var activations: [Activation] = []
+
+    /// Fault hook: flips a byte of flash after it is written, so that checkpoints (which use the
+    /// received bytes) pass and only VERIFY (which reads flash back) can catch it.
+    public var flashBitFlipAt: Int?
+
+    public struct Activation: Sendable, Hashable {
+        public let image: [UInt8]
+        public let crc: UInt32
+        public let version: FirmwareVersion
+    }
+
+    public init(slotSize: Int, firmwareVersion: FirmwareVersion) {
+        self.slotSize = slotSize
+        self.firmwareVersion = firmwareVersion
+    }
+
+    public var info: DeviceInfo {
+        DeviceInfo(state: state, maxImageSize: UInt32(clamping: slotSize), firmwareVersion: firmwareVersion,
+                   received: UInt32(received), pendingImageSize: pending?.imageSize ?? 0)
+    }
+
+    /// Handles a write to the control point and returns the notification to send back.
+    public mutating func handleControl(_ bytes: [UInt8], from central: String? = nil) -> [UInt8] {
+        let request: ControlRequest
+        do {
+            request = try ControlRequest(decoding: bytes)
+        } catch {
+            return ControlResponse(opcode: error.opcode ?? OTAOpcode(rawValue: 0), status: error.status).encoded
+        }
+        if let owner, let central, owner != central, state != .idle, request != .status {
+            return ControlResponse(opcode: request.opcode, status: .busy).encoded
+        }
+        return handle(request, from: central).encoded
+    }
+
+    private mutating func handle(_ request: ControlRequest, from central: String?) -> ControlResponse {
+        switch request {
+        case .begin(let begin):
+            return handleBegin(begin, from: central)
+
+        case .checkpoint(let offset, let crc):
+            guard state == .receiving, pending != nil else {
+                return ControlResponse(opcode: .checkpoint, status: .invalidState)
+            }
+            let offset = Int(offset)
+            if offset > received {
+                return ControlResponse(opcode: .checkpoint, status: .gap, payload: position)
+            }
+            if prefixCRC(offset) == crc {
+                truncate(to: offset, crc: crc)
+                committed = offset
+                committedCRC = crc
+                return ControlResponse(opcode: .checkpoint, status: .success, payload: position)
+            }
+            // What the central sent and what arrived differ somewhere: fall back to the last
+            // checkpoint both sides agreed on.
+            truncate(to: committed, crc: committedCRC)
+            return ControlResponse(opcode: .checkpoint, status: .crcMismatch, payload: position)
+
+        case .status:
+            let s = ControlResponse.Status(state: state, offset: UInt32(received), crc: runningCRC.value,
+                                           imageSize: pending?.imageSize ?? 0, imageCRC: pending?.imageCRC ?? 0)
+            return ControlResponse(opcode: .status, status: .success, payload: .status(s))
+
+        case .verify:
+            guard let pending, state == .receiving || state == .verified else {
+                return ControlResponse(opcode: .verify, status: .invalidState)
+            }
+            guard received == Int(pending.imageSize) else {
+                return ControlResponse(opcode: .verify, status: .incomplete, payload: .computedCRC(runningCRC.value))
+            }
+            let computed = CRC32.checksum(flash)
+            if computed == pending.imageCRC {
+                state = .verified
+                return ControlResponse(opcode: .verify, status: .success, payload: .computedCRC(computed))
+            }
+            // Never resume onto data that failed verification.
+            discardTransfer()
+            return ControlResponse(opcode: .verify, status: .crcMismatch, payload: .computedCRC(computed))
+
+        case .activate:
+            guard let pending, state == .verified else {
+                return ControlResponse(opcode: .activate, status: .notVerified)
+            }
+            // Check again right before booting: nothing is activated without a whole-image match.
+            let crc = CRC32.checksum(flash)
+            guard crc == pending.imageCRC else {
+                discardTransfer()
+                return ControlResponse(opcode: .activate, status: .crcMismatch)
+            }
+            activations.append(Activation(image: flash, crc: crc, version: pending.version))
+            firmwareVersion = pending.version
+            discardTransfer()
+            return ControlResponse(opcode: .activate, status: .success)
+
+        case .abort:
+            discardTransfer()
+            return ControlResponse(opcode: .abort, status: .success)
+        }
+    }
+
+    private mutating func handleBegin(_ begin: ControlRequest.Begin, from central: String?) -> ControlResponse {
+        guard begin.protocolVersion == OTAProtocol.version else {
+            return ControlResponse(opcode: .begin, status: .unsupportedProtocol)
+        }
+        guard begin.imageSize > 0 else { return ControlResponse(opcode: .begin, status: .invalidImage) }
+        guard Int(begin.imageSize) <= slotSize else { return ControlResponse(opcode: .begin, status: .imageTooLarge) }
+        var sameImage = false
+        if let p = pending, state != .idle, !begin.restart {
+            sameImage = p.imageSize == begin.imageSize && p.imageCRC == begin.imageCRC && p.version == begin.version
+        }
+        if !sameImage {
+            pending = begin
+            flash = [UInt8](repeating: 0xFF, count: Int(begin.imageSize))
+            received = 0
+            runningCRC = CRC32()
+            committed = 0
+            committedCRC = 0
+            state = .receiving
+        }
+        owner = central
+        gapReported = false
+        return ControlResponse(opcode: .begin, status: .success, payload: position)
+    }
+
+    /// Handles a data packet; returns a GAP event to notify when the packet skipped ahead.
+    public mutating func handleData(_ bytes: [UInt8], from central: String? = nil) -> [UInt8]? {
+        guard state == .receiving, let pending, let (offset32, payload) = DataPacket.decode(bytes) else { return nil }
+        if let owner, let central, owner != central { return nil }
+        let offset = Int(offset32)
+        let end = offset + payload.count
+        guard end <= Int(pending.imageSize) else { return nil }
+        if offset > received {
+            guard !gapReported else { return nil }
+            gapReported = true
+            return DeviceEvent.gap(expectedOffset: UInt32(received), crc: runningCRC.value).encoded
+        }
+        guard end > received else { return nil }  // a duplicate of what is held
+        let fresh = payload.dropFirst(received - offset)
+        flash.replaceSubrange(received..<end, with: fresh)
+        runningCRC.update(fresh)
+        if let flip = flashBitFlipAt, (received..<end).contains(flip) {
+            flash[flip] ^= 0x01
+            flashBitFlipAt = nil
+        }
+        received = end
+        gapReported = false
+        return nil
+    }
+
+    /// Power cycle: data after the last committed checkpoint is lost; the rest stays.
+    public mutating func reboot() {
+        if state == .receiving {
+            truncate(to: committed, crc: committedCRC)
+        }
+        owner = nil
+        gapReported = false
+    }
+
+    private var position: ControlResponse.Payload {
+        .position(offset: UInt32(received), crc: runningCRC.value)
+    }
+
+    /// CRC of `flash[0..<offset]`, from the nearest known point below it.
+    private func prefixCRC(_ offset: Int) -> UInt32 {
+        if offset == received { return runningCRC.value }
+        var crc = offset >= committed ? CRC32(value: committedCRC) : CRC32()
+        crc.update(flash[(offset >= committed ? committed : 0)..<offset])
+        return crc.value
+    }
+
+    private mutating func truncate(to offset: Int, crc: UInt32) {
+        received = offset
+        runningCRC = CRC32(value: crc)
+        gapReported = false
+    }
+
+    private mutating func discardTransfer() {
+        pending = nil
+        flash = []
+        received = 0
+        runningCRC = CRC32()
+        committed = 0
+        committedCRC = 0
+        state = .idle
+        owner = nil
+        gapReported = false
+    }
+}

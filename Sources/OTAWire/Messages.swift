@@ -1,0 +1,280 @@
+/// Command opcodes written to the control point (docs/PROTOCOL.md, "Commands").
+public struct OTAOpcode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    public static let begin = OTAOpcode(rawValue: 0x01)
+    public static let checkpoint = OTAOpcode(rawValue: 0x02)
+    public static let status = OTAOpcode(rawValue: 0x03)
+    public static let verify = OTAOpcode(rawValue: 0x04)
+    public static let activate = OTAOpcode(rawValue: 0x05)
+    public static let abort = OTAOpcode(rawValue: 0x06)
+
+    public var description: String {
+        switch self {
+        case .begin: "BEGIN"
+        case .checkpoint: "CHECKPOINT"
+        case .status: "STATUS"
+        case .verify: "VERIFY"
+        case .activate: "ACTIVATE"
+        case .abort: "ABORT"
+        default: "opcode 0x" + String(rawValue, radix: 16)
+        }
+    }
+}
+
+/// A command the central writes (with response) to the control point.
+public enum ControlRequest: Hashable, Sendable {
+    /// Start, or resume, the transfer of an image. `restart` discards any partial transfer.
+    case begin(Begin)
+    /// "I have sent `offset` bytes whose CRC is `crc`." The device commits or reports what it holds.
+    case checkpoint(offset: UInt32, crc: UInt32)
+    case status
+    /// The device computes CRC32 over the whole image it holds and compares it with BEGIN's.
+    case verify
+    /// Boot the verified image. Refused unless VERIFY succeeded.
+    case activate
+    /// Discard the transfer.
+    case abort
+
+    public struct Begin: Hashable, Sendable {
+        public var protocolVersion: UInt8
+        public var imageSize: UInt32
+        public var imageCRC: UInt32
+        public var version: FirmwareVersion
+        public var restart: Bool
+
+        public init(protocolVersion: UInt8 = OTAProtocol.version, imageSize: UInt32, imageCRC: UInt32,
+                    version: FirmwareVersion, restart: Bool) {
+            self.protocolVersion = protocolVersion
+            self.imageSize = imageSize
+            self.imageCRC = imageCRC
+            self.version = version
+            self.restart = restart
+        }
+    }
+
+    public var opcode: OTAOpcode {
+        switch self {
+        case .begin: .begin
+        case .checkpoint: .checkpoint
+        case .status: .status
+        case .verify: .verify
+        case .activate: .activate
+        case .abort: .abort
+        }
+    }
+
+    public var encoded: [UInt8] {
+        var b: [UInt8] = [opcode.rawValue]
+        switch self {
+        case .begin(let p):
+            b.append(p.protocolVersion)
+            b.appendLE(p.imageSize)
+            b.appendLE(p.imageCRC)
+            b.appendLE(p.version.packed)
+            b.append(p.restart ? 0x01 : 0x00)
+        case .checkpoint(let offset, let crc):
+            b.appendLE(offset)
+            b.appendLE(crc)
+        case .status, .verify, .activate, .abort:
+            break
+        }
+        return b
+    }
+
+    /// Decodes a control point write. The error carries the status the device should reply with.
+    public init(decoding bytes: [UInt8]) throws(RequestDecodingError) {
+        var r = ByteReader(bytes)
+        guard let op = r.u8() else { throw RequestDecodingError(opcode: nil, status: .invalidLength) }
+        let opcode = OTAOpcode(rawValue: op)
+        func exact(_ n: Int) throws(RequestDecodingError) {
+            guard bytes.count == n else { throw RequestDecodingError(opcode: opcode, status: .invalidLength) }
+        }
+        switch opcode {
+        case .begin:
+            try exact(15)
+            let begin = Begin(protocolVersion: r.u8()!, imageSize: r.u32()!, imageCRC: r.u32()!,
+                              version: FirmwareVersion(packed: r.u32()!), restart: r.u8()! & 0x01 != 0)
+            self = .begin(begin)
+        case .checkpoint:
+            try exact(9)
+            self = .checkpoint(offset: r.u32()!, crc: r.u32()!)
+        case .status: try exact(1); self = .status
+        case .verify: try exact(1); self = .verify
+        case .activate: try exact(1); self = .activate
+        case .abort: try exact(1); self = .abort
+        default: throw RequestDecodingError(opcode: opcode, status: .unknownOpcode)
+        }
+    }
+}
+
+/// Why a control point write could not be decoded, and the status to answer with.
+public struct RequestDecodingError: Error, Hashable, Sendable {
+    public let opcode: OTAOpcode?
+    public let status: OTAStatus
+}
+
+/// What the device notifies on the control point: a reply to a command, or an unsolicited event.
+public enum ControlNotification: Hashable, Sendable {
+    case response(ControlResponse)
+    case event(DeviceEvent)
+
+    public static let responseCode: UInt8 = 0x80
+    public static let eventCode: UInt8 = 0x81
+
+    public var encoded: [UInt8] {
+        switch self {
+        case .response(let r): r.encoded
+        case .event(let e): e.encoded
+        }
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        switch bytes.first {
+        case Self.responseCode: self = .response(try ControlResponse(decoding: bytes))
+        case Self.eventCode: self = .event(try DeviceEvent(decoding: bytes))
+        default: throw WireError("control point notification starts with an unknown code: \(hexDump(bytes[...]))")
+        }
+    }
+}
+
+/// A reply: `0x80, request opcode, status, payload`. The payload depends on the command.
+public struct ControlResponse: Hashable, Sendable {
+    public var opcode: OTAOpcode
+    public var status: OTAStatus
+    public var payload: Payload
+
+    public enum Payload: Hashable, Sendable {
+        case none
+        /// BEGIN and CHECKPOINT: the device's contiguous offset and the CRC of what it holds below it.
+        case position(offset: UInt32, crc: UInt32)
+        case status(Status)
+        /// VERIFY: the CRC the device computed over what it holds.
+        case computedCRC(UInt32)
+    }
+
+    public struct Status: Hashable, Sendable {
+        public var state: DeviceState
+        public var offset: UInt32
+        public var crc: UInt32
+        public var imageSize: UInt32
+        public var imageCRC: UInt32
+
+        public init(state: DeviceState, offset: UInt32, crc: UInt32, imageSize: UInt32, imageCRC: UInt32) {
+            self.state = state
+            self.offset = offset
+            self.crc = crc
+            self.imageSize = imageSize
+            self.imageCRC = imageCRC
+        }
+    }
+
+    public init(opcode: OTAOpcode, status: OTAStatus, payload: Payload = .none) {
+        self.opcode = opcode
+        self.status = status
+        self.payload = payload
+    }
+
+    public var encoded: [UInt8] {
+        var b: [UInt8] = [ControlNotification.responseCode, opcode.rawValue, status.rawValue]
+        switch payload {
+        case .none: break
+        case .position(let offset, let crc):
+            b.appendLE(offset)
+            b.appendLE(crc)
+        case .status(let s):
+            b.append(s.state.rawValue)
+            b.appendLE(s.offset)
+            b.appendLE(s.crc)
+            b.appendLE(s.imageSize)
+            b.appendLE(s.imageCRC)
+        case .computedCRC(let crc):
+            b.appendLE(crc)
+        }
+        return b
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        var r = ByteReader(bytes)
+        guard r.u8() == ControlNotification.responseCode, let op = r.u8(), let st = r.u8() else {
+            throw WireError("reply too short: \(hexDump(bytes[...]))")
+        }
+        opcode = OTAOpcode(rawValue: op)
+        status = OTAStatus(rawValue: st)
+        let malformed = WireError("\(opcode) reply has a malformed payload: \(hexDump(bytes[...]))")
+        if r.remaining == 0 {
+            payload = .none
+            return
+        }
+        switch opcode {
+        case .begin, .checkpoint:
+            guard r.remaining == 8, let offset = r.u32(), let crc = r.u32() else { throw malformed }
+            payload = .position(offset: offset, crc: crc)
+        case .status:
+            guard r.remaining == 17, let s = r.u8(), let off = r.u32(), let crc = r.u32(), let size = r.u32(),
+                  let icrc = r.u32()
+            else { throw malformed }
+            payload = .status(Status(state: DeviceState(rawValue: s), offset: off, crc: crc, imageSize: size, imageCRC: icrc))
+        case .verify:
+            guard r.remaining == 4, let crc = r.u32() else { throw malformed }
+            payload = .computedCRC(crc)
+        default:
+            throw malformed
+        }
+    }
+}
+
+/// An unsolicited event: `0x81, event code, payload`.
+public enum DeviceEvent: Hashable, Sendable {
+    /// A data packet arrived beyond the contiguous offset and was dropped. Sent once per gap.
+    case gap(expectedOffset: UInt32, crc: UInt32)
+
+    public static let gapCode: UInt8 = 0x01
+
+    public var encoded: [UInt8] {
+        switch self {
+        case .gap(let offset, let crc):
+            var b: [UInt8] = [ControlNotification.eventCode, Self.gapCode]
+            b.appendLE(offset)
+            b.appendLE(crc)
+            return b
+        }
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        var r = ByteReader(bytes)
+        guard r.u8() == ControlNotification.eventCode, let code = r.u8() else {
+            throw WireError("event too short: \(hexDump(bytes[...]))")
+        }
+        switch code {
+        case Self.gapCode:
+            guard r.remaining == 8, let off = r.u32(), let crc = r.u32() else {
+                throw WireError("GAP event has a malformed payload: \(hexDump(bytes[...]))")
+            }
+            self = .gap(expectedOffset: off, crc: crc)
+        default:
+            throw WireError("unknown event code 0x\(String(code, radix: 16)): \(hexDump(bytes[...]))")
+        }
+    }
+}
+
+/// A data packet: the 32-bit little-endian offset of its first byte, then the bytes.
+public enum DataPacket {
+    /// Encodes a packet for `image[range]`.
+    @inlinable
+    public static func encode(offset: UInt32, payload: ArraySlice<UInt8>) -> [UInt8] {
+        var b = [UInt8]()
+        b.reserveCapacity(OTAProtocol.dataHeaderSize + payload.count)
+        b.appendLE(offset)
+        b.append(contentsOf: payload)
+        return b
+    }
+
+    /// Splits a packet into offset and payload; nil when it has no payload byte.
+    public static func decode(_ bytes: [UInt8]) -> (offset: UInt32, payload: ArraySlice<UInt8>)? {
+        guard bytes.count > OTAProtocol.dataHeaderSize else { return nil }
+        var r = ByteReader(bytes)
+        return (r.u32()!, r.rest())
+    }
+}

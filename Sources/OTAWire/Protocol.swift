@@ -1,0 +1,176 @@
+import GATT
+
+/// The otaflash native OTA protocol, version 1 (docs/PROTOCOL.md is the specification).
+public enum OTAProtocol {
+    /// The protocol version this code speaks. A device with another major version is refused.
+    public static let version: UInt8 = 1
+
+    public static let serviceUUID: BluetoothUUID = "b0e60001-2f6e-4b2a-9c1f-6f7461666c61"
+    /// Write with response + notify: commands in, replies and events out.
+    public static let controlPointUUID: BluetoothUUID = "b0e60002-2f6e-4b2a-9c1f-6f7461666c61"
+    /// Write without response: data packets.
+    public static let dataUUID: BluetoothUUID = "b0e60003-2f6e-4b2a-9c1f-6f7461666c61"
+    /// Read: `DeviceInfo`.
+    public static let infoUUID: BluetoothUUID = "b0e60004-2f6e-4b2a-9c1f-6f7461666c61"
+
+    /// Bytes of the data packet header (the 32-bit offset).
+    public static let dataHeaderSize = 4
+    /// ATT header bytes of a write (opcode + handle): a write carries at most `mtu - 3` bytes.
+    public static let attWriteOverhead = 3
+    /// The smallest ATT MTU (Core Spec Vol 3, Part F, 3.2.8).
+    public static let minimumMTU = 23
+
+    /// Image bytes one data packet carries at this ATT MTU: `mtu - 3 - 4`.
+    public static func chunkSize(mtu: Int) -> Int {
+        max(0, mtu - attWriteOverhead - dataHeaderSize)
+    }
+}
+
+/// The Device Information Service (0x180A) and the characteristics `otaflash info` reads.
+public enum DeviceInformationService {
+    public static let serviceUUID: BluetoothUUID = "180a"
+    public static let manufacturerNameUUID: BluetoothUUID = "2a29"
+    public static let modelNumberUUID: BluetoothUUID = "2a24"
+    public static let firmwareRevisionUUID: BluetoothUUID = "2a26"
+}
+
+/// A reply status (docs/PROTOCOL.md, "Status codes"). Unknown codes still decode and print.
+public struct OTAStatus: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    public static let success = OTAStatus(rawValue: 0x00)
+    public static let unknownOpcode = OTAStatus(rawValue: 0x01)
+    public static let invalidLength = OTAStatus(rawValue: 0x02)
+    public static let invalidState = OTAStatus(rawValue: 0x03)
+    public static let imageTooLarge = OTAStatus(rawValue: 0x04)
+    public static let gap = OTAStatus(rawValue: 0x05)
+    public static let crcMismatch = OTAStatus(rawValue: 0x06)
+    public static let notVerified = OTAStatus(rawValue: 0x07)
+    public static let flashError = OTAStatus(rawValue: 0x08)
+    public static let busy = OTAStatus(rawValue: 0x09)
+    public static let incomplete = OTAStatus(rawValue: 0x0A)
+    public static let unsupportedProtocol = OTAStatus(rawValue: 0x0B)
+    public static let invalidImage = OTAStatus(rawValue: 0x0C)
+
+    private static let words: [UInt8: String] = [
+        0x00: "success",
+        0x01: "unknown opcode",
+        0x02: "invalid length",
+        0x03: "invalid state for this command",
+        0x04: "image too large for the slot",
+        0x05: "gap: the device holds less data than the offset",
+        0x06: "CRC mismatch",
+        0x07: "image not verified",
+        0x08: "flash write failed",
+        0x09: "busy with another central's transfer",
+        0x0A: "incomplete: not every byte has arrived",
+        0x0B: "unsupported protocol version",
+        0x0C: "invalid image parameters",
+    ]
+
+    public var description: String {
+        let hex = "0x" + (rawValue < 16 ? "0" : "") + String(rawValue, radix: 16)
+        return "\(Self.words[rawValue] ?? "unknown status") (\(hex))"
+    }
+}
+
+/// The device's transfer state, as the info characteristic and STATUS report it.
+public struct DeviceState: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    /// No transfer in progress.
+    public static let idle = DeviceState(rawValue: 0)
+    /// BEGIN accepted; data arriving.
+    public static let receiving = DeviceState(rawValue: 1)
+    /// VERIFY succeeded; ACTIVATE allowed.
+    public static let verified = DeviceState(rawValue: 2)
+
+    public var description: String {
+        switch self {
+        case .idle: "idle"
+        case .receiving: "receiving"
+        case .verified: "verified"
+        default: "unknown(\(rawValue))"
+        }
+    }
+}
+
+/// A firmware version `major.minor.patch`, packed in 32 bits as `major << 24 | minor << 16 | patch`.
+public struct FirmwareVersion: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public var major: UInt8
+    public var minor: UInt8
+    public var patch: UInt16
+
+    public init(major: UInt8, minor: UInt8, patch: UInt16) {
+        self.major = major
+        self.minor = minor
+        self.patch = patch
+    }
+
+    public init(packed: UInt32) {
+        self.init(major: UInt8(packed >> 24), minor: UInt8((packed >> 16) & 0xFF), patch: UInt16(packed & 0xFFFF))
+    }
+
+    /// Parses `M`, `M.m` or `M.m.p` with M, m ≤ 255 and p ≤ 65535.
+    public init?(_ text: String) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard (1...3).contains(parts.count), let major = UInt8(parts[0]) else { return nil }
+        let minor = parts.count > 1 ? UInt8(parts[1]) : 0
+        let patch = parts.count > 2 ? UInt16(parts[2]) : 0
+        guard let minor, let patch else { return nil }
+        self.init(major: major, minor: minor, patch: patch)
+    }
+
+    public var packed: UInt32 { UInt32(major) << 24 | UInt32(minor) << 16 | UInt32(patch) }
+    public var description: String { "\(major).\(minor).\(patch)" }
+
+    public static func < (a: FirmwareVersion, b: FirmwareVersion) -> Bool { a.packed < b.packed }
+}
+
+/// The info characteristic's value: 20 bytes, so one ATT read at the minimum MTU returns it whole.
+public struct DeviceInfo: Hashable, Sendable {
+    public static let encodedSize = 20
+
+    public var protocolVersion: UInt8
+    public var state: DeviceState
+    public var maxImageSize: UInt32
+    public var firmwareVersion: FirmwareVersion
+    /// Contiguous bytes held of the pending transfer (0 when idle).
+    public var received: UInt32
+    /// Size of the pending transfer's image (0 when idle).
+    public var pendingImageSize: UInt32
+
+    public init(protocolVersion: UInt8 = OTAProtocol.version, state: DeviceState, maxImageSize: UInt32,
+                firmwareVersion: FirmwareVersion, received: UInt32, pendingImageSize: UInt32) {
+        self.protocolVersion = protocolVersion
+        self.state = state
+        self.maxImageSize = maxImageSize
+        self.firmwareVersion = firmwareVersion
+        self.received = received
+        self.pendingImageSize = pendingImageSize
+    }
+
+    public var encoded: [UInt8] {
+        var b: [UInt8] = [protocolVersion, state.rawValue]
+        b.appendLE(UInt16(0))
+        b.appendLE(maxImageSize)
+        b.appendLE(firmwareVersion.packed)
+        b.appendLE(received)
+        b.appendLE(pendingImageSize)
+        return b
+    }
+
+    /// Decodes the value; longer values are accepted (later minor versions may append fields).
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        var r = ByteReader(bytes)
+        guard let v = r.u8(), let s = r.u8(), r.u16() != nil, let max = r.u32(), let fw = r.u32(),
+              let rx = r.u32(), let pending = r.u32()
+        else {
+            throw WireError("info value has \(bytes.count) bytes, expected at least \(Self.encodedSize): \(hexDump(bytes[...]))")
+        }
+        self.init(protocolVersion: v, state: DeviceState(rawValue: s), maxImageSize: max,
+                  firmwareVersion: FirmwareVersion(packed: fw), received: rx, pendingImageSize: pending)
+    }
+}

@@ -1,0 +1,73 @@
+/// Faults the simulated peripheral injects, deterministically for a given seed.
+///
+/// Offsets refer to image bytes: a fault "at offset X" fires when the device first receives a
+/// data packet covering byte X. Rates are per event of their kind (data packet, command,
+/// notification) and drawn from a generator seeded with `seed`, so a run replays exactly.
+public struct FaultPlan: Sendable, Hashable {
+    public var seed: UInt64
+    /// Fraction of data packets (write without response) the peripheral's stack drops.
+    public var dropRate: Double
+    /// The link drops when the device receives these offsets (each fires once).
+    public var disconnectAt: [Int]
+    /// The device power-cycles when it receives these offsets: it loses what followed its last
+    /// checkpoint and is away for `rebootDuration`.
+    public var rebootAt: [Int]
+    public var rebootDuration: Duration
+    /// Fraction of data packets whose payload arrives with one byte flipped.
+    public var corruptRate: Double
+    /// Data packets covering these offsets arrive with that byte flipped (each fires once).
+    public var corruptAt: [Int]
+    /// Fraction of control point writes answered with an ATT error instead of being handled.
+    public var gattErrorRate: Double
+    /// Fraction of notifications the central never receives.
+    public var lostNotificationRate: Double
+    /// Extra time the device's flash needs per KiB written or read back.
+    public var slowFlashPerKiB: Duration
+    /// A byte of flash that rots after it was written: checkpoints pass, VERIFY must fail.
+    public var flashBitFlipAt: Int?
+    /// After this many connections the device refuses every further connection attempt
+    /// (a device that went away for good). Nil: always connectable.
+    public var refuseConnectionsAfter: Int?
+
+    public init(seed: UInt64 = 1, dropRate: Double = 0, disconnectAt: [Int] = [], rebootAt: [Int] = [],
+                rebootDuration: Duration = .milliseconds(500), corruptRate: Double = 0, corruptAt: [Int] = [],
+                gattErrorRate: Double = 0, lostNotificationRate: Double = 0, slowFlashPerKiB: Duration = .zero,
+                flashBitFlipAt: Int? = nil, refuseConnectionsAfter: Int? = nil) {
+        self.seed = seed
+        self.dropRate = dropRate
+        self.disconnectAt = disconnectAt
+        self.rebootAt = rebootAt
+        self.rebootDuration = rebootDuration
+        self.corruptRate = corruptRate
+        self.corruptAt = corruptAt
+        self.gattErrorRate = gattErrorRate
+        self.lostNotificationRate = lostNotificationRate
+        self.slowFlashPerKiB = slowFlashPerKiB
+        self.flashBitFlipAt = flashBitFlipAt
+        self.refuseConnectionsAfter = refuseConnectionsAfter
+    }
+
+    public static let none = FaultPlan()
+}
+
+/// SplitMix64: small, fast, and the same sequence on every platform for a seed.
+public struct SeededGenerator: RandomNumberGenerator, Sendable {
+    private var state: UInt64
+
+    public init(seed: UInt64) { state = seed }
+
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    /// True with probability `p`; draws nothing when `p` is 0, so a plan without a fault does not
+    /// shift the sequence of the others.
+    public mutating func chance(_ p: Double) -> Bool {
+        guard p > 0 else { return false }
+        return Double(next() >> 11) / Double(1 << 53) < p
+    }
+}

@@ -1,0 +1,464 @@
+import GATT
+import OTAWire
+import Synchronization
+
+/// A central's link to a `SimulatedDevice`, timed by a `LinkModel`.
+///
+/// A discrete-event model driven by the central: every call first runs the connection events
+/// that are due at the clock's `now`, then acts. When the central must wait (a full transmit
+/// queue, a write response, the next event), the connection computes when the awaited thing can
+/// happen and sleeps on the clock until then: on a `VirtualClock` that is a jump, so a test or
+/// benchmark runs at CPU speed and still sees the model's timing; on a `SystemClock` it is real.
+/// One session drives one connection, so nothing else can happen while it waits.
+public final class SimulatedConnection: GATTConnection {
+    public let peer: String
+    public let clock: any MonotonicClock
+    let device: SimulatedDevice
+    let model: LinkModel
+    private let link: Mutex<Link>
+
+    init(device: SimulatedDevice, clock: any MonotonicClock) {
+        self.device = device
+        self.peer = device.config.address.description
+        self.clock = clock
+        self.model = device.config.link
+        self.link = Mutex(Link(anchor: clock.now, model: device.config.link))
+    }
+
+    public func discoverServices() async throws(GATTError) -> [GATTService] {
+        try await roundTrips(3)
+        return device.services
+    }
+
+    public func mtu() async throws(GATTError) -> Int {
+        try link.withLock { l throws(GATTError) in try l.requireUp(at: clock.now) }
+        return model.mtu
+    }
+
+    public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
+        try await roundTrips(1)
+        guard let value = device.readValue(characteristic.id) else {
+            throw .att(.readNotPermitted, "reading \(characteristic.uuid)")
+        }
+        return value
+    }
+
+    public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
+        try await roundTrips(1)
+        link.withLock { l in
+            if enabled { l.notifying.insert(characteristic.id) } else { l.notifying.remove(characteristic.id) }
+        }
+    }
+
+    public func transportWrite(_ value: [UInt8], to characteristic: GATTCharacteristic, type: WriteType) async throws(GATTError) {
+        switch type {
+        case .withoutResponse:
+            try await waitUntil { l, now throws(GATTError) in
+                try l.requireUp(at: now)
+                guard l.model.timed else {
+                    l.enqueue(.command(characteristic.id, value), device: device, now: now)
+                    return .done
+                }
+                if l.forward.count - l.forwardHead < l.model.txQueueDepth {
+                    l.enqueue(.command(characteristic.id, value), device: device, now: now)
+                    return .done
+                }
+                return .wait(l.nextEventTime)
+            }
+        case .withResponse:
+            let ticket = try link.withLock { l throws(GATTError) in
+                try submit(&l, value, characteristic, blocking: true)
+            }
+            try await waitUntil { l, now throws(GATTError) in
+                if let result = l.blockingResults.removeValue(forKey: ticket) {
+                    if let error = result { throw error }
+                    return .done
+                }
+                try l.requireUp(at: now)
+                return .wait(l.nextWakeTime(limit: nil))
+            }
+        }
+    }
+
+    public func transportSubmitWrite(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> WriteTicket {
+        try link.withLock { l throws(GATTError) in try submit(&l, value, characteristic, blocking: false) }
+    }
+
+    private func submit(_ l: inout Link, _ value: [UInt8], _ c: GATTCharacteristic, blocking: Bool) throws(GATTError) -> WriteTicket {
+        let now = clock.now
+        l.run(until: now, device: device)
+        try l.requireUp(at: now)
+        l.nextTicket += 1
+        let ticket = WriteTicket(l.nextTicket)
+        l.outstanding.insert(ticket)
+        if blocking { l.blocking.insert(ticket) }
+        l.enqueue(.request(c.id, value, ticket), device: device, now: now)
+        return ticket
+    }
+
+    public func nextEvent(timeout: Duration) async -> GATTEvent? {
+        let deadline = clock.now + timeout
+        var event: GATTEvent?
+        do {
+            try await waitUntil { l, now in
+                if let e = l.popEvent(at: now) {
+                    event = e
+                    return .done
+                }
+                if now >= deadline { return .done }
+                return .wait(l.nextWakeTime(limit: deadline))
+            }
+        } catch {
+            return nil
+        }
+        return event
+    }
+
+    public func pollEvent() -> GATTEvent? {
+        link.withLock { l in
+            let now = clock.now
+            l.run(until: now, device: device)
+            return l.popEvent(at: now)
+        }
+    }
+
+    public func disconnect() async {
+        link.withLock { l in
+            let now = clock.now
+            l.run(until: now, device: device)
+            l.drop(at: now, reason: .local, noticeAfter: .zero, device: device)
+        }
+    }
+
+    // MARK: - Waiting
+
+    enum Step {
+        case done
+        case wait(Duration)
+    }
+
+    /// Runs due events, asks `check` whether to stop, and otherwise sleeps until the time it names.
+    private func waitUntil(_ check: (inout Link, Duration) throws(GATTError) -> Step) async throws(GATTError) {
+        while true {
+            let step = try link.withLock { l throws(GATTError) -> Step in
+                let now = clock.now
+                l.run(until: now, device: device)
+                return try check(&l, now)
+            }
+            guard case .wait(let wake) = step else { return }
+            do {
+                try await clock.sleep(until: wake)
+            } catch {
+                throw GATTError(.failed, "cancelled while waiting on \(peer)")
+            }
+        }
+    }
+
+    /// A request/response exchange on the link (read, discovery, CCCD write): about two
+    /// connection intervals each.
+    private func roundTrips(_ n: Int) async throws(GATTError) {
+        try link.withLock { l throws(GATTError) in
+            l.run(until: clock.now, device: device)
+            try l.requireUp(at: clock.now)
+        }
+        guard model.timed else { return }
+        do {
+            try await clock.sleep(for: model.connectionInterval * (2 * n))
+        } catch {
+            throw GATTError(.failed, "cancelled while waiting on \(peer)")
+        }
+        try link.withLock { l throws(GATTError) in
+            l.run(until: clock.now, device: device)
+            try l.requireUp(at: clock.now)
+        }
+    }
+}
+
+/// The link's state: queues in both directions, the central's inbox, and whether it is up.
+struct Link {
+    let anchor: Duration
+    let model: LinkModel
+    private let ci: Duration
+
+    /// Central to peripheral, in order; `forwardHead` is the first not yet fully sent.
+    var forward: [Forward] = []
+    var forwardHead = 0
+    var headFragmentsSent = 0
+    /// Peripheral to central, in generation order.
+    var reverse: [Reverse] = []
+    var reverseHead = 0
+    /// What the central will see, with the time it sees it.
+    var inbox: [(time: Duration, event: GATTEvent)] = []
+    var inboxHead = 0
+
+    var nextEvent = 0
+    var up = true
+    /// When the central learns that the link is down (after the supervision timeout).
+    var downNoticedAt: Duration?
+    var downReason = ""
+    var deviceBusyUntil: Duration = .zero
+    var notifying: Set<String> = []
+    var nextTicket: UInt64 = 0
+    var outstanding: Set<WriteTicket> = []
+    var blocking: Set<WriteTicket> = []
+    var blockingResults: [WriteTicket: GATTError?] = [:]
+
+    enum Forward {
+        case command(String, [UInt8])
+        case request(String, [UInt8], WriteTicket)
+
+        var bytes: [UInt8] {
+            switch self {
+            case .command(_, let b), .request(_, let b, _): b
+            }
+        }
+    }
+
+    struct Reverse {
+        var time: Duration
+        var event: GATTEvent
+        var size: Int
+    }
+
+    init(anchor: Duration, model: LinkModel) {
+        self.anchor = anchor
+        self.model = model
+        self.ci = model.connectionInterval
+    }
+
+    var nextEventTime: Duration { anchor + ci * nextEvent }
+
+    func requireUp(at now: Duration) throws(GATTError) {
+        if let noticed = downNoticedAt, now >= noticed {
+            throw GATTError(.notConnected, "not connected: \(downReason)")
+        }
+    }
+
+    /// When something the central waits for can next happen: the next connection event if
+    /// anything is queued, else the next inbox entry, else `limit`.
+    func nextWakeTime(limit: Duration?) -> Duration {
+        var wake = limit ?? .seconds(1 << 40)
+        if inboxHead < inbox.count { wake = min(wake, inbox[inboxHead].time) }
+        if up, forwardHead < forward.count || reverseHead < reverse.count {
+            wake = min(wake, nextEventTime)
+        }
+        if let noticed = downNoticedAt { wake = min(wake, noticed) }
+        if let boot = scheduledDrop { wake = min(wake, boot) }
+        return wake
+    }
+
+    mutating func popEvent(at now: Duration) -> GATTEvent? {
+        guard inboxHead < inbox.count, inbox[inboxHead].time <= now else { return nil }
+        defer {
+            inboxHead += 1
+            if inboxHead > 256, inboxHead * 2 > inbox.count {
+                inbox.removeFirst(inboxHead)
+                inboxHead = 0
+            }
+        }
+        return inbox[inboxHead].event
+    }
+
+    mutating func enqueue(_ pdu: Forward, device: SimulatedDevice, now: Duration) {
+        guard up else { return }  // the link is gone but the central has not noticed yet
+        if !model.timed {
+            deliver(pdu, at: now, device: device)
+            flushReverseUntimed()
+            return
+        }
+        forward.append(pdu)
+    }
+
+    /// Runs every connection event due by `now`.
+    mutating func run(until now: Duration, device: SimulatedDevice) {
+        guard model.timed else { return }
+        while up, nextEventTime <= now {
+            if let at = scheduledDrop, at <= nextEventTime {
+                dropForBoot()
+                break
+            }
+            let idle = forwardHead == forward.count && (reverseHead == reverse.count)
+            if idle {
+                // Skip empty events: jump to the first event at or after the next pending item.
+                let due = now
+                let skip = max(0, Int(((due - anchor) / ci).rounded(.down)) + 1 - nextEvent)
+                nextEvent += max(1, skip)
+                continue
+            }
+            runEvent(device: device)
+            nextEvent += 1
+        }
+        if let at = scheduledDrop, at <= now { dropForBoot() }
+        compactForward()
+    }
+
+    private mutating func compactForward() {
+        if forwardHead > 1024, forwardHead * 2 > forward.count {
+            forward.removeFirst(forwardHead)
+            forwardHead = 0
+        }
+        if reverseHead > 256, reverseHead * 2 > reverse.count {
+            reverse.removeFirst(reverseHead)
+            reverseHead = 0
+        }
+    }
+
+    private mutating func runEvent(device: SimulatedDevice) {
+        let start = nextEventTime
+        let budget = ci.seconds * 1e6
+        var used = 0.0
+        var packets = 0
+        // Peripheral to central first: what was generated before the event opened.
+        while up, reverseHead < reverse.count, reverse[reverseHead].time <= start {
+            let r = reverse[reverseHead]
+            let frags = model.fragments(attBytes: r.size)
+            let cost = frags.reduce(0.0) { $0 + model.pairTime(payload: $1) }
+            if used + cost > budget, used > 0 { break }
+            used += cost
+            reverseHead += 1
+            arrive(r.event, at: start + .microseconds(Int64(used)))
+        }
+        // Central to peripheral.
+        while up, forwardHead < forward.count {
+            if let limit = model.packetsPerEvent, packets >= limit { break }
+            let pdu = forward[forwardHead]
+            let frags = model.fragments(attBytes: pdu.bytes.count + 3)
+            let cost = model.pairTime(payload: frags[headFragmentsSent])
+            if used + cost > budget { break }
+            used += cost
+            packets += 1
+            headFragmentsSent += 1
+            if headFragmentsSent == frags.count {
+                headFragmentsSent = 0
+                forwardHead += 1
+                deliver(pdu, at: start + .microseconds(Int64(used)), device: device)
+            }
+        }
+    }
+
+    private mutating func flushReverseUntimed() {
+        while reverseHead < reverse.count {
+            arrive(reverse[reverseHead].event, at: reverse[reverseHead].time)
+            reverseHead += 1
+        }
+    }
+
+    /// When the device reboots into an image it just activated.
+    var scheduledDrop: Duration?
+
+    private mutating func dropForBoot() {
+        guard let at = scheduledDrop else { return }
+        scheduledDrop = nil
+        drop(at: at, reason: .linkLost("device rebooted into the new image"), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: nil)
+    }
+
+    /// The peripheral receives a PDU at time `t` and acts on it, faults included.
+    private mutating func deliver(_ pdu: Forward, at t: Duration, device: SimulatedDevice) {
+        var linkLoss: (reason: String, reboot: Bool)?
+        var replies: [Reverse] = []
+        var activated = false
+        let notifyCP = notifying.contains(SimulatedDevice.Handle.controlPoint)
+        device.state.withLock { d in
+            let perKiB = d.faults.slowFlashPerKiB
+            switch pdu {
+            case .command(let id, var bytes):
+                guard id == SimulatedDevice.Handle.data, bytes.count > OTAProtocol.dataHeaderSize else { return }
+                let offset = Int(DataPacket.decode(bytes)?.offset ?? 0)
+                let range = offset..<(offset + bytes.count - OTAProtocol.dataHeaderSize)
+                if let i = d.faults.disconnectAt.firstIndex(where: range.contains) {
+                    d.faults.disconnectAt.remove(at: i)
+                    linkLoss = ("disconnect fault at offset \(offset)", false)
+                    return
+                }
+                if d.rng.chance(d.faults.dropRate) { return }
+                if let i = d.faults.corruptAt.firstIndex(where: range.contains) {
+                    bytes[OTAProtocol.dataHeaderSize + d.faults.corruptAt[i] - offset] ^= 0xA5
+                    d.faults.corruptAt.remove(at: i)
+                } else if d.rng.chance(d.faults.corruptRate) {
+                    bytes[OTAProtocol.dataHeaderSize + Int(d.rng.next() % UInt64(range.count))] ^= 0x5A
+                }
+                deviceBusyUntil = max(deviceBusyUntil, t) + perKiB * range.count / 1024
+                if let event = d.target.handleData(bytes), notifyCP, !d.rng.chance(d.faults.lostNotificationRate) {
+                    replies.append(Reverse(time: deviceBusyUntil, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: event), size: event.count + 3))
+                }
+                if let i = d.faults.rebootAt.firstIndex(where: { range.contains($0) }) {
+                    d.faults.rebootAt.remove(at: i)
+                    d.target.reboot()
+                    d.availableAt = t + d.faults.rebootDuration
+                    linkLoss = ("device rebooted at offset \(offset)", true)
+                }
+
+            case .request(let id, let bytes, let ticket):
+                guard id == SimulatedDevice.Handle.controlPoint else {
+                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.writeNotPermitted, "writing \(id)")), size: 5))
+                    return
+                }
+                if d.rng.chance(d.faults.gattErrorRate) {
+                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
+                    return
+                }
+                var ready = max(deviceBusyUntil, t)
+                if bytes.first == OTAOpcode.verify.rawValue || bytes.first == OTAOpcode.activate.rawValue {
+                    ready += perKiB * Int(d.target.pending?.imageSize ?? 0) / 1024
+                }
+                let response = d.target.handleControl(bytes)
+                replies.append(Reverse(time: ready, event: .writeCompleted(ticket, nil), size: 1))
+                if notifyCP, !d.rng.chance(d.faults.lostNotificationRate) {
+                    replies.append(Reverse(time: ready, event: .notification(characteristicID: id, value: response), size: response.count + 3))
+                }
+                if bytes.first == OTAOpcode.activate.rawValue, response.count >= 3, response[2] == OTAStatus.success.rawValue {
+                    activated = true
+                    d.availableAt = ready + d.faults.rebootDuration
+                    deviceBusyUntil = ready
+                }
+            }
+        }
+        for r in replies { enqueueReverse(r) }
+        if let loss = linkLoss {
+            drop(at: t, reason: .linkLost(loss.reason), noticeAfter: model.supervisionTimeout, device: device)
+        } else if activated {
+            // The device boots the new image shortly after its reply has gone out.
+            scheduledDrop = deviceBusyUntil + ci * 2
+            if !model.timed { dropForBoot() }
+        }
+    }
+
+    /// Routes an event that has reached the central: a blocking write's completion to its
+    /// waiter, everything else to the inbox.
+    private mutating func arrive(_ event: GATTEvent, at time: Duration) {
+        if case .writeCompleted(let ticket, let error) = event, blocking.remove(ticket) != nil {
+            blockingResults[ticket] = .some(error)
+        } else {
+            inbox.append((time, event))
+        }
+    }
+
+    private mutating func enqueueReverse(_ r: Reverse) {
+        if case .writeCompleted(let ticket, _) = r.event { outstanding.remove(ticket) }
+        reverse.append(r)
+        if !model.timed { flushReverseUntimed() }
+    }
+
+    /// The link goes down at `t`; the central notices `noticeAfter` later.
+    mutating func drop(at t: Duration, reason: DisconnectReason, noticeAfter: Duration, device: SimulatedDevice?) {
+        guard up else { return }
+        up = false
+        let noticed = t + noticeAfter
+        downNoticedAt = noticed
+        downReason = reason.description
+        forward.removeAll()
+        forwardHead = 0
+        headFragmentsSent = 0
+        // Replies not yet on the air are lost with the link.
+        while reverseHead < reverse.count {
+            if case .writeCompleted(let ticket, _) = reverse[reverseHead].event { outstanding.insert(ticket) }
+            reverseHead += 1
+        }
+        for ticket in outstanding.sorted(by: { $0.rawValue < $1.rawValue }) {
+            arrive(.writeCompleted(ticket, GATTError(.notConnected, "write failed: \(reason)")), at: noticed)
+        }
+        outstanding.removeAll()
+        inbox.append((noticed, .disconnected(reason)))
+        device?.state.withLock { $0.connected = false }
+    }
+}
