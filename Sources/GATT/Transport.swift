@@ -35,6 +35,10 @@ public protocol GATTConnection: AnyObject, Sendable {
     func transportWrite(_ value: [UInt8], to characteristic: GATTCharacteristic, type: WriteType)
         async throws(GATTError)
 
+    /// Writes without response if the transport can take the packet now, without waiting; false
+    /// when flow control says wait (then call `transportWrite`). The fast path for streaming.
+    func transportTryWriteWithoutResponse(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> Bool
+
     /// Starts a write with response and returns at once; its completion arrives as
     /// `GATTEvent.writeCompleted`. Lets a central keep streaming write commands while a request is
     /// in flight, as ATT allows.
@@ -78,6 +82,11 @@ extension GATTConnection {
             throw GATTError(.notPermitted, "writing is not permitted on characteristic \(characteristic.uuid): it has neither 'write' nor 'write-without-response' (it has '\(characteristic.properties)')")
         }
         try await transportWrite(value, to: characteristic, type: type)
+    }
+
+    public func tryWriteWithoutResponse(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> Bool {
+        try characteristic.require(.writeWithoutResponse, for: "writing without response")
+        return try transportTryWriteWithoutResponse(value, to: characteristic)
     }
 
     public func submitWrite(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> WriteTicket {

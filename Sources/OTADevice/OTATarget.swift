@@ -140,7 +140,10 @@ public struct OTATarget: Sendable {
         if let p = pending, state != .idle, !begin.restart {
             sameImage = p.imageSize == begin.imageSize && p.imageCRC == begin.imageCRC && p.version == begin.version
         }
-        if !sameImage {
+        if sameImage {
+            // Whatever was verified is verified again before it may be activated.
+            state = .receiving
+        } else {
             pending = begin
             flash = [UInt8](repeating: 0xFF, count: Int(begin.imageSize))
             received = 0

@@ -80,6 +80,17 @@ public final class SimulatedConnection: GATTConnection {
         }
     }
 
+    public func transportTryWriteWithoutResponse(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> Bool {
+        try link.withLock { l throws(GATTError) in
+            let now = clock.now
+            l.run(until: now, device: device)
+            try l.requireUp(at: now)
+            guard !l.model.timed || l.forward.count - l.forwardHead < l.model.txQueueDepth else { return false }
+            l.enqueue(.command(characteristic.id, value), device: device, now: now)
+            return true
+        }
+    }
+
     public func transportSubmitWrite(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> WriteTicket {
         try link.withLock { l throws(GATTError) in try submit(&l, value, characteristic, blocking: false) }
     }

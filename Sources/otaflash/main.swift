@@ -1,1 +1,4 @@
-print("otaflash")
+import Foundation
+import OTAFlashCLI
+
+exit(await runOtaflash(Array(CommandLine.arguments.dropFirst())))

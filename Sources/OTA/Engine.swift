@@ -1,0 +1,392 @@
+import GATT
+import OTAWire
+
+/// Tunables of a transfer.
+public struct EngineConfig: Sendable, Hashable {
+    /// Bytes between two checkpoints. One checkpoint may be in flight while the next interval
+    /// streams, so at most two intervals are ever unacknowledged (the "checkpoint window").
+    /// The default is chosen by measurement: docs/PROTOCOL.md, "Choosing the checkpoint interval".
+    public var checkpointInterval: Int
+    /// Send ACTIVATE after a successful VERIFY.
+    public var activate: Bool
+    /// Ignore a partial transfer the device holds and start from zero.
+    public var restart: Bool
+    /// How often a command is sent again after an ATT error or a lost reply.
+    public var commandRetries: Int
+    /// How often the engine may fall back (rewind, roll back, restart) before giving up.
+    public var maxRecoveries: Int
+    public var replyTimeout: Duration
+    public var verifyTimeout: Duration
+    public var activateTimeout: Duration
+
+    public static let defaultCheckpointInterval = 16 * 1024
+
+    public init(checkpointInterval: Int = EngineConfig.defaultCheckpointInterval, activate: Bool = true,
+                restart: Bool = false, commandRetries: Int = 3, maxRecoveries: Int = 64,
+                replyTimeout: Duration = .seconds(5), verifyTimeout: Duration = .seconds(30),
+                activateTimeout: Duration = .seconds(10)) {
+        self.checkpointInterval = checkpointInterval
+        self.activate = activate
+        self.restart = restart
+        self.commandRetries = commandRetries
+        self.maxRecoveries = maxRecoveries
+        self.replyTimeout = replyTimeout
+        self.verifyTimeout = verifyTimeout
+        self.activateTimeout = activateTimeout
+    }
+
+    /// The most data the engine lets out beyond the last acknowledged checkpoint.
+    public var window: Int { 2 * checkpointInterval }
+}
+
+/// The central side of the protocol as a pure state machine: events in, actions out, no I/O and
+/// no clock. `OTASession` drives it over a `GATTConnection`; tests drive it directly.
+///
+/// Rules (docs/PROTOCOL.md, "Central behaviour"):
+/// - BEGIN, then stream data packets of `mtu - 3 - 4` bytes with write without response.
+/// - After every `checkpointInterval` bytes, send CHECKPOINT(offset, CRC) with response, keeping at
+///   most one command in flight; stop streaming when the next checkpoint is due and the previous
+///   one is unanswered.
+/// - When the device reports a position (a checkpoint reply, a GAP event, BEGIN's or STATUS's reply)
+///   whose CRC matches the local CRC of that prefix, continue from there; when it does not match,
+///   make the device roll back to its last committed checkpoint; when that fails too, restart.
+/// - VERIFY after the last checkpoint; ACTIVATE only after VERIFY reported the image's own CRC.
+public struct OTAEngine: Sendable {
+    public enum Phase: String, Sendable, Hashable {
+        case idle, beginning, streaming, verifying, activating, done, failed
+    }
+
+    public enum Event: Sendable {
+        /// Connected, services found, info read: (re)start the protocol.
+        case connected(info: DeviceInfo, mtu: Int)
+        /// A control point notification.
+        case notification([UInt8])
+        /// The control point write of the command in flight failed.
+        case commandFailed(GATTError)
+        /// Nothing arrived within `currentTimeout`.
+        case timeout
+        case disconnected(DisconnectReason)
+    }
+
+    public enum Action: Sendable, Hashable {
+        /// Write this command to the control point (with response).
+        case send(ControlRequest)
+        /// The transfer is over: VERIFY passed and, if configured, ACTIVATE too.
+        case finished
+        case failed(OTAError)
+    }
+
+    /// What to do next while streaming.
+    public enum StreamStep: Sendable, Hashable {
+        /// Send `image[offset..<offset+count]` as a data packet.
+        case data(offset: Int, count: Int)
+        /// Send this checkpoint command now.
+        case command(ControlRequest)
+        /// Nothing to send until an event arrives.
+        case idle
+    }
+
+    /// Counters for reports, the soak and benchmarks.
+    public struct Stats: Sendable, Hashable {
+        /// Image bytes put on the data characteristic, resends included.
+        public var bytesSent = 0
+        /// Bytes sent again after a rewind, resume or restart.
+        public var bytesResent = 0
+        public var packets = 0
+        public var checkpoints = 0
+        public var rewinds = 0
+        public var rollbacks = 0
+        public var restarts = 0
+        public var commandRetries = 0
+        /// The device's offset when the engine last (re)started on a connection.
+        public var resumedFrom: [Int] = []
+    }
+
+    public let image: FirmwareImage
+    public let config: EngineConfig
+    public private(set) var phase: Phase = .idle
+    public private(set) var stats = Stats()
+    public private(set) var chunkSize = 0
+    public private(set) var deviceInfo: DeviceInfo?
+
+    private var prefix: PrefixCRC
+    /// Next offset to send and the CRC of everything before it.
+    public private(set) var sent = 0
+    private var runningCRC = CRC32()
+    /// Highest offset ever sent (for counting resends).
+    public private(set) var highWater = 0
+    /// The last checkpoint the device confirmed.
+    public private(set) var acked = 0
+    /// Offset of the most recent checkpoint sent.
+    private var lastCheckpoint = 0
+    private var inFlight: (request: ControlRequest, attempts: Int)?
+    /// A GAP event arrived while a checkpoint was in flight: hold the stream until its reply.
+    private var holdForGap = false
+    private var recoveries = 0
+
+    public init(image: FirmwareImage, config: EngineConfig = EngineConfig()) {
+        self.image = image
+        self.config = config
+        self.prefix = PrefixCRC(image: image.bytes)
+    }
+
+    /// How long to wait for the command in flight.
+    public var currentTimeout: Duration {
+        switch inFlight?.request {
+        case .verify?: config.verifyTimeout
+        case .activate?: config.activateTimeout
+        default: config.replyTimeout
+        }
+    }
+
+    /// The command awaiting its reply, if any.
+    public var commandInFlight: ControlRequest? { inFlight?.request }
+
+    public var isFinished: Bool { phase == .done || phase == .failed }
+
+    // MARK: Events
+
+    public mutating func handle(_ event: Event) -> [Action] {
+        switch event {
+        case .connected(let info, let mtu):
+            return start(info: info, mtu: mtu)
+        case .notification(let bytes):
+            return handleNotification(bytes)
+        case .commandFailed(let error):
+            // A write that failed because the link is gone: the disconnect event follows.
+            if error.code == .notConnected { return [] }
+            return retryCommand(after: "\(error)")
+        case .timeout:
+            return handleTimeout()
+        case .disconnected(let reason):
+            if phase == .done || phase == .failed { return [] }
+            if phase == .activating {
+                // The device may reboot into the new image before its reply reaches us. VERIFY
+                // passed, so the image is good; the reply is what we lack.
+                return fail(OTAError(.connection, "\(reason) while activating: the image was verified, but activation was not confirmed; run `otaflash info` to check the firmware version", resumable: true))
+            }
+            inFlight = nil
+            holdForGap = false
+            let where_ = acked > 0 ? " (\(acked) of \(image.size) bytes confirmed)" : ""
+            return fail(OTAError(.connection, "\(reason)\(where_); run the same command again to resume", resumable: true))
+        }
+    }
+
+    private mutating func start(info: DeviceInfo, mtu: Int) -> [Action] {
+        deviceInfo = info
+        inFlight = nil
+        holdForGap = false
+        guard info.protocolVersion == OTAProtocol.version else {
+            return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks version \(OTAProtocol.version)"))
+        }
+        guard image.size <= Int(info.maxImageSize) else {
+            return fail(OTAError(.imageTooLarge, "image is \(image.size) bytes but the device's slot holds \(info.maxImageSize) bytes; build a smaller image or use a device with a larger slot"))
+        }
+        chunkSize = OTAProtocol.chunkSize(mtu: mtu)
+        guard chunkSize > 0 else {
+            return fail(OTAError(.incompatibleDevice, "negotiated ATT MTU \(mtu) leaves no room for data; the minimum is \(OTAProtocol.minimumMTU)"))
+        }
+        phase = .beginning
+        let restart = config.restart && stats.resumedFrom.isEmpty
+        return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
+                                 version: FirmwareVersion(packed: 0), restart: restart)))
+    }
+
+    private mutating func handleNotification(_ bytes: [UInt8]) -> [Action] {
+        guard let note = try? ControlNotification(decoding: bytes) else { return [] }
+        switch note {
+        case .event(.gap(let offset, let crc)):
+            guard phase == .streaming else { return [] }
+            if inFlight != nil {
+                holdForGap = true
+                return []
+            }
+            return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: false)
+        case .response(let response):
+            guard let flight = inFlight, flight.request.opcode == response.opcode else { return [] }  // stale
+            inFlight = nil
+            return handleResponse(response, to: flight.request)
+        }
+    }
+
+    private mutating func handleResponse(_ r: ControlResponse, to request: ControlRequest) -> [Action] {
+        switch (request, r.status, r.payload) {
+        case (.begin, .success, .position(let offset, let crc)):
+            stats.resumedFrom.append(Int(offset))
+            phase = .streaming
+            return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: false)
+
+        case (.checkpoint(let offset, _), .success, .position(let devOffset, let crc)) where devOffset == offset:
+            acked = Int(offset)
+            prefix.record(offset: acked, crc: crc)
+            holdForGap = false
+            return afterProgress()
+
+        case (.checkpoint, .gap, .position(let offset, let crc)),
+             (.checkpoint, .success, .position(let offset, let crc)):
+            holdForGap = false
+            return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: false)
+
+        case (.checkpoint, .crcMismatch, .position(let offset, let crc)):
+            holdForGap = false
+            stats.rollbacks += 1
+            return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: true)
+
+        case (.status, .success, .status(let s)):
+            guard s.state == .receiving || s.state == .verified, s.imageSize == UInt32(image.size), s.imageCRC == image.crc32 else {
+                return restartTransfer(because: "the device no longer holds this transfer (state \(s.state))")
+            }
+            holdForGap = false
+            return reconcile(offset: Int(s.offset), crc: s.crc, deviceRolledBack: false)
+
+        case (.verify, .success, .computedCRC(let crc)) where crc == image.crc32:
+            guard config.activate else { return finish() }
+            phase = .activating
+            return send(.activate)
+
+        case (.verify, .success, .computedCRC(let crc)), (.verify, .crcMismatch, .computedCRC(let crc)):
+            return fail(OTAError(.verifyFailed, "device rejected the image at verify: it computed CRC32 \(hex32(crc)), the image's is \(hex32(image.crc32)); nothing was activated. Run again with --restart to send the whole image anew"))
+
+        case (.verify, .incomplete, _):
+            // The device lost data it had confirmed (e.g. a reboot): ask where it stands.
+            return send(.status)
+
+        case (.activate, .success, _):
+            return finish()
+
+        default:
+            let what = "\(request.opcode) was refused: \(r.status)"
+            switch r.status {
+            case .imageTooLarge:
+                return fail(OTAError(.imageTooLarge, "\(what); the image (\(image.size) bytes) does not fit the device's slot"))
+            case .busy:
+                return fail(OTAError(.protocolError, "\(what); another central is updating this device, wait for it to finish", resumable: true))
+            case .unsupportedProtocol:
+                return fail(OTAError(.incompatibleDevice, "\(what); update otaflash or the device's OTA service"))
+            case .invalidState where request.opcode == .checkpoint || request.opcode == .verify:
+                return restartTransfer(because: "the device dropped the transfer (\(r.status))")
+            default:
+                return fail(OTAError(.protocolError, "\(what)"))
+            }
+        }
+    }
+
+    /// The device says it holds `offset` bytes with CRC `crc`. Continue from there if that matches
+    /// the image; otherwise make it roll back, and restart when even that disagrees.
+    private mutating func reconcile(offset: Int, crc: UInt32, deviceRolledBack: Bool) -> [Action] {
+        guard offset <= image.size, let local = prefix.crc(upTo: offset) else {
+            return restartTransfer(because: "the device reports offset \(offset), beyond the image")
+        }
+        if local == crc {
+            if offset != sent { stats.rewinds += offset < sent ? 1 : 0 }
+            sent = offset
+            runningCRC = CRC32(value: crc)
+            if acked > offset { acked = offset }
+            // Count the next interval from the last confirmed point, so a checkpoint follows soon.
+            lastCheckpoint = acked
+            if offset == image.size, acked == offset { return afterProgress() }
+            return []
+        }
+        if deviceRolledBack || offset == 0 {
+            return restartTransfer(because: "the device's data disagrees with the image at offset \(offset)")
+        }
+        guard bumpRecoveries() else { return tooManyRecoveries() }
+        // Make the device compare against our CRC at its own offset: it rolls back on mismatch.
+        return send(.checkpoint(offset: UInt32(offset), crc: local))
+    }
+
+    private mutating func restartTransfer(because reason: String) -> [Action] {
+        guard bumpRecoveries() else { return tooManyRecoveries() }
+        stats.restarts += 1
+        sent = 0
+        acked = 0
+        lastCheckpoint = 0
+        runningCRC = CRC32()
+        holdForGap = false
+        phase = .beginning
+        return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
+                                 version: FirmwareVersion(packed: 0), restart: true)))
+    }
+
+    private mutating func bumpRecoveries() -> Bool {
+        recoveries += 1
+        return recoveries <= config.maxRecoveries
+    }
+
+    private mutating func tooManyRecoveries() -> [Action] {
+        fail(OTAError(.protocolError, "the device kept disagreeing with the image after \(config.maxRecoveries) recoveries; check the link and the device's flash", resumable: false))
+    }
+
+    /// After a confirmed position: verify when everything is confirmed.
+    private mutating func afterProgress() -> [Action] {
+        if acked == image.size, sent == image.size, inFlight == nil, phase == .streaming {
+            phase = .verifying
+            return send(.verify)
+        }
+        return []
+    }
+
+    private mutating func handleTimeout() -> [Action] {
+        guard let flight = inFlight else { return [] }
+        return retryCommand(after: "no reply to \(flight.request.opcode) within \(currentTimeout.seconds) s")
+    }
+
+    /// The command in flight failed or went unanswered: send it again, or ask for STATUS (which
+    /// changes nothing on the device) when resending could move its position.
+    private mutating func retryCommand(after reason: String) -> [Action] {
+        guard let flight = inFlight else { return [] }
+        guard flight.attempts <= config.commandRetries else {
+            inFlight = nil
+            let kind: OTAError.Kind = reason.hasPrefix("no reply") ? .timeout : .protocolError
+            return fail(OTAError(kind, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason); the device may be stalled: power-cycle it and run the same command again to resume", resumable: true))
+        }
+        stats.commandRetries += 1
+        let request: ControlRequest
+        switch flight.request {
+        case .checkpoint, .status: request = .status
+        default: request = flight.request
+        }
+        inFlight = (request, flight.attempts + 1)
+        return [.send(request)]
+    }
+
+    private mutating func send(_ request: ControlRequest) -> [Action] {
+        inFlight = (request, 1)
+        return [.send(request)]
+    }
+
+    private mutating func finish() -> [Action] {
+        phase = .done
+        return [.finished]
+    }
+
+    private mutating func fail(_ error: OTAError) -> [Action] {
+        phase = .failed
+        return [.failed(error)]
+    }
+
+    // MARK: Streaming
+
+    /// The next thing to send while streaming. Call repeatedly until `.idle`.
+    public mutating func nextStreamStep() -> StreamStep {
+        guard phase == .streaming, !holdForGap else { return .idle }
+        let due = sent - lastCheckpoint >= config.checkpointInterval || (sent == image.size && acked < sent)
+        if due, inFlight == nil, sent > lastCheckpoint || (sent == image.size && acked < sent) {
+            lastCheckpoint = sent
+            stats.checkpoints += 1
+            let request = ControlRequest.checkpoint(offset: UInt32(sent), crc: runningCRC.value)
+            inFlight = (request, 1)
+            return .command(request)
+        }
+        guard sent < image.size, sent - lastCheckpoint < config.checkpointInterval else { return .idle }
+        let count = min(chunkSize, image.size - sent)
+        let offset = sent
+        if offset < highWater { stats.bytesResent += min(count, highWater - offset) }
+        runningCRC.update(image.bytes[offset..<(offset + count)])
+        sent += count
+        highWater = max(highWater, sent)
+        stats.bytesSent += count
+        stats.packets += 1
+        return .data(offset: offset, count: count)
+    }
+}

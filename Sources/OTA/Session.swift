@@ -1,0 +1,313 @@
+import GATT
+import Logging
+import OTAWire
+
+/// What a session reports while it works. The CLI prints these as a progress bar or JSON Lines.
+public enum SessionEvent: Sendable {
+    case connecting(device: String)
+    case connected(device: String, mtu: Int, chunkSize: Int)
+    case deviceInfo(device: String, info: DeviceInfo)
+    /// BEGIN accepted; `resumeOffset` > 0 when the device already held part of this image.
+    case transferStarted(device: String, resumeOffset: Int, total: Int)
+    case progress(TransferProgress)
+    case verifying(device: String)
+    case activating(device: String)
+}
+
+/// Where a transfer stands.
+public struct TransferProgress: Sendable, Hashable {
+    public var device: String
+    /// Image bytes sent so far (the stream position; it steps back when data is sent again).
+    public var bytes: Int
+    /// Bytes the device has confirmed at a checkpoint.
+    public var confirmed: Int
+    public var total: Int
+    /// Recent throughput in bytes per second.
+    public var rate: Double
+    /// Seconds left at `rate`; nil until a rate is known.
+    public var eta: Double?
+    public var elapsed: Double
+
+    public var fraction: Double { total == 0 ? 1 : Double(bytes) / Double(total) }
+}
+
+/// The outcome of a successful update.
+public struct OTAResult: Sendable, Hashable {
+    public var device: String
+    public var bytes: Int
+    public var crc32: UInt32
+    public var mtu: Int
+    public var chunkSize: Int
+    public var seconds: Double
+    public var activated: Bool
+    public var firmwareBefore: FirmwareVersion?
+    public var stats: OTAEngine.Stats
+
+    /// Image bytes per second over the whole session.
+    public var throughput: Double { seconds > 0 ? Double(bytes) / seconds : 0 }
+}
+
+/// Per-phase time limits of a session (the engine has its own for command replies).
+public struct SessionTimeouts: Sendable, Hashable {
+    public var connect: Duration
+    public var discovery: Duration
+
+    public init(connect: Duration = .seconds(20), discovery: Duration = .seconds(15)) {
+        self.connect = connect
+        self.discovery = discovery
+    }
+}
+
+/// Drives one `OTAEngine` over one `GATTConnection`: the thin layer that does the I/O.
+///
+/// It connects, finds the OTA service and checks its characteristics, reads the device's info,
+/// then feeds the engine every event and carries out every action. Data packets go through the
+/// transport's non-waiting fast path when it has room, so a fast link costs no suspension per packet.
+public actor OTASession {
+    public let device: String
+    public let image: FirmwareImage
+    public let config: EngineConfig
+    public let timeouts: SessionTimeouts
+    private let connect: @Sendable () async throws(GATTError) -> any GATTConnection
+    private let logger: Logger
+    /// Least time between two progress events.
+    public static let progressInterval: Duration = .milliseconds(250)
+
+    public init(device: String, image: FirmwareImage, config: EngineConfig = EngineConfig(),
+                timeouts: SessionTimeouts = SessionTimeouts(), logger: Logger = Logger(label: "otaflash.session"),
+                connect: @escaping @Sendable () async throws(GATTError) -> any GATTConnection) {
+        self.device = device
+        self.image = image
+        self.config = config
+        self.timeouts = timeouts
+        self.logger = logger
+        self.connect = connect
+    }
+
+    /// Connects to `address` through `central`.
+    public init(central: any GATTCentral, address: DeviceAddress, image: FirmwareImage,
+                config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
+                logger: Logger = Logger(label: "otaflash.session")) {
+        let connectTimeout = timeouts.connect
+        self.init(device: address.description, image: image, config: config, timeouts: timeouts, logger: logger) { () async throws(GATTError) in
+            try await central.connect(to: address, timeout: connectTimeout)
+        }
+    }
+
+    /// The OTA characteristics of a connected device, checked for the properties the protocol needs.
+    public struct OTACharacteristics: Sendable {
+        public let controlPoint: GATTCharacteristic
+        public let data: GATTCharacteristic
+        public let info: GATTCharacteristic
+    }
+
+    /// Finds the OTA service and checks each characteristic, naming what is missing.
+    public static func discover(on connection: any GATTConnection) async throws(GATTError) -> OTACharacteristics {
+        let service = try await connection.discoverService(OTAProtocol.serviceUUID, name: "OTA")
+        let cp = try service.requireCharacteristic(OTAProtocol.controlPointUUID, name: "control point")
+        let data = try service.requireCharacteristic(OTAProtocol.dataUUID, name: "data")
+        let info = try service.requireCharacteristic(OTAProtocol.infoUUID, name: "info")
+        try cp.require(.write, for: "writing commands to the control point")
+        try cp.require(.notify, for: "notifications from the control point")
+        try data.require(.writeWithoutResponse, for: "streaming to the data characteristic with write without response")
+        try info.require(.read, for: "reading the info characteristic")
+        return OTACharacteristics(controlPoint: cp, data: data, info: info)
+    }
+
+    /// Runs the whole update on one connection. Throws `OTAError` with a one-line message.
+    public func run(events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async throws(OTAError) -> OTAResult {
+        var engine = OTAEngine(image: image, config: config)
+        events(.connecting(device: device))
+        let connection: any GATTConnection
+        do {
+            connection = try await connect()
+        } catch {
+            throw OTAError.from(error, device: device)
+        }
+        do {
+            let result = try await drive(&engine, on: connection, events: events)
+            await connection.disconnect()
+            return result
+        } catch {
+            await connection.disconnect()
+            throw error
+        }
+    }
+
+    private func drive(_ engine: inout OTAEngine, on connection: any GATTConnection,
+                       events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        let clock = connection.clock
+        let started = clock.now
+        let chars: OTACharacteristics
+        let info: DeviceInfo
+        let mtu: Int
+        do {
+            chars = try await withTimeout(timeouts.discovery, clock: clock, "discovering the OTA service") { () async throws(GATTError) in
+                try await Self.discover(on: connection)
+            }
+            try await connection.setNotifications(true, for: chars.controlPoint)
+            info = try DeviceInfo(decoding: try await connection.read(chars.info))
+            mtu = try await connection.mtu()
+        } catch let error as GATTError {
+            throw OTAError.from(error, device: device)
+        } catch {
+            throw OTAError(.protocolError, "\(device) sent an info value otaflash cannot read: \(error)")
+        }
+        events(.deviceInfo(device: device, info: info))
+        events(.connected(device: device, mtu: mtu, chunkSize: OTAProtocol.chunkSize(mtu: mtu)))
+        var actions = engine.handle(.connected(info: info, mtu: mtu))
+        logger.debug("connected", metadata: ["device": "\(device)", "mtu": "\(mtu)", "slot": "\(info.maxImageSize)"])
+
+        var meter = RateMeter(start: clock.now)
+        var lastProgress = clock.now - Self.progressInterval
+        var deadline = clock.now + engine.currentTimeout
+        var commandTicket: WriteTicket?
+        var announcedStart = false
+        let bytes = image.bytes
+
+        func report(force: Bool) {
+            let now = clock.now
+            guard force || now - lastProgress >= Self.progressInterval else { return }
+            lastProgress = now
+            meter.sample(bytes: engine.highWater, at: now)
+            let rate = meter.rate
+            let left = Double(image.size - engine.sent)
+            events(.progress(TransferProgress(device: device, bytes: engine.sent, confirmed: engine.acked, total: image.size,
+                                      rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - started).seconds)))
+        }
+
+        while true {
+            // Carry out what the engine asked for.
+            for action in actions {
+                switch action {
+                case .send(let request):
+                    if request == .verify { report(force: true); events(.verifying(device: device)) }
+                    if request == .activate { events(.activating(device: device)) }
+                    do {
+                        commandTicket = try connection.submitWrite(request.encoded, to: chars.controlPoint)
+                    } catch {
+                        if error.code == .notConnected { break }
+                        throw OTAError.from(error, device: device)
+                    }
+                    deadline = clock.now + engine.currentTimeout
+                case .finished:
+                    report(force: true)
+                    return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu,
+                                     chunkSize: engine.chunkSize, seconds: (clock.now - started).seconds,
+                                     activated: config.activate, firmwareBefore: info.firmwareVersion, stats: engine.stats)
+                case .failed(let error):
+                    throw error
+                }
+            }
+            actions = []
+            if !announcedStart, engine.phase == .streaming {
+                announcedStart = true
+                events(.transferStarted(device: device, resumeOffset: engine.sent, total: image.size))
+            }
+
+            // Stream while the engine has something to send and nothing has arrived.
+            streaming: while true {
+                switch engine.nextStreamStep() {
+                case .data(let offset, let count):
+                    let packet = DataPacket.encode(offset: UInt32(offset), payload: bytes[offset..<(offset + count)])
+                    do {
+                        if try !connection.tryWriteWithoutResponse(packet, to: chars.data) {
+                            try await connection.write(packet, to: chars.data, type: .withoutResponse)
+                        }
+                    } catch {
+                        if error.code == .notConnected {
+                            actions = engine.handle(.disconnected(.linkLost(error.message)))
+                            break streaming
+                        }
+                        throw OTAError.from(error, device: device)
+                    }
+                    if let event = connection.pollEvent(), let mapped = map(event, chars, &commandTicket) {
+                        actions = engine.handle(mapped)
+                        if !actions.isEmpty { break streaming }
+                    }
+                    report(force: false)
+                case .command(let request):
+                    do {
+                        commandTicket = try connection.submitWrite(request.encoded, to: chars.controlPoint)
+                    } catch {
+                        if error.code != .notConnected { throw OTAError.from(error, device: device) }
+                    }
+                    deadline = clock.now + engine.currentTimeout
+                case .idle:
+                    break streaming
+                }
+            }
+            if !actions.isEmpty { continue }
+            guard engine.commandInFlight != nil else {
+                throw OTAError(.internalError, "the engine stalled with nothing in flight in phase \(engine.phase); please report this")
+            }
+
+            // Wait for the reply, an event, or the deadline.
+            let wait = max(.zero, deadline - clock.now)
+            guard let event = await connection.nextEvent(timeout: wait) else {
+                actions = engine.handle(.timeout)
+                if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
+                continue
+            }
+            if let mapped = map(event, chars, &commandTicket) {
+                actions = engine.handle(mapped)
+            }
+            report(force: false)
+        }
+    }
+
+    /// Turns a transport event into an engine event; nil for events the engine does not need.
+    private func map(_ event: GATTEvent, _ chars: OTACharacteristics, _ ticket: inout WriteTicket?) -> OTAEngine.Event? {
+        switch event {
+        case .notification(let id, let value):
+            return id == chars.controlPoint.id ? .notification(value) : nil
+        case .writeCompleted(let t, let error):
+            guard t == ticket, let error else { return nil }
+            ticket = nil
+            return .commandFailed(error)
+        case .disconnected(let reason):
+            return .disconnected(reason)
+        }
+    }
+}
+
+/// Bytes per second over the last few seconds.
+struct RateMeter {
+    private var samples: [(time: Duration, bytes: Int)]
+    static let span: Duration = .seconds(3)
+
+    init(start: Duration) { samples = [(start, 0)] }
+
+    mutating func sample(bytes: Int, at time: Duration) {
+        samples.append((time, bytes))
+        while samples.count > 2, time - samples[1].time >= Self.span { samples.removeFirst() }
+    }
+
+    var rate: Double {
+        guard let first = samples.first, let last = samples.last else { return 0 }
+        let dt = (last.time - first.time).seconds
+        return dt > 0 ? Double(last.bytes - first.bytes) / dt : 0
+    }
+}
+
+/// Runs `body`, failing with a `timeout` GATTError naming `what` when it takes longer than `limit`.
+public func withTimeout<T: Sendable>(_ limit: Duration, clock: any MonotonicClock, _ what: String,
+                                     _ body: @escaping @Sendable () async throws(GATTError) -> T) async throws(GATTError) -> T {
+    // A racing timer would make virtual time jump ahead of the one flow that runs on it; there,
+    // every wait is computed by the link model and bounded by it.
+    if clock is VirtualClock { return try await body() }
+    let result: Result<T, GATTError>? = await withTaskGroup(of: Result<T, GATTError>?.self) { group in
+        group.addTask {
+            do throws(GATTError) { return .success(try await body()) } catch { return .failure(error) }
+        }
+        group.addTask {
+            try? await clock.sleep(for: limit)
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+    guard let result else { throw GATTError(.timeout, "\(what) took longer than \(limit.seconds) s") }
+    return try result.get()
+}

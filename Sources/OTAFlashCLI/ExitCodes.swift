@@ -1,0 +1,81 @@
+import OTA
+
+/// Exit codes: one per failure class, so scripts can branch without parsing text.
+/// README.md's "Exit codes" table is checked against this list by the tests.
+public enum ExitCode: Int32, CaseIterable, Sendable {
+    case success = 0
+    case internalError = 1
+    case usage = 2
+    case imageFile = 3
+    case imageTooLarge = 4
+    case deviceNotFound = 5
+    case connection = 6
+    case incompatibleDevice = 7
+    case verifyFailed = 8
+    case protocolError = 9
+    case timeout = 10
+    case bluetoothUnavailable = 11
+    case permission = 12
+    case someFailed = 14
+    case allFailed = 15
+    case interrupted = 130
+
+    /// The code's name in JSON output, e.g. `verify_failed`.
+    public var name: String {
+        String(describing: self).replacing(/[A-Z]/) { "_" + $0.output.lowercased() }
+    }
+
+    /// What the code means, as the README states it.
+    public var meaning: String {
+        switch self {
+        case .success: "the image was sent, verified by the device and (unless --no-activate) activated"
+        case .internalError: "a bug in otaflash; please report it with the output of --verbose"
+        case .usage: "invalid command line: unknown option, bad value, malformed device address"
+        case .imageFile: "the image file cannot be used: missing, unreadable, a directory, empty, malformed Intel HEX"
+        case .imageTooLarge: "the image does not fit the device's slot"
+        case .deviceNotFound: "no device with that address was found within the scan timeout"
+        case .connection: "connecting failed or the link was lost; run the same command again to resume"
+        case .incompatibleDevice: "the device lacks the OTA service, a characteristic, or a property the protocol needs"
+        case .verifyFailed: "the device's whole-image CRC did not match at verify; nothing was activated"
+        case .protocolError: "the device refused a command (busy, bad state) or broke the protocol"
+        case .timeout: "a phase timed out (connect, discovery, a reply, verify, activate)"
+        case .bluetoothUnavailable: "bluetoothd is not running, or there is no powered adapter"
+        case .permission: "D-Bus permission denied, or the device requires pairing"
+        case .someFailed: "batch: some devices failed, the others succeeded"
+        case .allFailed: "batch: every device failed"
+        case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
+        }
+    }
+
+    public init(_ kind: OTAError.Kind) {
+        switch kind {
+        case .image: self = .imageFile
+        case .imageTooLarge: self = .imageTooLarge
+        case .deviceNotFound: self = .deviceNotFound
+        case .connection: self = .connection
+        case .incompatibleDevice: self = .incompatibleDevice
+        case .verifyFailed: self = .verifyFailed
+        case .protocolError: self = .protocolError
+        case .timeout: self = .timeout
+        case .bluetoothUnavailable: self = .bluetoothUnavailable
+        case .permission: self = .permission
+        case .interrupted: self = .interrupted
+        case .internalError: self = .internalError
+        }
+    }
+}
+
+/// A command's failure: the exit code and the one line that explains it.
+public struct CLIFailure: Error, Sendable {
+    public let code: ExitCode
+    public let message: String
+
+    public init(_ code: ExitCode, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public init(_ error: OTAError) {
+        self.init(ExitCode(error.kind), error.message)
+    }
+}

@@ -1,0 +1,160 @@
+import ArgumentParser
+import GATT
+import OTA
+import OTAWire
+import Simulator
+
+/// Options shared by commands that talk to devices.
+public struct TargetOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF.", valueName: "address"))
+    public var device: String?
+
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"))
+    public var adapter: String?
+
+    @OptionGroup(title: "Simulated peripheral")
+    public var simulator: SimulatorOptions
+
+    @Option(name: .customLong("connect-timeout"), help: "Seconds to find and connect to the device.")
+    public var connectTimeout: Double = 20
+
+    public init() {}
+
+    public mutating func validate() throws {
+        if let device, DeviceAddress(device) == nil {
+            throw ValidationError("invalid device address '\(device)': expected six hex pairs like AA:BB:CC:DD:EE:FF")
+        }
+        guard connectTimeout > 0 else { throw ValidationError("--connect-timeout must be positive") }
+    }
+
+    /// The device address (the simulator has a default one).
+    func address() throws -> DeviceAddress {
+        if let device, let address = DeviceAddress(device) { return address }
+        if simulator.enabled { return SimulatorOptions.defaultAddress }
+        throw CLIFailure(.usage, "no device given: pass --device AA:BB:CC:DD:EE:FF, or --simulator to use the built-in simulated peripheral")
+    }
+
+    /// The central to work through: the simulator, or BlueZ.
+    func central(address: DeviceAddress) throws -> any GATTCentral {
+        if simulator.enabled {
+            let device = SimulatedDevice(simulator.deviceConfig(address: address))
+            return SimulatedCentral(devices: [device], clock: simulator.clock)
+        }
+        throw CLIFailure(.bluetoothUnavailable, "the BlueZ transport is not available in this build; use --simulator to flash the built-in simulated peripheral")
+    }
+}
+
+/// Output options shared by commands.
+public struct OutputOptions: ParsableArguments {
+    @Flag(name: .long, help: "Print JSON Lines events on stdout, one object per line with an \"event\" field.")
+    public var json = false
+
+    @Flag(name: .shortAndLong, help: "Print nothing but errors.")
+    public var quiet = false
+
+    public init() {}
+
+    public func validate() throws {
+        if json && quiet { throw ValidationError("--json and --quiet cannot be used together") }
+    }
+
+    var mode: OutputMode { json ? .json : quiet ? .quiet : .human }
+}
+
+struct Flash: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
+        discussion: """
+            The image is a raw binary (.bin) or Intel HEX (.hex). otaflash streams it in packets sized from the \
+            negotiated MTU, confirms progress with checkpoints, and lets the device activate it only after the device \
+            computed the whole image's CRC32 and it matched. A transfer that stops (link loss, Ctrl-C) resumes where it \
+            stopped when the same command runs again.
+
+            Examples:
+              otaflash --device AA:BB:CC:DD:EE:FF app.bin
+              otaflash --simulator --json firmware-samples/seeded-256k.bin
+              otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
+            """
+    )
+
+    @Argument(help: ArgumentHelp("Firmware image: .bin (raw) or .hex (Intel HEX).", valueName: "image"))
+    var image: String
+
+    @OptionGroup var target: TargetOptions
+    @OptionGroup var output: OutputOptions
+
+    @Option(name: .customLong("checkpoint-interval"), help: "Bytes between checkpoints (write with response carrying offset and CRC32).")
+    var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
+
+    @Flag(name: .customLong("no-activate"), help: "Stop after the device verified the image; do not activate it.")
+    var noActivate = false
+
+    @Flag(name: .long, help: "Ignore any partial transfer the device holds and send the whole image.")
+    var restart = false
+
+    @Option(name: .customLong("reply-timeout"), help: "Seconds to wait for the device's reply to a command.")
+    var replyTimeout: Double = 5
+
+    @Option(name: .customLong("verify-timeout"), help: "Seconds to wait for the device to verify the image.")
+    var verifyTimeout: Double = 30
+
+    @Option(name: .customLong("activate-timeout"), help: "Seconds to wait for the device to accept activation.")
+    var activateTimeout: Double = 10
+
+    mutating func validate() throws {
+        guard checkpointInterval >= 256 else { throw ValidationError("--checkpoint-interval must be at least 256 bytes, got \(checkpointInterval)") }
+        for (name, value) in [("--reply-timeout", replyTimeout), ("--verify-timeout", verifyTimeout), ("--activate-timeout", activateTimeout)] {
+            guard value > 0 else { throw ValidationError("\(name) must be positive, got \(value)") }
+        }
+    }
+
+    func run() async throws {
+        let printer = EventPrinter(mode: output.mode)
+        do {
+            try await flash(printer)
+        } catch let failure as CLIFailure {
+            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
+                                  ("error", .string(failure.code.name)), ("message", .string(failure.message))])
+            throw failure
+        }
+    }
+
+    private func flash(_ printer: EventPrinter) async throws {
+        let address = try target.address()
+        let firmware: FirmwareImage
+        do {
+            firmware = try FirmwareImage.load(path: image)
+        } catch {
+            throw CLIFailure(.imageFile, "\(error)")
+        }
+        printer.json("start", [("device", .string(address.description)), ("image", .string(image)),
+                               ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
+                               ("simulator", .bool(target.simulator.enabled))])
+        printer.note("\(image): \(formatBytes(firmware.size)), CRC32 \(hex32(firmware.crc32))")
+        let central = try target.central(address: address)
+        let config = EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
+                                  replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
+                                  activateTimeout: seconds(activateTimeout))
+        let session = OTASession(central: central, address: address, image: firmware, config: config,
+                                 timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)))
+        let result: OTAResult
+        do {
+            result = try await session.run { printer.session($0) }
+        } catch {
+            throw CLIFailure(error)
+        }
+        printer.json("done", [
+            ("result", .string("ok")), ("device", .string(result.device)), ("bytes", .int(result.bytes)),
+            ("crc32", .string(hex32(result.crc32))), ("seconds", .double(result.seconds)),
+            ("throughput", .double(result.throughput)), ("mtu", .int(result.mtu)), ("chunk", .int(result.chunkSize)),
+            ("activated", .bool(result.activated)), ("bytes_sent", .int(result.stats.bytesSent)),
+            ("bytes_resent", .int(result.stats.bytesResent)), ("checkpoints", .int(result.stats.checkpoints)),
+            ("firmware_before", result.firmwareBefore.map { .string($0.description) } ?? .null),
+        ])
+        let what = result.activated ? "verified and activated" : "verified (not activated)"
+        printer.result("\(result.device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
+                       + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
+    }
+}
+
+func seconds(_ s: Double) -> Duration { .microseconds(Int64(s * 1e6)) }

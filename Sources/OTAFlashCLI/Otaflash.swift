@@ -1,0 +1,54 @@
+import ArgumentParser
+import Foundation
+
+/// The `otaflash` command: flashing is the default subcommand.
+public struct Otaflash: AsyncParsableCommand {
+    public static let configuration = CommandConfiguration(
+        commandName: "otaflash",
+        abstract: "Update the firmware of Bluetooth LE devices over GATT, through BlueZ or a built-in simulated peripheral.",
+        discussion: """
+            Flashing is the default command: `otaflash --device AA:BB:CC:DD:EE:FF image.bin` is the same as \
+            `otaflash flash --device AA:BB:CC:DD:EE:FF image.bin`. Try it without hardware: \
+            `otaflash --simulator firmware-samples/seeded-256k.bin`.
+
+            Every failure prints one line on stderr and exits with its own code (see `otaflash help flash` and README.md).
+            """,
+        version: "0.1.0",
+        subcommands: [Flash.self, Scan.self, Info.self],
+        defaultSubcommand: Flash.self
+    )
+
+    public init() {}
+}
+
+/// Runs `otaflash` with `arguments` (without the program name) and returns the exit code.
+/// Never traps on bad input: every error becomes one line on stderr and a documented code.
+public func runOtaflash(_ arguments: [String], output: any OutputSink = StandardOutput()) async -> Int32 {
+    await CLIContext.$output.withValue(output) {
+        do {
+            var command = try Otaflash.parseAsRoot(arguments)
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+            return ExitCode.success.rawValue
+        } catch let failure as CLIFailure {
+            // The command has already reported it in its own mode; this is the closing line.
+            output.err("otaflash: error: \(failure.message)\n")
+            return failure.code.rawValue
+        } catch {
+            let code = Otaflash.exitCode(for: error)
+            let message = Otaflash.fullMessage(for: error)
+            if code == .success {
+                output.out(message + "\n")  // --help, --version
+                return ExitCode.success.rawValue
+            }
+            var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
+            if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
+            output.err("otaflash: error: \(line)\n"
+                       + "Run 'otaflash --help' for usage.\n")
+            return ExitCode.usage.rawValue
+        }
+    }
+}

@@ -1,0 +1,118 @@
+import ArgumentParser
+import GATT
+import OTA
+import OTAWire
+
+struct Scan: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List nearby devices: address, name, RSSI, and whether they advertise the OTA service.",
+        discussion: """
+            Examples:
+              otaflash scan --timeout 5
+              otaflash scan --ota-only --name-prefix Sensor --min-rssi -70 --json
+            """
+    )
+
+    @OptionGroup var target: TargetOptions
+    @OptionGroup var output: OutputOptions
+
+    @Option(name: .long, help: "Seconds to scan.")
+    var timeout: Double = 5
+
+    @Flag(name: .customLong("ota-only"), help: "Only devices advertising the OTA service.")
+    var otaOnly = false
+
+    @Option(name: .customLong("name-prefix"), help: "Only devices whose name starts with this.")
+    var namePrefix: String?
+
+    @Option(name: .customLong("min-rssi"), help: "Only devices at least this strong (dBm, e.g. -70).")
+    var minRSSI: Int?
+
+    mutating func validate() throws {
+        guard timeout > 0 else { throw ValidationError("--timeout must be positive, got \(timeout)") }
+    }
+
+    func run() async throws {
+        let printer = EventPrinter(mode: output.mode)
+        let central = try target.central(address: target.simulator.enabled ? (try target.address()) : SimulatorOptions.defaultAddress)
+        let filter = ScanFilter(serviceUUIDs: otaOnly ? [OTAProtocol.serviceUUID] : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
+        let found: [Advertisement]
+        do {
+            found = try await central.scan(filter: filter, timeout: seconds(timeout))
+        } catch {
+            let failure = CLIFailure(OTAError.from(error, device: target.adapter ?? "the adapter"))
+            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))), ("message", .string(failure.message))])
+            throw failure
+        }
+        for ad in found {
+            let ota = ad.serviceUUIDs.contains(OTAProtocol.serviceUUID)
+            printer.json("device", [("address", .string(ad.address.description)), ("name", ad.name.map { .string($0) } ?? .null),
+                                    ("rssi", ad.rssi.map { .int($0) } ?? .null), ("ota", .bool(ota))])
+            printer.result("\(ad.address)  \(ad.rssi.map { String(format: "%4d dBm", $0) } ?? "   ? dBm")  \(ota ? "OTA" : "   ")  \(ad.name ?? "")")
+        }
+        printer.json("done", [("result", .string("ok")), ("count", .int(found.count))])
+        if found.isEmpty { printer.note("no devices found in \(timeout) s") }
+    }
+}
+
+struct Info: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Read a device's Device Information Service and OTA state.",
+        discussion: """
+            Example:
+              otaflash info --device AA:BB:CC:DD:EE:FF
+            """
+    )
+
+    @OptionGroup var target: TargetOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        let printer = EventPrinter(mode: output.mode)
+        let address = try target.address()
+        let central = try target.central(address: address)
+        do {
+            let connection = try await central.connect(to: address, timeout: seconds(target.connectTimeout))
+            defer { Task { await connection.disconnect() } }
+            let report = try await DeviceReport.read(from: connection)
+            var fields: [(String, JSON)] = [("device", .string(address.description))]
+            for (key, value) in report.fields { fields.append((key, value.map { .string($0) } ?? .null)) }
+            printer.json("info", fields)
+            for (key, value) in report.fields { printer.result("\(key): \(value ?? "-")") }
+            await connection.disconnect()
+        } catch {
+            throw CLIFailure(OTAError.from(error, device: address.description))
+        }
+    }
+}
+
+/// What `otaflash info` reads: the Device Information Service and the OTA info characteristic.
+/// Each is optional; a device without the OTA service still reports its DIS.
+struct DeviceReport {
+    var fields: [(String, String?)] = []
+
+    static func read(from connection: any GATTConnection) async throws(GATTError) -> DeviceReport {
+        var report = DeviceReport()
+        let services = try await connection.discoverServices()
+        let dis = services.first { $0.uuid == DeviceInformationService.serviceUUID }
+        for (key, uuid) in [("manufacturer", DeviceInformationService.manufacturerNameUUID),
+                            ("model", DeviceInformationService.modelNumberUUID),
+                            ("firmware_revision", DeviceInformationService.firmwareRevisionUUID)] {
+            var value: String?
+            if let c = dis?.characteristic(uuid), c.properties.contains(.read) {
+                value = String(decoding: try await connection.read(c), as: UTF8.self)
+            }
+            report.fields.append((key, value))
+        }
+        if let ota = services.first(where: { $0.uuid == OTAProtocol.serviceUUID }),
+           let c = ota.characteristic(OTAProtocol.infoUUID),
+           let info = try? DeviceInfo(decoding: try await connection.read(c)) {
+            report.fields += [("ota_protocol", "\(info.protocolVersion)"), ("ota_state", info.state.description),
+                              ("ota_slot_size", "\(info.maxImageSize)"), ("ota_firmware_version", info.firmwareVersion.description),
+                              ("ota_received", "\(info.received)")]
+        } else {
+            report.fields.append(("ota_protocol", nil))
+        }
+        return report
+    }
+}
