@@ -40,6 +40,8 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
+        // Throughput and CPU figures on the link model (run in release mode).
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),

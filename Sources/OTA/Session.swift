@@ -39,6 +39,8 @@ public struct OTAResult: Sendable, Hashable {
     public var mtu: Int
     public var chunkSize: Int
     public var seconds: Double
+    /// From BEGIN's reply to the last checkpoint's: the streaming part alone.
+    public var transferSeconds: Double
     public var activated: Bool
     public var firmwareBefore: FirmwareVersion?
     public var stats: OTAEngine.Stats
@@ -163,6 +165,8 @@ public actor OTASession {
         var deadline = clock.now + engine.currentTimeout
         var commandTicket: WriteTicket?
         var announcedStart = false
+        var streamStart: Duration?
+        var streamEnd: Duration?
         let bytes = image.bytes
 
         func report(force: Bool) {
@@ -181,7 +185,11 @@ public actor OTASession {
             for action in actions {
                 switch action {
                 case .send(let request):
-                    if request == .verify { report(force: true); events(.verifying(device: device)) }
+                    if request == .verify, streamEnd == nil {
+                        streamEnd = clock.now
+                        report(force: true)
+                        events(.verifying(device: device))
+                    }
                     if request == .activate { events(.activating(device: device)) }
                     do {
                         commandTicket = try connection.submitWrite(request.encoded, to: chars.controlPoint)
@@ -192,8 +200,10 @@ public actor OTASession {
                     deadline = clock.now + engine.currentTimeout
                 case .finished:
                     report(force: true)
+                    let streamed = (streamEnd ?? clock.now) - (streamStart ?? started)
                     return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu,
                                      chunkSize: engine.chunkSize, seconds: (clock.now - started).seconds,
+                                     transferSeconds: streamed.seconds,
                                      activated: config.activate, firmwareBefore: info.firmwareVersion, stats: engine.stats)
                 case .failed(let error):
                     throw error
@@ -202,6 +212,7 @@ public actor OTASession {
             actions = []
             if !announcedStart, engine.phase == .streaming {
                 announcedStart = true
+                streamStart = clock.now
                 events(.transferStarted(device: device, resumeOffset: engine.sent, total: image.size))
             }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import Logging
 import OTA
 import OTAWire
 import Simulator
@@ -52,6 +53,9 @@ public struct OutputOptions: ParsableArguments {
     @Flag(name: .shortAndLong, help: "Print nothing but errors.")
     public var quiet = false
 
+    @Flag(name: .shortAndLong, help: "Log what happens on the link (debug level) to stderr.")
+    public var verbose = false
+
     public init() {}
 
     public func validate() throws {
@@ -59,6 +63,14 @@ public struct OutputOptions: ParsableArguments {
     }
 
     var mode: OutputMode { json ? .json : quiet ? .quiet : .human }
+
+    /// A logger for the libraries: debug to stderr with --verbose, silent otherwise.
+    func logger(_ label: String) -> Logger {
+        guard verbose else { return Logger(label: label, factory: { _ in SwiftLogNoOpLogHandler() }) }
+        var logger = Logger(label: label, factory: { StreamLogHandler.standardError(label: $0) })
+        logger.logLevel = .debug
+        return logger
+    }
 }
 
 struct Flash: AsyncParsableCommand {
@@ -136,7 +148,8 @@ struct Flash: AsyncParsableCommand {
                                   replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
                                   activateTimeout: seconds(activateTimeout))
         let session = OTASession(central: central, address: address, image: firmware, config: config,
-                                 timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)))
+                                 timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)),
+                                 logger: output.logger("otaflash.session"))
         let result: OTAResult
         do {
             result = try await session.run { printer.session($0) }

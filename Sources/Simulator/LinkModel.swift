@@ -26,7 +26,8 @@ public struct LinkModel: Sendable, Hashable, CustomStringConvertible {
     /// Most LL packets the central sends in one connection event; nil when only time limits it.
     public var packetsPerEvent: Int?
     public var dataLengthExtension: Bool
-    /// Write commands the central's stack buffers before `write` waits (flow control).
+    /// Write commands the central's stack (host and controller buffers) holds before `write` waits.
+    /// At least one long event's worth, so the model never idles an event for want of data.
     public var txQueueDepth: Int
     /// Time from a link loss until the central hears of it.
     public var supervisionTimeout: Duration
@@ -34,7 +35,7 @@ public struct LinkModel: Sendable, Hashable, CustomStringConvertible {
     public var timed: Bool
 
     public init(mtu: Int = 247, phy: PHY = .le2M, connectionInterval: Duration = .milliseconds(15),
-                packetsPerEvent: Int? = nil, dataLengthExtension: Bool = true, txQueueDepth: Int = 16,
+                packetsPerEvent: Int? = nil, dataLengthExtension: Bool = true, txQueueDepth: Int = 64,
                 supervisionTimeout: Duration = .milliseconds(420), timed: Bool = true) {
         self.mtu = mtu
         self.phy = phy

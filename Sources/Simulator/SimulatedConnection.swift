@@ -63,7 +63,7 @@ public final class SimulatedConnection: GATTConnection {
                     l.enqueue(.command(characteristic.id, value), device: device, now: now)
                     return .done
                 }
-                return .wait(l.nextEventTime)
+                return .wait(l.nextSendTime)
             }
         case .withResponse:
             let ticket = try link.withLock { l throws(GATTError) in
@@ -203,6 +203,9 @@ struct Link {
     var inboxHead = 0
 
     var nextEvent = 0
+    var eventOpen = false
+    var eventUsed = 0.0
+    var eventPackets = 0
     var up = true
     /// When the central learns that the link is down (after the supervision timeout).
     var downNoticedAt: Duration?
@@ -251,7 +254,7 @@ struct Link {
         var wake = limit ?? .seconds(1 << 40)
         if inboxHead < inbox.count { wake = min(wake, inbox[inboxHead].time) }
         if up, forwardHead < forward.count || reverseHead < reverse.count {
-            wake = min(wake, nextEventTime)
+            wake = min(wake, nextSendTime)
         }
         if let noticed = downNoticedAt { wake = min(wake, noticed) }
         if let boot = scheduledDrop { wake = min(wake, boot) }
@@ -280,26 +283,51 @@ struct Link {
         forward.append(pdu)
     }
 
-    /// Runs every connection event due by `now`.
+    /// Runs the link up to `now`, packet by packet. A connection event stays open while either
+    /// side has data ready when its next slot comes (the MD bit), until its time budget or
+    /// `packetsPerEvent` runs out; a packet queued after the event closed waits for the next one.
+    /// So the central can refill its queue during an event, as hosts do.
     mutating func run(until now: Duration, device: SimulatedDevice) {
         guard model.timed else { return }
-        while up, nextEventTime <= now {
-            if let at = scheduledDrop, at <= nextEventTime {
+        while up {
+            if let at = scheduledDrop, at <= now, at <= slotTime {
                 dropForBoot()
                 break
             }
-            let idle = forwardHead == forward.count && (reverseHead == reverse.count)
-            if idle {
-                // Skip empty events: jump to the first event at or after the next pending item.
-                let due = now
-                let skip = max(0, Int(((due - anchor) / ci).rounded(.down)) + 1 - nextEvent)
-                nextEvent += max(1, skip)
+            if !eventOpen {
+                if forwardHead == forward.count && reverseHead == reverse.count {
+                    // Idle: skip empty events up to now.
+                    let last = Int(((now - anchor) / ci).rounded(.down))
+                    if last >= nextEvent { nextEvent = last + 1 }
+                    break
+                }
+                guard nextEventTime <= now else { break }
+                eventOpen = true
+                eventUsed = 0
+                eventPackets = 0
+            }
+            guard let (cost, isReverse) = nextTransmission() else {
+                closeEvent()
                 continue
             }
-            runEvent(device: device)
-            nextEvent += 1
+            let done = slotTime + .microseconds(Int64(cost))
+            if done > now { break }  // the event goes on when time reaches it
+            eventUsed += cost
+            if isReverse {
+                let r = reverse[reverseHead]
+                reverseHead += 1
+                arrive(r.event, at: done)
+            } else {
+                eventPackets += 1
+                headFragmentsSent += 1
+                let pdu = forward[forwardHead]
+                if headFragmentsSent == model.fragments(attBytes: pdu.bytes.count + 3).count {
+                    headFragmentsSent = 0
+                    forwardHead += 1
+                    deliver(pdu, at: done, device: device)
+                }
+            }
         }
-        if let at = scheduledDrop, at <= now { dropForBoot() }
         compactForward()
     }
 
@@ -314,37 +342,39 @@ struct Link {
         }
     }
 
-    private mutating func runEvent(device: SimulatedDevice) {
-        let start = nextEventTime
+    /// Time of the next slot in the open event (or the next event's start).
+    var slotTime: Duration { nextEventTime + .microseconds(Int64(eventOpen ? eventUsed : 0)) }
+
+    private mutating func closeEvent() {
+        eventOpen = false
+        nextEvent += 1
+    }
+
+    /// The cost of the next packet of the open event and its direction; nil closes the event.
+    private func nextTransmission() -> (Double, Bool)? {
         let budget = ci.seconds * 1e6
-        var used = 0.0
-        var packets = 0
-        // Peripheral to central first: what was generated before the event opened.
-        while up, reverseHead < reverse.count, reverse[reverseHead].time <= start {
-            let r = reverse[reverseHead]
-            let frags = model.fragments(attBytes: r.size)
-            let cost = frags.reduce(0.0) { $0 + model.pairTime(payload: $1) }
-            if used + cost > budget, used > 0 { break }
-            used += cost
-            reverseHead += 1
-            arrive(r.event, at: start + .microseconds(Int64(used)))
-        }
-        // Central to peripheral.
-        while up, forwardHead < forward.count {
-            if let limit = model.packetsPerEvent, packets >= limit { break }
-            let pdu = forward[forwardHead]
-            let frags = model.fragments(attBytes: pdu.bytes.count + 3)
-            let cost = model.pairTime(payload: frags[headFragmentsSent])
-            if used + cost > budget { break }
-            used += cost
-            packets += 1
-            headFragmentsSent += 1
-            if headFragmentsSent == frags.count {
-                headFragmentsSent = 0
-                forwardHead += 1
-                deliver(pdu, at: start + .microseconds(Int64(used)), device: device)
+        let at = slotTime
+        if reverseHead < reverse.count, reverse[reverseHead].time <= at {
+            // Rides in the peripheral's slot of a central packet: only its extra air time when the
+            // central has data flowing, a whole pair (with an empty central packet) otherwise.
+            let riding = forwardHead < forward.count
+            let cost = model.fragments(attBytes: reverse[reverseHead].size).reduce(0.0) {
+                $0 + (riding ? model.airTime(payload: $1) - model.airTime(payload: 0) : model.pairTime(payload: $1))
             }
+            return eventUsed + cost <= budget || eventUsed == 0 ? (cost, true) : nil
         }
+        guard forwardHead < forward.count else { return nil }
+        if let limit = model.packetsPerEvent, eventPackets >= limit { return nil }
+        let frags = model.fragments(attBytes: forward[forwardHead].bytes.count + 3)
+        let cost = model.pairTime(payload: frags[headFragmentsSent])
+        return eventUsed + cost <= budget ? (cost, false) : nil
+    }
+
+    /// When the head of the transmit queue next leaves (for a central waiting on a full queue).
+    var nextSendTime: Duration {
+        guard eventOpen else { return nextEventTime + .microseconds(1) }
+        if let (cost, _) = nextTransmission() { return slotTime + .microseconds(Int64(cost)) }
+        return anchor + ci * (nextEvent + 1) + .microseconds(1)
     }
 
     private mutating func flushReverseUntimed() {
@@ -398,6 +428,13 @@ struct Link {
                     d.availableAt = t + d.faults.rebootDuration
                     linkLoss = ("device rebooted at offset \(offset)", true)
                 }
+
+            case .request(let id, let bytes, let ticket) where id == SimulatedDevice.Handle.data:
+                // A data packet written with response (what a naive central does): handled as
+                // data, then acknowledged.
+                deviceBusyUntil = max(deviceBusyUntil, t) + perKiB * max(0, bytes.count - OTAProtocol.dataHeaderSize) / 1024
+                _ = d.target.handleData(bytes)
+                replies.append(Reverse(time: deviceBusyUntil, event: .writeCompleted(ticket, nil), size: 1))
 
             case .request(let id, let bytes, let ticket):
                 guard id == SimulatedDevice.Handle.controlPoint else {

@@ -1,0 +1,233 @@
+// otaflash-bench: throughput and CPU figures on the simulator's link model.
+//
+//   swift run -c release otaflash-bench [--grid] [--interval-sweep] [--engine-cpu] [--json FILE]
+//
+// Every figure comes from one run of this program, so ratios are measured side by side.
+// docs/PERFORMANCE.md explains the link model and each figure.
+
+import Foundation
+import GATT
+import OTA
+import OTAWire
+import Simulator
+
+struct Options {
+    var grid = false
+    var sweep = false
+    var cpu = false
+    var json: String?
+    var imageSize = 256 * 1024
+
+    init(_ args: [String]) {
+        var i = 0
+        while i < args.count {
+            switch args[i] {
+            case "--grid": grid = true
+            case "--interval-sweep": sweep = true
+            case "--engine-cpu": cpu = true
+            case "--json": i += 1; json = i < args.count ? args[i] : nil
+            case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
+            case "--help", "-h":
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--engine-cpu] [--image-kib N] [--json FILE]")
+                exit(0)
+            default:
+                FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
+                exit(2)
+            }
+            i += 1
+        }
+        if !grid && !sweep && !cpu { grid = true; sweep = true; cpu = true }
+    }
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+var rng = SeededGenerator(seed: 2024)
+let image = FirmwareImage(bytes: (0..<options.imageSize).map { _ in UInt8.random(in: 0...255, using: &rng) })
+var report: [(String, Any)] = []
+var notes: [String] = []
+
+func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writeWithoutResponse, .write]) -> SimulatedDevice {
+    SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link, dataProperties: dataProperties))
+}
+
+/// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
+func engineGoodput(_ link: LinkModel, interval: Int = EngineConfig.defaultCheckpointInterval) async throws -> Double {
+    let d = device(link)
+    let central = SimulatedCentral(devices: [d])
+    let session = OTASession(central: central, address: d.config.address, image: image,
+                             config: EngineConfig(checkpointInterval: interval))
+    let result = try await session.run()
+    guard d.activatedImage == image.bytes else { throw BenchError("engine run did not activate the image") }
+    return Double(image.size) / result.transferSeconds
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// A reference central that does not pipeline: `batch` packets without response, then a
+/// checkpoint it waits for (batch 12 = a Nordic-style receipt every 12 packets); batch 0 = every
+/// packet written with response (stop-and-wait, as naive scripts do).
+func baselineGoodput(_ link: LinkModel, batch: Int) async throws -> Double {
+    let d = device(link)
+    let central = SimulatedCentral(devices: [d])
+    let conn = try await central.connect(to: d.config.address, timeout: .seconds(5))
+    let chars = try await OTASession.discover(on: conn)
+    try await conn.setNotifications(true, for: chars.controlPoint)
+    let chunk = OTAProtocol.chunkSize(mtu: try await conn.mtu())
+    let clock = conn.clock
+
+    func command(_ request: ControlRequest) async throws -> ControlResponse {
+        try await conn.write(request.encoded, to: chars.controlPoint, type: .withResponse)
+        while let event = await conn.nextEvent(timeout: .seconds(5)) {
+            if case .notification(_, let value) = event, case .response(let r)? = try? ControlNotification(decoding: value) {
+                return r
+            }
+        }
+        throw BenchError("no reply to \(request.opcode)")
+    }
+
+    _ = try await command(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32, version: FirmwareVersion(packed: 0), restart: true)))
+    let start = clock.now
+    var offset = 0
+    var crc = CRC32()
+    var inBatch = 0
+    while offset < image.size {
+        let n = min(chunk, image.size - offset)
+        let slice = image.bytes[offset..<(offset + n)]
+        let packet = DataPacket.encode(offset: UInt32(offset), payload: slice)
+        crc.update(slice)
+        offset += n
+        if batch == 0 {
+            try await conn.write(packet, to: chars.data, type: .withResponse)
+            continue
+        }
+        try await conn.write(packet, to: chars.data, type: .withoutResponse)
+        inBatch += 1
+        if inBatch == batch || offset == image.size {
+            inBatch = 0
+            let r = try await command(.checkpoint(offset: UInt32(offset), crc: crc.value))
+            guard r.status == .success else { throw BenchError("checkpoint refused: \(r.status)") }
+        }
+    }
+    if batch == 0 {
+        let r = try await command(.checkpoint(offset: UInt32(offset), crc: crc.value))
+        guard r.status == .success else { throw BenchError("checkpoint refused: \(r.status)") }
+    }
+    let seconds = (clock.now - start).seconds
+    let v = try await command(.verify)
+    guard v.status == .success else { throw BenchError("baseline image failed verify: \(v.status)") }
+    await conn.disconnect()
+    return Double(image.size) / seconds
+}
+
+func pct(_ x: Double) -> String { String(format: "%.3f", x) }
+
+// MARK: Interval sweep
+
+if options.sweep {
+    print("Checkpoint interval sweep: goodput / capacity, \(image.size / 1024) KiB image, virtual time")
+    let links: [(String, LinkModel)] = [
+        ("MTU 247 2M 7.5ms", LinkModel(mtu: 247, phy: .le2M, connectionInterval: .microseconds(7500))),
+        ("MTU 247 2M 15ms", LinkModel.default),
+        ("MTU 247 1M 50ms", LinkModel(mtu: 247, phy: .le1M, connectionInterval: .milliseconds(50))),
+        ("MTU 517 2M 30ms", LinkModel(mtu: 517, phy: .le2M, connectionInterval: .milliseconds(30))),
+    ]
+    let intervals = [2048, 4096, 8192, 16384, 32768, 65536]
+    print("interval".padding(toLength: 10, withPad: " ", startingAt: 0) + links.map { $0.0.padding(toLength: 18, withPad: " ", startingAt: 0) }.joined())
+    var rows: [[String: Any]] = []
+    for interval in intervals {
+        var line = String(interval).padding(toLength: 10, withPad: " ", startingAt: 0)
+        for (name, link) in links {
+            let eff = try await engineGoodput(link, interval: interval) / link.capacityBytesPerSecond
+            line += pct(eff).padding(toLength: 18, withPad: " ", startingAt: 0)
+            rows.append(["interval": interval, "link": name, "efficiency": eff])
+        }
+        print(line)
+    }
+    report.append(("interval_sweep", rows))
+    print()
+}
+
+// MARK: Link efficiency grid
+
+if options.grid {
+    print("Link efficiency: goodput / model capacity, \(image.size / 1024) KiB image, virtual time")
+    print("MTU  PHY interval  capacity kB/s  otaflash  receipt/12  stop-and-wait")
+    var rows: [[String: Any]] = []
+    var minExcl23 = Double.infinity
+    for mtu in [23, 185, 247, 517] {
+        for phy in LinkModel.PHY.allCases {
+            for ci in [7500, 15000, 30000, 50000] {
+                let link = LinkModel(mtu: mtu, phy: phy, connectionInterval: .microseconds(Int64(ci)))
+                let cap = link.capacityBytesPerSecond
+                let ours = try await engineGoodput(link) / cap
+                let prn = try await baselineGoodput(link, batch: 12) / cap
+                let saw = try await baselineGoodput(link, batch: 0) / cap
+                if mtu != 23 { minExcl23 = min(minExcl23, ours) }
+                rows.append(["mtu": mtu, "phy": phy.rawValue, "interval_ms": Double(ci) / 1000, "capacity": cap,
+                             "otaflash": ours, "receipt12": prn, "stop_and_wait": saw])
+                print(String(format: "%3d  %@  %5.1f ms  %10.1f      %.3f     %.3f       %.3f",
+                             mtu, phy.rawValue, Double(ci) / 1000, cap / 1000, ours, prn, saw))
+            }
+        }
+    }
+    let def = LinkModel.default
+    let defEff = try await engineGoodput(def) / def.capacityBytesPerSecond
+    let defSaw = try await baselineGoodput(def, batch: 0) / def.capacityBytesPerSecond
+    let defPrn = try await baselineGoodput(def, batch: 12) / def.capacityBytesPerSecond
+    print(String(format: "default link (MTU 247, 2M, 15 ms): otaflash %.3f, receipt/12 %.3f, stop-and-wait %.3f; grid minimum excluding MTU 23: %.3f",
+                 defEff, defPrn, defSaw, minExcl23))
+    report.append(("grid", rows))
+    report.append(("link_efficiency_default", defEff))
+    report.append(("link_efficiency_grid_min_excluding_mtu23", minExcl23))
+    report.append(("stop_and_wait_efficiency_default", defSaw))
+    report.append(("receipt12_efficiency_default", defPrn))
+    print()
+}
+
+// MARK: Engine CPU
+
+if options.cpu {
+    func cpuSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        return Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
+            + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
+    }
+    var rngBig = SeededGenerator(seed: 99)
+    let big = FirmwareImage(bytes: (0..<(32 << 20)).map { _ in UInt8(truncatingIfNeeded: rngBig.next()) })
+    var best = 0.0
+    var cpuPerMiB = Double.infinity
+    for _ in 0..<3 {
+        let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 64 << 20, link: .unlimited))
+        let central = SimulatedCentral(devices: [d])
+        let session = OTASession(central: central, address: d.config.address, image: big,
+                                 config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval))
+        let c0 = cpuSeconds()
+        let t0 = ContinuousClock.now
+        _ = try await session.run()
+        let wall = (ContinuousClock.now - t0).seconds
+        let cpu = cpuSeconds() - c0
+        guard d.activatedImage?.count == big.size else { throw BenchError("CPU run did not activate the image") }
+        best = max(best, Double(big.size) / 1048576 / wall)
+        cpuPerMiB = min(cpuPerMiB, cpu / (Double(big.size) / 1048576))
+    }
+    print(String(format: "Engine CPU path (unlimited link, MTU 517, 32 MiB, best of 3): %.1f MiB/s, %.4f CPU-s per MiB (engine + simulated device)", best, cpuPerMiB))
+    report.append(("engine_mib_per_s", best))
+    report.append(("engine_cpu_seconds_per_mib", cpuPerMiB))
+}
+
+if let path = options.json {
+    var object: [String: Any] = [:]
+    for (k, v) in report { object[k] = v }
+    for key in ["link_efficiency_default", "link_efficiency_grid_min_excluding_mtu23", "stop_and_wait_efficiency_default", "engine_mib_per_s", "bluez_vs_bleak_ratio"] where object[key] == nil {
+        object[key] = NSNull()
+        notes.append("\(key): not measured by this run of otaflash-bench" + (key == "bluez_vs_bleak_ratio" ? " (needs the BlueZ VM harness: scripts/bench)" : ""))
+    }
+    object["notes"] = notes
+    let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
+    try data.write(to: URL(fileURLWithPath: path))
+    print("wrote \(path)")
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the system packages otaflash builds and tests against, when any is missing.
+# Sourced by scripts/demo and scripts/test; safe to run on its own.
+set -euo pipefail
+
+otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev pkg-config python3)
+
+otaflash_install_deps() {
+    local missing=()
+    for p in "${otaflash_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing: ${missing[*]}" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then otaflash_install_deps; fi
