@@ -268,7 +268,15 @@ public actor DBusConnection {
         }
         defer { dbus_message_unref(reply) }
         if dbus_message_get_type(reply) == DBUS_MESSAGE_TYPE_ERROR {
-            call.continuation.resume(throwing: DBusError(errorReply: reply))
+            var error = DBusError(errorReply: reply)
+            // When the peer goes away libdbus completes every pending call with a NoReply error
+            // (as if it had timed out); report that as what it is.
+            if error.name == DBusError.Name.noReply, let connection = loop.connection,
+                dbus_connection_get_is_connected(connection) == 0
+            {
+                error = DBusError.disconnected("the connection was closed by the peer")
+            }
+            call.continuation.resume(throwing: error)
         } else {
             call.continuation.resume(returning: Marshal.read(reply))
         }
@@ -368,10 +376,6 @@ extension DBusError {
     /// From an ERROR message: its error name and first string argument (spec, "ERROR").
     init(errorReply message: OpaquePointer) {
         let name = dbus_message_get_error_name(message).map { String(cString: $0) } ?? DBusError.Name.failed
-        let text = Marshal.read(message).first.flatMap { value -> String? in
-            if case .string(let s) = value { return s }
-            return nil
-        }
-        self.init(name: name, message: text ?? "")
+        self.init(name: name, message: Marshal.firstString(message) ?? "")
     }
 }

@@ -7,6 +7,9 @@
 /// Unix file descriptors (`h`): a received `.unixFD` is a descriptor duplicated for the receiver by
 /// libdbus (`dbus_message_iter_get_basic` returns a new fd), so the receiver owns it and must close
 /// it. A sent `.unixFD` is duplicated into the message, so the sender keeps ownership of its own.
+/// Descriptors that reach no receiver (calls answered with an error by this library, signals no
+/// subscription matched) are closed; a signal delivered to several subscriptions shares its
+/// descriptors between them.
 public enum DBusValue: Sendable, Hashable {
     case byte(UInt8)
     case bool(Bool)

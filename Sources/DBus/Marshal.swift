@@ -1,5 +1,13 @@
 internal import CDBus
 
+#if canImport(Glibc)
+import Glibc
+private let closeDescriptor = Glibc.close
+#elseif canImport(Musl)
+import Musl
+private let closeDescriptor = Musl.close
+#endif
+
 /// Converts between ``DBusValue`` and message bodies through `DBusMessageIter`.
 ///
 /// The variadic `dbus_message_append_args`/`dbus_message_get_args` are not callable from Swift, so
@@ -199,6 +207,34 @@ enum Marshal {
             dbus_message_iter_next(&iter)
         }
         return values
+    }
+
+    /// The first argument if it is a string, without decoding (or duplicating fds of) the rest;
+    /// the message text of an ERROR reply.
+    static func firstString(_ message: OpaquePointer) -> String? {
+        var iter = DBusMessageIter()
+        guard dbus_message_iter_init(message, &iter) != 0,
+            dbus_message_iter_get_arg_type(&iter) == CDBUS_TYPE_STRING
+        else { return nil }
+        var basic = DBusBasicValue()
+        dbus_message_iter_get_basic(&iter, &basic)
+        return basic.str.map { String(cString: $0) }
+    }
+
+    /// Closes every descriptor in decoded values that will not be handed to anyone, since
+    /// decoding gave each one its own duplicate.
+    static func closeDescriptors(in values: [DBusValue]) {
+        for value in values {
+            switch value {
+            case .unixFD(let fd): _ = closeDescriptor(fd)
+            case .array(_, let elements), .struct(let elements): closeDescriptors(in: elements)
+            case .dictionary(_, _, let entries):
+                closeDescriptors(in: Array(entries.keys))
+                closeDescriptors(in: Array(entries.values))
+            case .variant(let inner): closeDescriptors(in: [inner])
+            default: continue
+            }
+        }
     }
 
     private static func signature(of iter: inout DBusMessageIter) -> String {

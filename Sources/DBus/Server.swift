@@ -102,10 +102,12 @@ extension DBusConnection {
             byName[interface.name] = interface
         }
         _ = try requireConnection()
-        if objects[path] != nil && !(objects[path]!.interfaces.isEmpty && objectManagers.contains(path)) {
-            throw DBusError.invalidArgument("an object is already exported at \(path)")
-        }
         let previous = objects[path]
+        // The placeholder that addObjectManager(at:) leaves at its root may be replaced.
+        if let previous, !(previous.interfaces.isEmpty && objectManagers.contains(path)) {
+            throw DBusError(
+                name: "org.freedesktop.DBus.Error.ObjectPathInUse", message: "an object is already exported at \(path)")
+        }
         objects[path] = ExportedObject(
             interfaces: byName, fallback: fallback, ordering: ordering, tail: previous?.tail)
         if let manager = managerRoot(for: path), !byName.isEmpty {
@@ -227,17 +229,20 @@ extension DBusConnection {
         if interface == Self.peerInterface { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
 
         guard let (objectPath, object) = lookupObject(path) else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
+        let signature = dbus_message_get_signature(message).map { String(cString: $0) } ?? ""
         let call = DBusMethodCall(
             sender: dbus_message_get_sender(message).map { String(cString: $0) },
             path: path, interface: interface, member: member,
-            signature: dbus_message_get_signature(message).map { String(cString: $0) } ?? "",
-            arguments: Marshal.read(message))
+            signature: signature, arguments: Marshal.read(message))
+        // Arguments that reach no handler still own duplicated descriptors.
+        let discardArguments = { if signature.contains("h") { Marshal.closeDescriptors(in: call.arguments) } }
 
         if interface == Self.propertiesInterface {
             handleProperties(call, message: message, objectPath: objectPath, object: object)
             return DBUS_HANDLER_RESULT_HANDLED
         }
         if interface == Self.objectManagerInterface {
+            discardArguments()
             if member == "GetManagedObjects", objectManagers.contains(objectPath) {
                 replyNow(to: message, .success([managedObjectsValue(below: objectPath)]))
             } else {
@@ -250,6 +255,7 @@ extension DBusConnection {
         let handler: DBusMethodHandler?
         if let interface {
             guard let implementation = object.interfaces[interface] else {
+                discardArguments()
                 replyNow(to: message, .failure(DBusError(
                     name: DBusError.Name.unknownInterface, message: "\(path) has no interface \(interface)")))
                 return DBUS_HANDLER_RESULT_HANDLED
@@ -259,6 +265,7 @@ extension DBusConnection {
             handler = object.interfaces.keys.sorted().lazy.compactMap { object.interfaces[$0]?.methods[member] }.first
         }
         guard let handler else {
+            discardArguments()
             replyNow(to: message, .failure(DBusError(
                 name: DBusError.Name.unknownMethod,
                 message: "no method \(member) on \(interface ?? "any interface") at \(path)")))

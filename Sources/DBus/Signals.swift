@@ -275,12 +275,15 @@ extension DBusConnection {
             trackedNames[name] = tracked
         }
 
+        var delivered = false
         for (_, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
             let owner = subscription.rule.sender.flatMap { trackedNames[$0]?.owner }
             if subscription.rule.matches(signal, senderOwner: owner) {
                 subscription.deliver(signal)
+                delivered = true
             }
         }
+        if !delivered { Marshal.closeDescriptors(in: signal.arguments) }
     }
 
     /// Emits a signal from `path` (spec, "SIGNAL"); broadcast unless `destination` is given.

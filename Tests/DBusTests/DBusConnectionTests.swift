@@ -241,6 +241,37 @@ struct DBusConnectionTests {
         }
     }
 
+    @Test func busGoingAwayFailsCallsAndEndsStreams() async throws {
+        try await withTestBus { bus in
+            let server = try await bus.connect()
+            let client = try await bus.connect()
+            let (started, startedContinuation) = AsyncStream.makeStream(of: Void.self)
+            try await exportTestObject(server, extraMethods: [
+                "Block": { _ in
+                    startedContinuation.yield()
+                    try await Task.sleep(for: .seconds(10))
+                    return []
+                },
+            ])
+            let subscription = try await client.subscribe(DBusMatchRule(member: "Never"))
+            let task = Task {
+                try await client.call(
+                    destination: serviceName, path: "/com/example/test", interface: testInterface, member: "Block")
+            }
+            _ = try await next(started)
+            bus.stop()
+            do {
+                _ = try await task.value
+                Issue.record("expected an error")
+            } catch let error as DBusError {
+                #expect(error.isDisconnected, "\(error)")
+            }
+            // The stream finishes (nil) rather than hanging.
+            #expect(try await next(subscription.signals) == nil)
+            #expect(await !client.isConnected)
+        }
+    }
+
     @Test func signalsFollowMatchRules() async throws {
         try await withTestBus { bus in
             let emitter = try await bus.connect()
@@ -422,6 +453,16 @@ struct DBusConnectionTests {
             let name = try #require(await server.uniqueName)
             let reply = try await client.call(destination: name, path: "/tree/a/b", interface: testInterface, member: "Where")
             #expect(reply == [.objectPath("/tree/a/b")])
+
+            // One object per path; after unexport the path is free again.
+            do {
+                try await server.export(path: "/tree", interfaces: [])
+                Issue.record("expected ObjectPathInUse")
+            } catch let error as DBusError {
+                #expect(error.name == "org.freedesktop.DBus.Error.ObjectPathInUse")
+            }
+            await server.unexport(path: "/tree")
+            try await server.export(path: "/tree", interfaces: [DBusInterface(name: testInterface)])
         }
     }
 

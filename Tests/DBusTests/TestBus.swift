@@ -1,4 +1,5 @@
 import DBus
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -17,6 +18,7 @@ final class TestBus: Sendable {
     let address: String
     private let directory: String
     private let stdoutFD: Int32
+    private let stopped = Mutex(false)
 
     private init(pid: pid_t, address: String, directory: String, stdoutFD: Int32) {
         self.pid = pid
@@ -122,7 +124,9 @@ final class TestBus: Sendable {
         return TestBus(pid: pid, address: address, directory: directory, stdoutFD: readEnd)
     }
 
+    /// Kills the daemon (once; later calls do nothing, so the PID is never reused by mistake).
     func stop() {
+        guard stopped.withLock({ (done: inout Bool) -> Bool in defer { done = true }; return !done }) else { return }
         kill(pid, SIGKILL)
         waitpid(pid, nil, 0)
         close(stdoutFD)
