@@ -182,10 +182,10 @@ public struct OTAEngine: Sendable {
         guard image.size <= Int(info.maxImageSize) else {
             return fail(OTAError(.imageTooLarge, "image is \(image.size) bytes but the device's slot holds \(info.maxImageSize) bytes; build a smaller image or use a device with a larger slot"))
         }
-        chunkSize = OTAProtocol.chunkSize(mtu: mtu)
-        guard chunkSize > 0 else {
-            return fail(OTAError(.incompatibleDevice, "negotiated ATT MTU \(mtu) leaves no room for data; the minimum is \(OTAProtocol.minimumMTU)"))
+        guard mtu >= OTAProtocol.minimumMTU else {
+            return fail(OTAError(.incompatibleDevice, "the link reports ATT MTU \(mtu), below the minimum of \(OTAProtocol.minimumMTU) every BLE link supports; the transport is misbehaving"))
         }
+        chunkSize = OTAProtocol.chunkSize(mtu: mtu)
         phase = .beginning
         let restart = config.restart && stats.resumedFrom.isEmpty
         return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
@@ -370,7 +370,10 @@ public struct OTAEngine: Sendable {
     /// The next thing to send while streaming. Call repeatedly until `.idle`.
     public mutating func nextStreamStep() -> StreamStep {
         guard phase == .streaming, !holdForGap else { return .idle }
-        let due = sent - lastCheckpoint >= config.checkpointInterval || (sent == image.size && acked < sent)
+        // Checkpoints fall on chunk boundaries: the next chunk would cross the interval.
+        let interval = max(config.checkpointInterval, chunkSize)
+        let next = min(chunkSize, image.size - sent)
+        let due = (next > 0 && sent - lastCheckpoint + next > interval) || (sent == image.size && acked < sent)
         if due, inFlight == nil, sent > lastCheckpoint || (sent == image.size && acked < sent) {
             lastCheckpoint = sent
             stats.checkpoints += 1
@@ -378,8 +381,8 @@ public struct OTAEngine: Sendable {
             inFlight = (request, 1)
             return .command(request)
         }
-        guard sent < image.size, sent - lastCheckpoint < config.checkpointInterval else { return .idle }
-        let count = min(chunkSize, image.size - sent)
+        guard next > 0, sent - lastCheckpoint + next <= interval else { return .idle }
+        let count = next
         let offset = sent
         if offset < highWater { stats.bytesResent += min(count, highWater - offset) }
         runningCRC.update(image.bytes[offset..<(offset + count)])

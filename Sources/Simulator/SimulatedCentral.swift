@@ -27,7 +27,7 @@ public final class SimulatedCentral: GATTCentral {
             throw GATTError(.deviceNotFound, "device \(address) was not found within \(timeout.seconds) s")
         }
         let (availableAt, refused) = device.state.withLock { s in
-            (s.availableAt, s.faults.refuseConnectionsAfter.map { s.connections >= $0 } ?? false)
+            (s.availableAt, s.device.refusesConnection(after: s.connections))
         }
         if refused || availableAt > deadline {
             try await sleep(until: deadline)

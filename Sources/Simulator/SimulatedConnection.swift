@@ -400,40 +400,29 @@ struct Link {
         var activated = false
         let notifyCP = notifying.contains(SimulatedDevice.Handle.controlPoint)
         device.state.withLock { d in
-            let perKiB = d.faults.slowFlashPerKiB
             switch pdu {
-            case .command(let id, var bytes):
-                guard id == SimulatedDevice.Handle.data, bytes.count > OTAProtocol.dataHeaderSize else { return }
-                let offset = Int(DataPacket.decode(bytes)?.offset ?? 0)
-                let range = offset..<(offset + bytes.count - OTAProtocol.dataHeaderSize)
-                if let i = d.faults.disconnectAt.firstIndex(where: range.contains) {
-                    d.faults.disconnectAt.remove(at: i)
-                    linkLoss = ("disconnect fault at offset \(offset)", false)
+            case .command(let id, let bytes):
+                guard id == SimulatedDevice.Handle.data else { return }
+                switch d.device.receiveData(bytes) {
+                case .dropped:
                     return
-                }
-                if d.rng.chance(d.faults.dropRate) { return }
-                if let i = d.faults.corruptAt.firstIndex(where: range.contains) {
-                    bytes[OTAProtocol.dataHeaderSize + d.faults.corruptAt[i] - offset] ^= 0xA5
-                    d.faults.corruptAt.remove(at: i)
-                } else if d.rng.chance(d.faults.corruptRate) {
-                    bytes[OTAProtocol.dataHeaderSize + Int(d.rng.next() % UInt64(range.count))] ^= 0x5A
-                }
-                deviceBusyUntil = max(deviceBusyUntil, t) + perKiB * range.count / 1024
-                if let event = d.target.handleData(bytes), notifyCP, !d.rng.chance(d.faults.lostNotificationRate) {
-                    replies.append(Reverse(time: deviceBusyUntil, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: event), size: event.count + 3))
-                }
-                if let i = d.faults.rebootAt.firstIndex(where: { range.contains($0) }) {
-                    d.faults.rebootAt.remove(at: i)
-                    d.target.reboot()
-                    d.availableAt = t + d.faults.rebootDuration
-                    linkLoss = ("device rebooted at offset \(offset)", true)
+                case .disconnect(let reason):
+                    linkLoss = (reason, false)
+                case .reboot(let reason):
+                    d.availableAt = t + d.device.faults.rebootDuration
+                    linkLoss = (reason, true)
+                case .handled(let event):
+                    deviceBusyUntil = max(deviceBusyUntil, t) + d.device.flashTime(bytes: bytes.count - OTAProtocol.dataHeaderSize)
+                    if let event, notifyCP {
+                        replies.append(Reverse(time: deviceBusyUntil, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: event), size: event.count + 3))
+                    }
                 }
 
             case .request(let id, let bytes, let ticket) where id == SimulatedDevice.Handle.data:
                 // A data packet written with response (what a naive central does): handled as
                 // data, then acknowledged.
-                deviceBusyUntil = max(deviceBusyUntil, t) + perKiB * max(0, bytes.count - OTAProtocol.dataHeaderSize) / 1024
-                _ = d.target.handleData(bytes)
+                deviceBusyUntil = max(deviceBusyUntil, t) + d.device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
+                _ = d.device.target.handleData(bytes)
                 replies.append(Reverse(time: deviceBusyUntil, event: .writeCompleted(ticket, nil), size: 1))
 
             case .request(let id, let bytes, let ticket):
@@ -441,23 +430,23 @@ struct Link {
                     replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.writeNotPermitted, "writing \(id)")), size: 5))
                     return
                 }
-                if d.rng.chance(d.faults.gattErrorRate) {
-                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
-                    return
-                }
                 var ready = max(deviceBusyUntil, t)
                 if bytes.first == OTAOpcode.verify.rawValue || bytes.first == OTAOpcode.activate.rawValue {
-                    ready += perKiB * Int(d.target.pending?.imageSize ?? 0) / 1024
+                    ready += d.device.flashTime(bytes: Int(d.device.target.pending?.imageSize ?? 0))
                 }
-                let response = d.target.handleControl(bytes)
-                replies.append(Reverse(time: ready, event: .writeCompleted(ticket, nil), size: 1))
-                if notifyCP, !d.rng.chance(d.faults.lostNotificationRate) {
-                    replies.append(Reverse(time: ready, event: .notification(characteristicID: id, value: response), size: response.count + 3))
-                }
-                if bytes.first == OTAOpcode.activate.rawValue, response.count >= 3, response[2] == OTAStatus.success.rawValue {
-                    activated = true
-                    d.availableAt = ready + d.faults.rebootDuration
-                    deviceBusyUntil = ready
+                switch d.device.receiveCommand(bytes) {
+                case .attError:
+                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
+                case .handled(let response, let notify, let didActivate):
+                    replies.append(Reverse(time: ready, event: .writeCompleted(ticket, nil), size: 1))
+                    if notify, notifyCP {
+                        replies.append(Reverse(time: ready, event: .notification(characteristicID: id, value: response), size: response.count + 3))
+                    }
+                    if didActivate {
+                        activated = true
+                        d.availableAt = ready + d.device.faults.rebootDuration
+                        deviceBusyUntil = ready
+                    }
                 }
             }
         }

@@ -1,5 +1,5 @@
-import GATT
-import OTADevice
+@_exported import GATT
+@_exported import OTADevice
 import OTAWire
 import Synchronization
 
@@ -45,9 +45,7 @@ public final class SimulatedDevice: Sendable {
     let state: Mutex<DeviceState>
 
     struct DeviceState {
-        var target: OTATarget
-        var rng: SeededGenerator
-        var faults: FaultPlan
+        var device: FaultyDevice
         /// Not connectable before this time (rebooting).
         var availableAt: Duration = .zero
         var connections = 0
@@ -56,18 +54,17 @@ public final class SimulatedDevice: Sendable {
 
     public init(_ config: SimulatedDeviceConfig) {
         self.config = config
-        var target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
-        target.flashBitFlipAt = config.faults.flashBitFlipAt
-        state = Mutex(DeviceState(target: target, rng: SeededGenerator(seed: config.faults.seed), faults: config.faults))
+        let target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
+        state = Mutex(DeviceState(device: FaultyDevice(target: target, faults: config.faults)))
     }
 
     /// The OTA state machine, for inspection by tests and tools.
-    public var target: OTATarget { state.withLock { $0.target } }
+    public var target: OTATarget { state.withLock { $0.device.target } }
 
     /// The image most recently activated, if any.
-    public var activatedImage: [UInt8]? { state.withLock { $0.target.activations.last?.image } }
+    public var activatedImage: [UInt8]? { state.withLock { $0.device.target.activations.last?.image } }
 
-    public var firmwareVersion: FirmwareVersion { state.withLock { $0.target.firmwareVersion } }
+    public var firmwareVersion: FirmwareVersion { state.withLock { $0.device.target.firmwareVersion } }
 
     /// Number of connections accepted so far.
     public var connectionCount: Int { state.withLock { $0.connections } }
@@ -107,10 +104,10 @@ public final class SimulatedDevice: Sendable {
     func readValue(_ id: String) -> [UInt8]? {
         state.withLock { s in
             switch id {
-            case Handle.info: s.target.info.encoded
+            case Handle.info: s.device.target.info.encoded
             case Handle.manufacturer: Array(config.manufacturer.utf8)
             case Handle.model: Array(config.model.utf8)
-            case Handle.firmwareRevision: Array(s.target.firmwareVersion.description.utf8)
+            case Handle.firmwareRevision: Array(s.device.target.firmwareVersion.description.utf8)
             default: nil
             }
         }
