@@ -50,6 +50,9 @@ public actor DBusConnection {
         // Nothing else can reach the actor now. Signal consumers must not wait forever, and the
         // libdbus connection has to be closed on its queue.
         for subscription in subscriptions.values { subscription.finish() }
+        // Calls whose handlers are still running will never be answered (message refcounts are
+        // atomic in libdbus, so this is safe off the queue).
+        for call in incomingCalls.values { dbus_message_unref(call.message) }
         if !closed {
             let loop = self.loop
             loop.queue.async { loop.close() }

@@ -72,7 +72,12 @@ extension DBusConnection {
         var tail: Task<Void, Never>?
     }
 
-    struct IncomingCall {
+    /// A received method call whose handler has not replied yet; holds one message reference.
+    ///
+    /// `@unchecked Sendable` only so the actor's nonisolated `deinit` may release it: the message
+    /// is otherwise used on the connection's queue, and `dbus_message_unref` is thread-safe
+    /// (libdbus keeps message refcounts atomic).
+    struct IncomingCall: @unchecked Sendable {
         let message: OpaquePointer
     }
 

@@ -272,6 +272,22 @@ struct DBusConnectionTests {
         }
     }
 
+    @Test func droppingAConnectionClosesIt() async throws {
+        try await withTestBus { bus in
+            let observer = try await bus.connect()
+            var connection: DBusConnection? = try await bus.connect()
+            let name = try #require(await connection?.uniqueName)
+            let stream = try #require(try await connection?.subscribe(DBusMatchRule(member: "Never")))
+            let gone = try await observer.subscribe(DBusMatchRule(
+                sender: "org.freedesktop.DBus", interface: "org.freedesktop.DBus", member: "NameOwnerChanged", arg0: name))
+            connection = nil
+            // The stream ends, and the bus sees the connection go away.
+            #expect(try await next(stream.signals) == nil)
+            let change = try #require(try await next(gone.signals))
+            #expect(change.arguments == [.string(name), .string(name), .string("")])
+        }
+    }
+
     @Test func signalsFollowMatchRules() async throws {
         try await withTestBus { bus in
             let emitter = try await bus.connect()
