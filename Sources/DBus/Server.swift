@@ -12,6 +12,16 @@ public struct DBusMethodCall: Sendable {
     /// Signature of `arguments`, e.g. `"a{sv}"`.
     public var signature: String
     public var arguments: [DBusValue]
+
+    /// For calling handlers directly, e.g. in tests; `signature` is derived from `arguments`.
+    public init(sender: String? = nil, path: String, interface: String?, member: String, arguments: [DBusValue] = []) {
+        self.sender = sender
+        self.path = path
+        self.interface = interface
+        self.member = member
+        self.signature = arguments.map(\.signature).joined()
+        self.arguments = arguments
+    }
 }
 
 /// Handles a method call and returns the reply's arguments, or throws to send an error reply.
@@ -235,10 +245,10 @@ extension DBusConnection {
 
         guard let (objectPath, object) = lookupObject(path) else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
         let signature = dbus_message_get_signature(message).map { String(cString: $0) } ?? ""
-        let call = DBusMethodCall(
+        var call = DBusMethodCall(
             sender: dbus_message_get_sender(message).map { String(cString: $0) },
-            path: path, interface: interface, member: member,
-            signature: signature, arguments: Marshal.read(message))
+            path: path, interface: interface, member: member, arguments: Marshal.read(message))
+        call.signature = signature
         // Arguments that reach no handler still own duplicated descriptors.
         let discardArguments = { if signature.contains("h") { Marshal.closeDescriptors(in: call.arguments) } }
 
