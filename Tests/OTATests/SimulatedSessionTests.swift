@@ -1,0 +1,246 @@
+import Foundation
+import GATT
+import OTA
+import OTAWire
+import Simulator
+import Testing
+
+// Whole updates through `OTASession` against `SimulatedDevice`s on a `VirtualClock`: the
+// simulator's own tests cannot drive a session, so the end-to-end checks live here.
+
+/// Runs one session; the error is returned rather than thrown so tests can inspect it.
+func flash(_ image: FirmwareImage, to device: SimulatedDevice, through central: SimulatedCentral? = nil,
+           config: EngineConfig = EngineConfig()) async -> Result<OTAResult, OTAError> {
+    let central = central ?? SimulatedCentral(devices: [device], clock: VirtualClock())
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config)
+    do {
+        return .success(try await session.run())
+    } catch {
+        return .failure(error)
+    }
+}
+
+func simulatedDevice(slot: Int = 1 << 20, link: LinkModel = .default, faults: FaultPlan = .none,
+                     hasOTAService: Bool = true, dataProperties: CharacteristicProperties = [.writeWithoutResponse]) -> SimulatedDevice {
+    SimulatedDevice(SimulatedDeviceConfig(slotSize: slot, link: link, faults: faults, hasOTAService: hasOTAService,
+                                          dataProperties: dataProperties))
+}
+
+@Suite("Simulated sessions")
+struct SimulatedSessionTests {
+    static let image = testImage(96 * 1024, seed: 31)
+    static let config = EngineConfig(checkpointInterval: 4096)
+
+    @Test(arguments: Samples.entries)
+    func everySampleIsActivatedByteForByte(entry: Samples.Entry) async throws {
+        let image = try FirmwareImage.load(path: Samples.path(entry.file))
+        let device = simulatedDevice()
+        let result = try await flash(image, to: device).get()
+        #expect(hex32(result.crc32) == entry.crc32)
+        #expect(result.bytes == entry.size)
+        #expect(result.activated)
+        #expect(device.activatedImage == image.bytes)
+        #expect(device.target.activations.last?.crc == image.crc32)
+        #expect(device.target.activations.count == 1)
+        #expect(result.stats.bytesSent == image.size)
+        #expect(result.seconds > 0)
+    }
+
+    @Test(arguments: [23, 24, 27, 185, 247, 251, 517])
+    func sessionUsesTheNegotiatedMTU(mtu: Int) async throws {
+        let image = testImage(20_000, seed: UInt64(mtu))
+        let device = simulatedDevice(link: LinkModel(mtu: mtu))
+        let result = try await flash(image, to: device, config: Self.config).get()
+        #expect(result.mtu == mtu)
+        #expect(result.chunkSize == mtu - 7)
+        #expect(result.stats.packets == (image.size + mtu - 8) / (mtu - 7))
+        #expect(device.activatedImage == image.bytes)
+    }
+
+    /// Throughput can never beat the link model's capacity, and a clean run gets a good part of it.
+    @Test func cleanRunStaysBelowTheLinkCapacity() async throws {
+        let result = try await flash(Self.image, to: simulatedDevice()).get()
+        let capacity = LinkModel.default.capacityBytesPerSecond
+        #expect(result.throughput < capacity)
+        #expect(result.throughput > capacity / 2)
+    }
+
+    // MARK: Faults
+
+    struct Fault: Sendable, CustomTestStringConvertible {
+        let name: String
+        let plan: FaultPlan
+        /// Proof that the fault fired.
+        let fired: @Sendable (OTAEngine.Stats) -> Bool
+        var testDescription: String { name }
+    }
+
+    static let faults: [Fault] = [
+        Fault(name: "drop rate", plan: FaultPlan(seed: 3, dropRate: 0.03)) { $0.bytesResent > 0 && $0.rewinds > 0 },
+        Fault(name: "corrupt at", plan: FaultPlan(corruptAt: [1000, 50_000])) { $0.rollbacks >= 2 },
+        Fault(name: "corrupt rate", plan: FaultPlan(seed: 5, corruptRate: 0.01)) { $0.rollbacks > 0 },
+        Fault(name: "GATT error rate", plan: FaultPlan(seed: 7, gattErrorRate: 0.2)) { $0.commandRetries > 0 },
+        Fault(name: "drops and corruption", plan: FaultPlan(seed: 9, dropRate: 0.02, corruptRate: 0.005)) { $0.bytesResent > 0 },
+    ]
+
+    @Test(arguments: faults)
+    func faultStillEndsWithAByteIdenticalActivatedImage(fault: Fault) async throws {
+        let device = simulatedDevice(faults: fault.plan)
+        let result = try await flash(Self.image, to: device, config: Self.config).get()
+        #expect(fault.fired(result.stats), "the fault did not fire: \(result.stats)")
+        #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.target.activations.count == 1)
+    }
+
+    /// A lost notification costs a reply timeout, then STATUS or a resend. When the lost one is
+    /// ACTIVATE's reply, the device has booted the image but the central cannot confirm it.
+    @Test(arguments: [UInt64(1), 2, 3])
+    func lostNotificationsStillEndWithAByteIdenticalActivatedImage(seed: UInt64) async throws {
+        let device = simulatedDevice(faults: FaultPlan(seed: seed, lostNotificationRate: 0.1))
+        switch await flash(Self.image, to: device, config: Self.config) {
+        case .success(let result):
+            #expect(result.stats.commandRetries > 0)
+        case .failure(let error):
+            #expect(error.kind == .connection && error.message.contains("activat"), "\(error)")
+        }
+        #expect(device.activatedImage == Self.image.bytes)
+    }
+
+    @Test func slowFlashTakesLongerAndStillActivatesTheImage() async throws {
+        let baseline = try await flash(Self.image, to: simulatedDevice(), config: Self.config).get()
+        let device = simulatedDevice(faults: FaultPlan(slowFlashPerKiB: .milliseconds(5)))
+        let slow = try await flash(Self.image, to: device, config: Self.config).get()
+        #expect(slow.seconds > baseline.seconds)
+        #expect(device.activatedImage == Self.image.bytes)
+    }
+
+    @Test func flashBitFlipIsCaughtAtVerifyAndNothingIsActivated() async throws {
+        let device = simulatedDevice(faults: FaultPlan(flashBitFlipAt: 12_345))
+        guard case .failure(let error) = await flash(Self.image, to: device, config: Self.config) else {
+            Issue.record("a rotten flash byte was activated")
+            return
+        }
+        #expect(error.kind == .verifyFailed)
+        #expect(device.activatedImage == nil)
+        #expect(device.target.activations.isEmpty)
+        #expect(device.firmwareVersion == FirmwareVersion(major: 1, minor: 0, patch: 0))
+    }
+
+    // MARK: Determinism
+
+    static let noisy = FaultPlan(seed: 42, dropRate: 0.03, corruptRate: 0.005, gattErrorRate: 0.05)
+
+    @Test func sameSeedGivesTheSameRunTwice() async throws {
+        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
+        let b = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
+        #expect(a.stats == b.stats)
+        #expect(a.seconds == b.seconds)
+        #expect(a.stats.bytesResent > 0)
+    }
+
+    @Test func differentSeedsDifferUnderDrops() async throws {
+        var other = Self.noisy
+        other.seed = 43
+        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
+        let b = try await flash(Self.image, to: simulatedDevice(faults: other), config: Self.config).get()
+        #expect(a.stats != b.stats)
+    }
+
+    // MARK: Resume after a lost link or a reboot
+
+    static let interruptions: [(name: String, plan: FaultPlan)] = [
+        ("disconnect at 40000", FaultPlan(disconnectAt: [40_000])),
+        ("reboot at 40000", FaultPlan(rebootAt: [40_000])),
+        ("disconnect at the last byte", FaultPlan(disconnectAt: [96 * 1024 - 1])),
+        ("reboot just after a checkpoint", FaultPlan(rebootAt: [4096 * 5 + 10])),
+    ]
+
+    /// The first session ends with a resumable connection error; a second one on the same device
+    /// continues where the device stands, sends less than the image, and activates it intact.
+    @Test(arguments: interruptions)
+    func interruptedTransferResumesOnTheSameDevice(name: String, plan: FaultPlan) async throws {
+        let device = simulatedDevice(faults: plan)
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        guard case .failure(let error) = await flash(Self.image, to: device, through: central, config: Self.config) else {
+            Issue.record("\(name): the first session did not fail")
+            return
+        }
+        #expect(error.kind == .connection)
+        #expect(error.resumable)
+        #expect(device.activatedImage == nil)
+        let held = device.target.received
+        #expect(held > 0)
+
+        let result = try await flash(Self.image, to: device, through: central, config: Self.config).get()
+        #expect(result.stats.resumedFrom.first == held)
+        #expect(result.stats.bytesSent < Self.image.size)
+        #expect(result.stats.bytesSent == Self.image.size - held)
+        #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.connectionCount == 2)
+    }
+
+    /// After a reboot the device keeps only what its last committed checkpoint covered.
+    @Test func rebootKeepsOnlyTheCommittedPrefix() async throws {
+        let device = simulatedDevice(faults: FaultPlan(rebootAt: [40_000]))
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        let target = device.target
+        #expect(target.received == target.committed)
+        #expect(target.committed > 0 && target.committed <= 40_000)
+        // At most one checkpoint window was unconfirmed when the device went down.
+        #expect(target.committed > 40_000 - Self.config.window)
+    }
+
+    @Test func restartSendsTheWholeImageEvenWhenTheDeviceHoldsPart() async throws {
+        let device = simulatedDevice(faults: FaultPlan(disconnectAt: [40_000]))
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        #expect(device.target.received > 0)
+        let restart = EngineConfig(checkpointInterval: 4096, restart: true)
+        let result = try await flash(Self.image, to: device, through: central, config: restart).get()
+        #expect(result.stats.bytesSent == Self.image.size)
+        #expect(device.activatedImage == Self.image.bytes)
+    }
+
+    // MARK: Devices that cannot be updated
+
+    @Test func imageLargerThanTheSlotIsRefusedBeforeAnythingIsSent() async {
+        let device = simulatedDevice(slot: Self.image.size - 1)
+        guard case .failure(let error) = await flash(Self.image, to: device) else {
+            Issue.record("an image larger than the slot was accepted")
+            return
+        }
+        #expect(error.kind == .imageTooLarge)
+        #expect(device.target.pending == nil)
+    }
+
+    @Test func deviceWithoutTheOTAServiceIsIncompatible() async {
+        guard case .failure(let error) = await flash(Self.image, to: simulatedDevice(hasOTAService: false)) else {
+            Issue.record("a device without the OTA service was flashed")
+            return
+        }
+        #expect(error.kind == .incompatibleDevice)
+        #expect(error.message.contains(OTAProtocol.serviceUUID.description))
+    }
+
+    @Test func dataCharacteristicWithoutWriteWithoutResponseIsIncompatible() async {
+        guard case .failure(let error) = await flash(Self.image, to: simulatedDevice(dataProperties: [.write])) else {
+            Issue.record("a device without write-without-response was flashed")
+            return
+        }
+        #expect(error.kind == .incompatibleDevice)
+        #expect(error.message.contains("write-without-response"))
+    }
+
+    @Test func unknownAddressIsDeviceNotFound() async {
+        let device = simulatedDevice()
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let session = OTASession(central: central, address: DeviceAddress("AA:BB:CC:DD:EE:FF")!, image: Self.image)
+        do {
+            _ = try await session.run()
+            Issue.record("flashed a device that does not exist")
+        } catch {
+            #expect(error.kind == .deviceNotFound)
+        }
+    }
+}
