@@ -24,7 +24,7 @@ let package = Package(
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
         .target(name: "OTAWire", dependencies: ["CZlib", "GATT"]),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
-        .target(name: "OTADevice", dependencies: ["OTAWire"]),
+        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
@@ -32,7 +32,7 @@ let package = Package(
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
-        .target(name: "BlueZ", dependencies: ["GATT", "DBus", .product(name: "Logging", package: "swift-log")]),
+        .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
             "OTA", "Simulator", "BlueZ", "OTADevice",
@@ -47,7 +47,7 @@ let package = Package(
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         .testTarget(name: "DBusTests", dependencies: ["DBus"]),
-        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT", "DBus", "OTAWire", "OTADevice"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
     ],
     swiftLanguageModes: [.v6]

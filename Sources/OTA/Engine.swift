@@ -98,8 +98,16 @@ public struct OTAEngine: Sendable {
         public var rollbacks = 0
         public var restarts = 0
         public var commandRetries = 0
-        /// The device's offset when the engine last (re)started on a connection.
+        /// The device's offset each time the engine (re)started on a connection.
         public var resumedFrom: [Int] = []
+        /// Bytes re-sent on each connection, first connection first: after a resume, what the
+        /// device had lost (at most one checkpoint window).
+        public var resentPerConnection: [Int] = []
+        /// For each resume (a connection after the first): the bytes it had to send again, from
+        /// where streaming restarted up to the furthest offset sent before the link was lost.
+        public var resumeResends: [Int] = []
+        /// Connections used (1 + reconnects).
+        public var connections: Int { resentPerConnection.count }
     }
 
     public let image: FirmwareImage
@@ -123,12 +131,23 @@ public struct OTAEngine: Sendable {
     /// A GAP event arrived while a checkpoint was in flight: hold the stream until its reply.
     private var holdForGap = false
     private var recoveries = 0
+    /// Set on a reconnect until the first packet shows where streaming resumed.
+    private var measureResume = false
 
     public init(image: FirmwareImage, config: EngineConfig = EngineConfig()) {
         self.image = image
         self.config = config
         self.prefix = PrefixCRC(image: image.bytes)
     }
+
+    /// Takes a confirmed position from a journal: the CRC of the image up to `offset`. Only a
+    /// shortcut for later CRC checks; the device's own reply still decides where streaming starts.
+    public mutating func seed(confirmedOffset offset: Int, crc: UInt32) {
+        prefix.record(offset: offset, crc: crc)
+    }
+
+    /// The CRC of the image up to the last confirmed checkpoint.
+    public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
 
     /// How long to wait for the command in flight.
     public var currentTimeout: Duration {
@@ -168,14 +187,20 @@ public struct OTAEngine: Sendable {
             inFlight = nil
             holdForGap = false
             let where_ = acked > 0 ? " (\(acked) of \(image.size) bytes confirmed)" : ""
-            return fail(OTAError(.connection, "\(reason)\(where_); run the same command again to resume", resumable: true))
+            return fail(OTAError(.connection, "\(reason)\(where_)", hint: "run the same command again to resume", resumable: true))
         }
     }
 
+    /// Starts, or after a link loss restarts, the protocol on a fresh connection. Keeps what the
+    /// engine knows of the image (confirmed CRCs, what was sent) so a resume re-sends only what the
+    /// device lacks.
     private mutating func start(info: DeviceInfo, mtu: Int) -> [Action] {
+        guard phase != .done else { return [] }
         deviceInfo = info
         inFlight = nil
         holdForGap = false
+        stats.resentPerConnection.append(0)
+        measureResume = stats.connections > 1
         guard info.protocolVersion == OTAProtocol.version else {
             return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks version \(OTAProtocol.version)"))
         }
@@ -384,7 +409,15 @@ public struct OTAEngine: Sendable {
         guard next > 0, sent - lastCheckpoint + next <= interval else { return .idle }
         let count = next
         let offset = sent
-        if offset < highWater { stats.bytesResent += min(count, highWater - offset) }
+        if measureResume {
+            measureResume = false
+            stats.resumeResends.append(max(0, highWater - offset))
+        }
+        if offset < highWater {
+            let again = min(count, highWater - offset)
+            stats.bytesResent += again
+            stats.resentPerConnection[stats.resentPerConnection.count - 1] += again
+        }
         runningCRC.update(image.bytes[offset..<(offset + count)])
         sent += count
         highWater = max(highWater, sent)

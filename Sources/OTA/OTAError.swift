@@ -30,17 +30,22 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     public var kind: Kind
+    /// What failed.
     public var message: String
+    /// What to do next, when there is something better than reading the message.
+    public var hint: String?
     /// True when running the same command again continues where this one stopped.
     public var resumable: Bool
 
-    public init(_ kind: Kind, _ message: String, resumable: Bool = false) {
+    public init(_ kind: Kind, _ message: String, hint: String? = nil, resumable: Bool = false) {
         self.kind = kind
         self.message = message
+        self.hint = hint
         self.resumable = resumable
     }
 
-    public var description: String { message }
+    /// The one line a person reads: what failed, then what to do.
+    public var description: String { hint.map { "\(message); \($0)" } ?? message }
 
     /// Maps a transport error to the failure class a user acts on.
     public static func from(_ error: GATTError, device: String) -> OTAError {
@@ -54,9 +59,9 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         case .deviceNotFound:
             OTAError(.deviceNotFound, "\(error.message); is it powered, advertising and in range?")
         case .connectFailed:
-            OTAError(.connection, "\(error.message); move it closer or power-cycle it, then retry", resumable: true)
+            OTAError(.connection, error.message, hint: "move it closer or power-cycle it, then retry", resumable: true)
         case .notConnected:
-            OTAError(.connection, "link to \(device) lost (\(error.message)); run the same command again to resume", resumable: true)
+            OTAError(.connection, "link to \(device) lost (\(error.message))", hint: "run the same command again to resume", resumable: true)
         case .timeout:
             OTAError(.timeout, "\(error.message)", resumable: true)
         case .adapterUnavailable, .stackUnavailable:

@@ -1,3 +1,4 @@
+import Foundation
 import GATT
 import Logging
 import OTAWire
@@ -12,6 +13,37 @@ public enum SessionEvent: Sendable {
     case progress(TransferProgress)
     case verifying(device: String)
     case activating(device: String)
+    /// The link was lost (or connecting failed) and the supervisor will try again after `delay`.
+    case reconnecting(device: String, attempt: Int, reason: String, delay: Duration)
+}
+
+/// How the supervisor reconnects after an unexpected link loss.
+public struct ReconnectPolicy: Sendable, Hashable {
+    /// How long after a link loss reconnecting may go on; zero disables reconnecting.
+    public var window: Duration
+    public var initialDelay: Duration
+    public var maxDelay: Duration
+    /// Seed of the jitter, so that tests and the soak replay exactly.
+    public var seed: UInt64
+
+    public init(window: Duration = .seconds(60), initialDelay: Duration = .milliseconds(250),
+                maxDelay: Duration = .seconds(5), seed: UInt64 = 0x5EED) {
+        self.window = window
+        self.initialDelay = initialDelay
+        self.maxDelay = maxDelay
+        self.seed = seed
+    }
+
+    public static let never = ReconnectPolicy(window: .zero)
+
+    /// Exponential backoff with "equal jitter": half the delay fixed, half random, so attempts from
+    /// many devices spread out but none waits less than half the nominal delay.
+    public func delay(attempt: Int, using rng: inout some RandomNumberGenerator) -> Duration {
+        let nominal = min(maxDelay, initialDelay * (1 << min(attempt - 1, 20)))
+        let half = nominal / 2
+        let jitterMicros = Int64(Double(half.seconds * 1e6) * Double.random(in: 0...1, using: &rng))
+        return half + .microseconds(jitterMicros)
+    }
 }
 
 /// Where a transfer stands.
@@ -45,8 +77,10 @@ public struct OTAResult: Sendable, Hashable {
     public var firmwareBefore: FirmwareVersion?
     public var stats: OTAEngine.Stats
 
-    /// Image bytes per second over the whole session.
-    public var throughput: Double { seconds > 0 ? Double(bytes) / seconds : 0 }
+    /// Image bytes this run brought to the device (less what it already held), per second.
+    public var throughput: Double {
+        seconds > 0 ? Double(bytes - (stats.resumedFrom.first ?? 0)) / seconds : 0
+    }
 }
 
 /// Per-phase time limits of a session (the engine has its own for command replies).
@@ -70,18 +104,27 @@ public actor OTASession {
     public let image: FirmwareImage
     public let config: EngineConfig
     public let timeouts: SessionTimeouts
+    public let reconnect: ReconnectPolicy
+    /// Where confirmed progress is recorded (nil: nowhere).
+    public let journal: JournalStore?
     private let connect: @Sendable () async throws(GATTError) -> any GATTConnection
+    private let clock: any MonotonicClock
     private let logger: Logger
     /// Least time between two progress events.
     public static let progressInterval: Duration = .milliseconds(250)
 
     public init(device: String, image: FirmwareImage, config: EngineConfig = EngineConfig(),
-                timeouts: SessionTimeouts = SessionTimeouts(), logger: Logger = Logger(label: "otaflash.session"),
+                timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
+                logger: Logger = Logger(label: "otaflash.session"),
                 connect: @escaping @Sendable () async throws(GATTError) -> any GATTConnection) {
+        self.journal = journal
         self.device = device
         self.image = image
         self.config = config
         self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.clock = clock
         self.logger = logger
         self.connect = connect
     }
@@ -89,9 +132,11 @@ public actor OTASession {
     /// Connects to `address` through `central`.
     public init(central: any GATTCentral, address: DeviceAddress, image: FirmwareImage,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
+                reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
                 logger: Logger = Logger(label: "otaflash.session")) {
         let connectTimeout = timeouts.connect
-        self.init(device: address.description, image: image, config: config, timeouts: timeouts, logger: logger) { () async throws(GATTError) in
+        self.init(device: address.description, image: image, config: config, timeouts: timeouts, reconnect: reconnect,
+                  journal: journal, clock: central.clock, logger: logger) { () async throws(GATTError) in
             try await central.connect(to: address, timeout: connectTimeout)
         }
     }
@@ -116,24 +161,82 @@ public actor OTASession {
         return OTACharacteristics(controlPoint: cp, data: data, info: info)
     }
 
-    /// Runs the whole update on one connection. Throws `OTAError` with a one-line message.
+    /// Runs the whole update, reconnecting after unexpected link losses as `reconnect` allows.
+    /// Throws `OTAError` with a one-line message. Cancelling the task stops it between two writes,
+    /// leaving the device resumable (`interrupted`).
     public func run(events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async throws(OTAError) -> OTAResult {
         var engine = OTAEngine(image: image, config: config)
-        events(.connecting(device: device))
-        let connection: any GATTConnection
+        if config.restart {
+            journal?.remove(device: device, image: image)
+        } else if let entry = journal?.load(device: device, image: image) {
+            engine.seed(confirmedOffset: entry.confirmedOffset, crc: entry.confirmedCRC)
+            logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
+        }
+        var rng = SeededGenerator(seed: reconnect.seed)
+        var attempt = 0
+        var outageStart: Duration?
+        let started = clock.now
+        while true {
+            try checkCancelled(engine)
+            events(.connecting(device: device))
+            let ackedBefore = engine.acked
+            let failure: OTAError
+            do {
+                let connection = try await connectOrThrow()
+                do {
+                    var result = try await drive(&engine, on: connection, events: events)
+                    await connection.disconnect()
+                    journal?.remove(device: device, image: image)
+                    result.seconds = (clock.now - started).seconds
+                    return result
+                } catch {
+                    await connection.disconnect()
+                    failure = error
+                }
+            } catch {
+                failure = error
+            }
+            if Task.isCancelled { throw interrupted(engine) }
+            if failure.kind == .verifyFailed { journal?.remove(device: device, image: image) }
+            guard failure.resumable, failure.kind == .connection || failure.kind == .timeout, reconnect.window > .zero else {
+                throw failure
+            }
+            // A connection that moved the transfer forward ends the outage; a new one begins.
+            if engine.acked > ackedBefore || outageStart == nil {
+                outageStart = clock.now
+                attempt = 0
+            }
+            attempt += 1
+            let delay = reconnect.delay(attempt: attempt, using: &rng)
+            guard clock.now + delay - outageStart! <= reconnect.window else {
+                throw OTAError(failure.kind, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(reconnect.window.seconds)) s)",
+                               hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true)
+            }
+            logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(attempt)", "reason": "\(failure.message)"])
+            events(.reconnecting(device: device, attempt: attempt, reason: failure.message, delay: delay))
+            do {
+                try await clock.sleep(for: delay)
+            } catch {
+                throw interrupted(engine)
+            }
+        }
+    }
+
+    private func connectOrThrow() async throws(OTAError) -> any GATTConnection {
         do {
-            connection = try await connect()
+            return try await connect()
         } catch {
             throw OTAError.from(error, device: device)
         }
-        do {
-            let result = try await drive(&engine, on: connection, events: events)
-            await connection.disconnect()
-            return result
-        } catch {
-            await connection.disconnect()
-            throw error
-        }
+    }
+
+    private func checkCancelled(_ engine: OTAEngine) throws(OTAError) {
+        if Task.isCancelled { throw interrupted(engine) }
+    }
+
+    private func interrupted(_ engine: OTAEngine) -> OTAError {
+        OTAError(.interrupted, "interrupted with \(engine.acked) of \(image.size) bytes confirmed by \(device)",
+                 hint: "the device keeps them: run the same command again to resume", resumable: true)
     }
 
     private func drive(_ engine: inout OTAEngine, on connection: any GATTConnection,
@@ -180,7 +283,22 @@ public actor OTASession {
                                       rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - started).seconds)))
         }
 
+        var journaled = engine.acked
+        /// Records a newly confirmed checkpoint in the journal.
+        func recordProgress() {
+            guard engine.acked != journaled, let journal else { return }
+            journaled = engine.acked
+            let entry = TransferJournal(device: device, imageSize: image.size, imageCRC: hex32(image.crc32),
+                                        confirmedOffset: engine.acked, confirmedCRC: engine.ackedCRC,
+                                        checkpointInterval: config.checkpointInterval, updated: Date())
+            do { try journal.save(entry, image: image) } catch {
+                logger.warning("cannot write the journal", metadata: ["path": "\(journal.path(device: device, image: image))", "error": "\(error)"])
+            }
+        }
+
         while true {
+            try checkCancelled(engine)
+            recordProgress()
             // Carry out what the engine asked for.
             for action in actions {
                 switch action {
@@ -232,9 +350,11 @@ public actor OTASession {
                         }
                         throw OTAError.from(error, device: device)
                     }
+                    if Task.isCancelled { throw interrupted(engine) }
                     if let event = connection.pollEvent(), let mapped = map(event, chars, &commandTicket) {
                         actions = engine.handle(mapped)
                         if !actions.isEmpty { break streaming }
+                        recordProgress()
                     }
                     report(force: false)
                 case .command(let request):
@@ -255,7 +375,9 @@ public actor OTASession {
 
             // Wait for the reply, an event, or the deadline.
             let wait = max(.zero, deadline - clock.now)
-            guard let event = await connection.nextEvent(timeout: wait) else {
+            let next = await connection.nextEvent(timeout: wait)
+            try checkCancelled(engine)
+            guard let event = next else {
                 actions = engine.handle(.timeout)
                 if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
                 continue

@@ -1,3 +1,4 @@
+import GATT
 import OTAWire
 
 /// An `OTATarget` behind a `FaultPlan`: decides, for each write the device receives, whether a

@@ -45,6 +45,42 @@ public struct OTATarget: Sendable {
         self.firmwareVersion = firmwareVersion
     }
 
+    /// What a device keeps in non-volatile memory, without the flash contents.
+    public struct Snapshot: Codable, Sendable, Hashable {
+        public var slotSize: Int
+        public var firmwareVersion: UInt32
+        public var state: UInt8
+        public var pendingSize: UInt32?
+        public var pendingCRC: UInt32?
+        public var pendingVersion: UInt32?
+        public var received: Int
+        public var receivedCRC: UInt32
+        public var committed: Int
+        public var committedCRC: UInt32
+    }
+
+    public var snapshot: Snapshot {
+        Snapshot(slotSize: slotSize, firmwareVersion: firmwareVersion.packed, state: state.rawValue,
+                 pendingSize: pending?.imageSize, pendingCRC: pending?.imageCRC, pendingVersion: pending?.version.packed,
+                 received: received, receivedCRC: runningCRC.value, committed: committed, committedCRC: committedCRC)
+    }
+
+    /// Restores a device from its snapshot and flash. Nil when they do not fit together.
+    public init?(snapshot s: Snapshot, flash: [UInt8]) {
+        self.init(slotSize: s.slotSize, firmwareVersion: FirmwareVersion(packed: s.firmwareVersion))
+        if let size = s.pendingSize, let crc = s.pendingCRC, let version = s.pendingVersion {
+            guard flash.count == Int(size), s.received <= flash.count, s.committed <= s.received,
+                  CRC32.checksum(flash[0..<s.received]) == s.receivedCRC else { return nil }
+            pending = ControlRequest.Begin(imageSize: size, imageCRC: crc, version: FirmwareVersion(packed: version), restart: false)
+            self.flash = flash
+            state = DeviceState(rawValue: s.state)
+            received = s.received
+            runningCRC = CRC32(value: s.receivedCRC)
+            committed = s.committed
+            committedCRC = s.committedCRC
+        }
+    }
+
     public var info: DeviceInfo {
         DeviceInfo(state: state, maxImageSize: UInt32(clamping: slotSize), firmwareVersion: firmwareVersion,
                    received: UInt32(received), pendingImageSize: pending?.imageSize ?? 0)

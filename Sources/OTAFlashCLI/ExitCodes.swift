@@ -76,6 +76,6 @@ public struct CLIFailure: Error, Sendable {
     }
 
     public init(_ error: OTAError) {
-        self.init(ExitCode(error.kind), error.message)
+        self.init(ExitCode(error.kind), error.description)
     }
 }

@@ -113,11 +113,18 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("activate-timeout"), help: "Seconds to wait for the device to accept activation.")
     var activateTimeout: Double = 10
 
+    @Option(name: .customLong("journal-dir"), help: ArgumentHelp("Where confirmed progress is recorded per device and image (default: $XDG_STATE_HOME/otaflash/journal).", valueName: "dir"))
+    var journalDir: String?
+
+    @Option(name: .customLong("reconnect-window"), help: "Seconds to keep reconnecting after the link is lost (0: do not reconnect).")
+    var reconnectWindow: Double = 60
+
     mutating func validate() throws {
         guard checkpointInterval >= 256 else { throw ValidationError("--checkpoint-interval must be at least 256 bytes, got \(checkpointInterval)") }
         for (name, value) in [("--reply-timeout", replyTimeout), ("--verify-timeout", verifyTimeout), ("--activate-timeout", activateTimeout)] {
             guard value > 0 else { throw ValidationError("\(name) must be positive, got \(value)") }
         }
+        guard reconnectWindow >= 0 else { throw ValidationError("--reconnect-window must not be negative, got \(reconnectWindow)") }
     }
 
     func run() async throws {
@@ -143,18 +150,43 @@ struct Flash: AsyncParsableCommand {
                                ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
                                ("simulator", .bool(target.simulator.enabled))])
         printer.note("\(image): \(formatBytes(firmware.size)), CRC32 \(hex32(firmware.crc32))")
-        let central = try target.central(address: address)
+        let central: any GATTCentral
+        var simulated: SimulatedDevice?
+        if target.simulator.enabled {
+            let (c, d) = try target.simulator.makeCentral(address: address)
+            central = c
+            simulated = d
+        } else {
+            central = try target.central(address: address)
+        }
         let config = EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
                                   replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
                                   activateTimeout: seconds(activateTimeout))
+        // A simulated device without --sim-state forgets everything when the process ends: no journal.
+        let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
+        let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
         let session = OTASession(central: central, address: address, image: firmware, config: config,
                                  timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)),
+                                 reconnect: ReconnectPolicy(window: seconds(reconnectWindow), seed: target.simulator.seed),
+                                 journal: journal,
                                  logger: output.logger("otaflash.session"))
+        let work = Task { () async throws(OTAError) -> OTAResult in
+            try await session.run { printer.session($0) }
+        }
+        let interrupts = InterruptHandler { _ in
+            printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")
+            work.cancel()
+        }
+        defer { interrupts.cancel() }
+        let outcome = await work.result
+        if let simulated { try target.simulator.save(simulated) }
         let result: OTAResult
         do {
-            result = try await session.run { printer.session($0) }
-        } catch {
+            result = try outcome.get()
+        } catch let error as OTAError {
             throw CLIFailure(error)
+        } catch {
+            throw CLIFailure(.internalError, "\(error)")
         }
         printer.json("done", [
             ("result", .string("ok")), ("device", .string(result.device)), ("bytes", .int(result.bytes)),

@@ -136,6 +136,10 @@ public final class EventPrinter: Sendable {
         case .activating(let device):
             json("activate", [("device", .string(device))])
             note("image verified; activating")
+        case .reconnecting(let device, let attempt, let reason, let delay):
+            json("reconnect", [("device", .string(device)), ("attempt", .int(attempt)), ("reason", .string(reason)),
+                               ("delay", .double(delay.seconds))])
+            note("\(reason); reconnecting in \(String(format: "%.1f", delay.seconds)) s (attempt \(attempt))")
         }
     }
 

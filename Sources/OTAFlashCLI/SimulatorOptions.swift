@@ -59,6 +59,9 @@ public struct SimulatorOptions: ParsableArguments {
     @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
     public var flashBitflipAt: Int?
 
+    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"))
+    public var stateDir: String?
+
     @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
     public var noOTAService = false
 
@@ -104,6 +107,23 @@ public struct SimulatorOptions: ParsableArguments {
                               firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
                               link: link, faults: faults, hasOTAService: !noOTAService,
                               dataProperties: dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse])
+    }
+
+    /// The simulated device (restored from `--sim-state` when given) and a central that reaches it.
+    public func makeCentral(address: DeviceAddress) throws -> (SimulatedCentral, SimulatedDevice) {
+        let config = deviceConfig(address: address)
+        let device = try stateDir.map { try SimulatorState.load(from: $0, config: config) } ?? SimulatedDevice(config)
+        return (SimulatedCentral(devices: [device], clock: clock), device)
+    }
+
+    /// Saves the device's state when `--sim-state` asks for it.
+    public func save(_ device: SimulatedDevice) throws {
+        guard let stateDir else { return }
+        do {
+            try SimulatorState.save(device, to: stateDir)
+        } catch {
+            throw CLIFailure(.internalError, "cannot save simulator state to \(stateDir): \(error.localizedDescription)")
+        }
     }
 
     public var clock: any MonotonicClock {

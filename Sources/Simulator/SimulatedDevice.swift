@@ -58,6 +58,12 @@ public final class SimulatedDevice: Sendable {
         state = Mutex(DeviceState(device: FaultyDevice(target: target, faults: config.faults)))
     }
 
+    /// A device that continues from a saved state (see `saveState`), e.g. across runs of a tool.
+    public init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
+        self.config = config
+        state = Mutex(DeviceState(device: FaultyDevice(target: target, faults: config.faults)))
+    }
+
     /// The OTA state machine, for inspection by tests and tools.
     public var target: OTATarget { state.withLock { $0.device.target } }
 
