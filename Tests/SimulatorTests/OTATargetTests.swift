@@ -1,0 +1,431 @@
+import OTADevice
+import OTAWire
+import Testing
+
+/// Deterministic test bytes (SplitMix64).
+func testBytes(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
+    var state = seed
+    return (0..<count).map { _ in
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return UInt8(truncatingIfNeeded: z ^ (z >> 31))
+    }
+}
+
+/// Drives an `OTATarget` with encoded commands and packets, decoding what it answers.
+struct Bench {
+    var target: OTATarget
+    let image: [UInt8]
+    let version = FirmwareVersion(major: 2, minor: 1, patch: 7)
+
+    init(image: [UInt8] = testBytes(10_000), slot: Int = 64 * 1024) {
+        self.image = image
+        target = OTATarget(slotSize: slot, firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0))
+    }
+
+    var beginRequest: ControlRequest {
+        .begin(.init(imageSize: UInt32(image.count), imageCRC: CRC32.checksum(image), version: version, restart: false))
+    }
+
+    mutating func command(_ request: ControlRequest, from central: String? = nil) -> ControlResponse {
+        let bytes = target.handleControl(request.encoded, from: central)
+        do {
+            return try ControlResponse(decoding: bytes)
+        } catch {
+            Issue.record("undecodable reply \(bytes): \(error)")
+            return ControlResponse(opcode: request.opcode, status: OTAStatus(rawValue: 0xFF))
+        }
+    }
+
+    mutating func begin(restart: Bool = false, from central: String? = nil) -> ControlResponse {
+        var request = beginRequest
+        if restart, case .begin(var b) = request { b.restart = true; request = .begin(b) }
+        return command(request, from: central)
+    }
+
+    /// Sends `image[range]` as one data packet; returns the event the device notifies, if any.
+    @discardableResult
+    mutating func send(_ range: Range<Int>, from central: String? = nil) -> [UInt8]? {
+        target.handleData(DataPacket.encode(offset: UInt32(range.lowerBound), payload: image[range]), from: central)
+    }
+
+    /// Sends `image[range]` in packets of `chunk` bytes.
+    mutating func stream(_ range: Range<Int>, chunk: Int = 240) {
+        var at = range.lowerBound
+        while at < range.upperBound {
+            let end = min(at + chunk, range.upperBound)
+            #expect(send(at..<end) == nil)
+            at = end
+        }
+    }
+
+    func crc(upTo offset: Int) -> UInt32 { CRC32.checksum(image[0..<offset]) }
+
+    func position(_ offset: Int) -> ControlResponse.Payload { .position(offset: UInt32(offset), crc: crc(upTo: offset)) }
+
+    mutating func checkpoint(_ offset: Int) -> ControlResponse {
+        command(.checkpoint(offset: UInt32(offset), crc: crc(upTo: offset)))
+    }
+}
+
+@Suite("OTATarget: data")
+struct OTATargetDataTests {
+    @Test func beginStartsAnEmptyTransfer() {
+        var bench = Bench()
+        #expect(bench.begin() == ControlResponse(opcode: .begin, status: .success, payload: .position(offset: 0, crc: 0)))
+        #expect(bench.target.state == .receiving)
+        #expect(bench.target.info == DeviceInfo(state: .receiving, maxImageSize: 64 * 1024,
+                                                firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0),
+                                                received: 0, pendingImageSize: 10_000))
+    }
+
+    @Test func contiguousPacketsAreAccepted() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<5000)
+        #expect(bench.target.received == 5000)
+        #expect(Array(bench.target.flash[0..<5000]) == Array(bench.image[0..<5000]))
+        #expect(bench.target.flash[5000...].allSatisfy { $0 == 0xFF })
+        let status = bench.command(.status)
+        #expect(status.payload == .status(.init(state: .receiving, offset: 5000, crc: bench.crc(upTo: 5000),
+                                                imageSize: 10_000, imageCRC: CRC32.checksum(bench.image))))
+    }
+
+    @Test func duplicatePacketsAreIgnored() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<1000)
+        let flash = bench.target.flash
+        #expect(bench.send(200..<400) == nil)
+        #expect(bench.target.received == 1000)
+        #expect(bench.target.flash == flash)
+    }
+
+    /// A packet that starts below `received` and ends beyond it adds only its new bytes (chunk
+    /// boundaries move when the MTU changes between connections).
+    @Test func overlappingPacketAddsItsNewBytes() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<1000)
+        #expect(bench.send(900..<1300) == nil)
+        #expect(bench.target.received == 1300)
+        #expect(Array(bench.target.flash[0..<1300]) == Array(bench.image[0..<1300]))
+        #expect(bench.command(.status).payload == .status(.init(state: .receiving, offset: 1300, crc: bench.crc(upTo: 1300),
+                                                                 imageSize: 10_000, imageCRC: CRC32.checksum(bench.image))))
+    }
+
+    @Test func overlapNeverRewritesBytesAlreadyHeld() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<1000)
+        var packet = DataPacket.encode(offset: 900, payload: bench.image[900..<1100])
+        packet[4] ^= 0xFF  // byte 900, already held
+        #expect(bench.target.handleData(packet) == nil)
+        #expect(bench.target.flash[900] == bench.image[900])
+        #expect(bench.target.received == 1100)
+    }
+
+    /// A gap is reported once, with the device's position, until the missing bytes arrive.
+    @Test func gapProducesExactlyOneGapEventUntilFilled() throws {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<960)
+        let sent = bench.send(1200..<1440)
+        let event = try #require(sent)
+        #expect(event == [0x81, 0x01] + le(960) + le(bench.crc(upTo: 960)))
+        #expect(try DeviceEvent(decoding: event) == .gap(expectedOffset: 960, crc: bench.crc(upTo: 960)))
+        #expect(bench.send(1440..<1680) == nil)
+        #expect(bench.send(1680..<1920) == nil)
+        #expect(bench.target.received == 960)
+        #expect(bench.target.flash[1200] == 0xFF)
+
+        bench.stream(960..<1200)
+        #expect(bench.target.received == 1200)
+        // A new gap at the new position is reported again.
+        #expect(bench.send(1440..<1680) == DeviceEvent.gap(expectedOffset: 1200, crc: bench.crc(upTo: 1200)).encoded)
+    }
+
+    @Test func packetBeyondTheImageEndIsIgnored() {
+        var bench = Bench(image: testBytes(1000))
+        _ = bench.begin()
+        bench.stream(0..<900)
+        let packet = DataPacket.encode(offset: 900, payload: testBytes(101, seed: 5)[...])
+        #expect(bench.target.handleData(packet) == nil)
+        #expect(bench.target.received == 900)
+    }
+
+    @Test func dataBeforeBeginIsIgnored() {
+        var bench = Bench()
+        #expect(bench.send(0..<240) == nil)
+        #expect(bench.target.received == 0)
+        #expect(bench.target.state == .idle)
+    }
+
+    @Test func packetWithoutPayloadIsIgnored() {
+        var bench = Bench()
+        _ = bench.begin()
+        #expect(bench.target.handleData([0, 0, 0, 0]) == nil)
+        #expect(bench.target.received == 0)
+    }
+}
+
+func le(_ v: UInt32) -> [UInt8] { [UInt8(v & 0xFF), UInt8((v >> 8) & 0xFF), UInt8((v >> 16) & 0xFF), UInt8(v >> 24)] }
+func le(_ v: Int) -> [UInt8] { le(UInt32(v)) }
+
+@Suite("OTATarget: commands")
+struct OTATargetCommandTests {
+    // MARK: BEGIN
+
+    @Test(arguments: [UInt8(0), 2, 0xFF])
+    func beginWithAnotherProtocolVersionIsRefused(version: UInt8) {
+        var bench = Bench()
+        var begin = ControlRequest.Begin(imageSize: 100, imageCRC: 0, version: bench.version, restart: false)
+        begin.protocolVersion = version
+        #expect(bench.command(.begin(begin)).status == .unsupportedProtocol)
+        #expect(bench.target.state == .idle)
+    }
+
+    @Test func beginWithSizeZeroIsRefused() {
+        var bench = Bench()
+        #expect(bench.command(.begin(.init(imageSize: 0, imageCRC: 0, version: bench.version, restart: false))).status == .invalidImage)
+    }
+
+    @Test(arguments: [(64 * 1024, OTAStatus.success), (64 * 1024 + 1, .imageTooLarge)])
+    func beginChecksTheSlotSize(size: Int, status: OTAStatus) {
+        var bench = Bench(slot: 64 * 1024)
+        let reply = bench.command(.begin(.init(imageSize: UInt32(size), imageCRC: 0, version: bench.version, restart: false)))
+        #expect(reply.status == status)
+    }
+
+    @Test func beginForTheSameImageResumesWhereTheDeviceStands() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<3000)
+        #expect(bench.begin() == ControlResponse(opcode: .begin, status: .success, payload: bench.position(3000)))
+        #expect(bench.target.received == 3000)
+    }
+
+    @Test func beginWithRestartErasesThePartialTransfer() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<3000)
+        #expect(bench.begin(restart: true).payload == .position(offset: 0, crc: 0))
+        #expect(bench.target.received == 0)
+        #expect(bench.target.flash.allSatisfy { $0 == 0xFF })
+    }
+
+    @Test func beginForAnotherImageErasesThePartialTransfer() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<3000)
+        let other = ControlRequest.begin(.init(imageSize: 10_000, imageCRC: 0x1234, version: bench.version, restart: false))
+        #expect(bench.command(other).payload == .position(offset: 0, crc: 0))
+        #expect(bench.target.received == 0)
+    }
+
+    // MARK: CHECKPOINT
+
+    @Test func matchingCheckpointCommits() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<4000)
+        #expect(bench.checkpoint(4000) == ControlResponse(opcode: .checkpoint, status: .success, payload: bench.position(4000)))
+        #expect(bench.target.committed == 4000)
+    }
+
+    /// A checkpoint below `received` that matches moves `received` back to it and commits there.
+    @Test func matchingCheckpointBelowTheReceivedOffsetTruncatesToIt() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<4000)
+        #expect(bench.checkpoint(2000) == ControlResponse(opcode: .checkpoint, status: .success, payload: bench.position(2000)))
+        #expect(bench.target.received == 2000)
+        #expect(bench.target.committed == 2000)
+    }
+
+    @Test func checkpointBeyondTheReceivedOffsetReportsAGap() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<1000)
+        #expect(bench.checkpoint(2000) == ControlResponse(opcode: .checkpoint, status: .gap, payload: bench.position(1000)))
+        #expect(bench.target.committed == 0)
+    }
+
+    /// A checkpoint whose CRC differs rolls the device back to its last committed checkpoint.
+    @Test func mismatchingCheckpointRollsBackToTheCommittedOne() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<2000)
+        _ = bench.checkpoint(2000)
+        bench.stream(2000..<4000)
+        let reply = bench.command(.checkpoint(offset: 4000, crc: bench.crc(upTo: 4000) ^ 0x8000_0000))
+        #expect(reply == ControlResponse(opcode: .checkpoint, status: .crcMismatch, payload: bench.position(2000)))
+        #expect(bench.target.received == 2000)
+        #expect(bench.target.committed == 2000)
+    }
+
+    /// Corruption in transit is caught by the next checkpoint.
+    @Test func corruptedPacketIsCaughtAtTheNextCheckpoint() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<1000)
+        _ = bench.checkpoint(1000)
+        var packet = DataPacket.encode(offset: 1000, payload: bench.image[1000..<1240])
+        packet[50] ^= 0x5A
+        #expect(bench.target.handleData(packet) == nil)
+        bench.stream(1240..<2000)
+        #expect(bench.checkpoint(2000).status == .crcMismatch)
+        #expect(bench.target.received == 1000)
+    }
+
+    @Test func checkpointWithoutATransferIsInvalidState() {
+        var bench = Bench()
+        #expect(bench.command(.checkpoint(offset: 0, crc: 0)).status == .invalidState)
+    }
+
+    // MARK: Reboot
+
+    @Test func rebootKeepsOnlyCommittedData() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<2000)
+        _ = bench.checkpoint(2000)
+        bench.stream(2000..<3500)
+        bench.target.reboot()
+        #expect(bench.target.received == 2000)
+        #expect(bench.target.info.received == 2000)
+        #expect(bench.begin().payload == bench.position(2000))
+    }
+
+    @Test func rebootBeforeAnyCheckpointKeepsNothing() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<3000)
+        bench.target.reboot()
+        #expect(bench.target.received == 0)
+        #expect(bench.begin().payload == .position(offset: 0, crc: 0))
+    }
+
+    // MARK: VERIFY and ACTIVATE
+
+    @Test func verifyBeforeEveryByteArrivedIsIncomplete() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<5000)
+        #expect(bench.command(.verify) == ControlResponse(opcode: .verify, status: .incomplete, payload: .computedCRC(bench.crc(upTo: 5000))))
+        #expect(bench.target.state == .receiving)
+    }
+
+    @Test func verifyOfTheWholeImageSucceeds() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<10_000)
+        #expect(bench.command(.verify) == ControlResponse(opcode: .verify, status: .success, payload: .computedCRC(CRC32.checksum(bench.image))))
+        #expect(bench.target.state == .verified)
+    }
+
+    /// VERIFY reads flash back: a byte that rotted after it was written passes the checkpoints
+    /// (which use the received bytes) but not VERIFY, and the transfer is discarded.
+    @Test func verifyRecomputesFromFlashSoABitFlipIsRejected() {
+        var bench = Bench()
+        bench.target.flashBitFlipAt = 7777
+        _ = bench.begin()
+        bench.stream(0..<10_000)
+        #expect(bench.target.flash[7777] == bench.image[7777] ^ 0x01)
+        #expect(bench.checkpoint(10_000).status == .success)
+        let reply = bench.command(.verify)
+        #expect(reply.status == .crcMismatch)
+        var rotten = bench.image
+        rotten[7777] ^= 0x01
+        #expect(reply.payload == .computedCRC(CRC32.checksum(rotten)))
+        #expect(bench.target.state == .idle)
+        #expect(bench.target.pending == nil)
+        #expect(bench.command(.activate).status == .notVerified)
+        #expect(bench.target.activations.isEmpty)
+    }
+
+    @Test func activateIsRefusedUnlessVerified() {
+        var bench = Bench()
+        #expect(bench.command(.activate) == ControlResponse(opcode: .activate, status: .notVerified))
+        _ = bench.begin()
+        bench.stream(0..<10_000)
+        #expect(bench.command(.activate).status == .notVerified)
+        #expect(bench.target.activations.isEmpty)
+    }
+
+    /// BEGIN for the same image after VERIFY puts the device back into receiving: it must verify again.
+    @Test func beginAfterVerifyRequiresAnotherVerify() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<10_000)
+        _ = bench.command(.verify)
+        #expect(bench.begin().payload == bench.position(10_000))
+        #expect(bench.target.state == .receiving)
+        #expect(bench.command(.activate).status == .notVerified)
+        #expect(bench.command(.verify).status == .success)
+        #expect(bench.command(.activate).status == .success)
+    }
+
+    @Test func activateBootsTheVerifiedImageAndItsVersion() throws {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<10_000)
+        _ = bench.command(.verify)
+        #expect(bench.command(.activate) == ControlResponse(opcode: .activate, status: .success))
+        let activation = try #require(bench.target.activations.last)
+        #expect(activation.image == bench.image)
+        #expect(activation.crc == CRC32.checksum(bench.image))
+        #expect(bench.target.firmwareVersion == bench.version)
+        #expect(bench.target.state == .idle)
+        #expect(bench.command(.activate).status == .notVerified)
+        #expect(bench.target.activations.count == 1)
+    }
+
+    @Test func abortDiscardsTheTransfer() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<3000)
+        #expect(bench.command(.abort) == ControlResponse(opcode: .abort, status: .success))
+        #expect(bench.target.state == .idle)
+        #expect(bench.target.received == 0)
+        #expect(bench.begin().payload == .position(offset: 0, crc: 0))
+    }
+
+    // MARK: Malformed writes
+
+    @Test(arguments: [
+        ([UInt8](), [UInt8]([0x80, 0x00, 0x02])),
+        ([0x09], [0x80, 0x09, 0x01]),
+        ([0x02, 0x00], [0x80, 0x02, 0x02]),
+        ([0x04, 0x00], [0x80, 0x04, 0x02]),
+    ])
+    func malformedWritesAreAnsweredWithTheirStatus(write: [UInt8], reply: [UInt8]) {
+        var target = OTATarget(slotSize: 1024, firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0))
+        #expect(target.handleControl(write) == reply)
+    }
+
+    // MARK: One transfer at a time
+
+    @Test func secondCentralIsBusyWhileATransferIsPending() {
+        var bench = Bench()
+        #expect(bench.begin(from: "A").status == .success)
+        bench.stream(0..<1000)
+        #expect(bench.begin(from: "B").status == .busy)
+        #expect(bench.command(.checkpoint(offset: 0, crc: 0), from: "B").status == .busy)
+        #expect(bench.command(.abort, from: "B").status == .busy)
+        #expect(bench.command(.status, from: "B").status == .success)
+        #expect(bench.send(1000..<1240, from: "B") == nil)
+        #expect(bench.target.received == 1000)
+        #expect(bench.target.owner == "A")
+    }
+
+    @Test func anotherCentralMayBeginOnceTheDeviceIsIdle() {
+        var bench = Bench()
+        _ = bench.begin(from: "A")
+        #expect(bench.command(.abort, from: "A").status == .success)
+        #expect(bench.begin(from: "B").status == .success)
+        #expect(bench.target.owner == "B")
+    }
+}
