@@ -1,0 +1,136 @@
+import Foundation
+import OTAFlashCLI
+import Testing
+
+@Suite("otaflash flash")
+struct FlashCommandTests {
+    /// With --json every stdout line is an event object, and the last one reports the image's CRC.
+    @Test(arguments: manifestEntries)
+    func jsonLinesEndWithDoneOkAndTheManifestCRC(entry: SampleEntry) async throws {
+        let run = await otaflash(simulator + ["--json", samplePath(entry.file)])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = run.jsonEvents
+        #expect(events.count == run.stdoutLines.count)
+        #expect(events.allSatisfy { $0["event"] is String })
+        let done = try #require(events.last)
+        #expect(done["event"] as? String == "done")
+        #expect(done["result"] as? String == "ok")
+        let crc = try #require(done["crc32"] as? String)
+        #expect(crc == entry.crc32)
+        #expect(crc.count == 8 && crc.allSatisfy { "0123456789abcdef".contains($0) })
+        #expect(done["bytes"] as? Int == entry.size)
+        #expect(events.first?["event"] as? String == "start")
+        #expect(run.errorLines.isEmpty)
+    }
+
+    @Test func jsonReportsEachPhaseInOrder() async throws {
+        let run = await otaflash(simulator + ["--json", samplePath("seeded-256k.bin")])
+        let names = run.jsonEvents.compactMap { $0["event"] as? String }
+        let order = ["start", "transfer", "verify", "activate", "done"]
+        let positions = order.map { names.firstIndex(of: $0) }
+        #expect(positions.allSatisfy { $0 != nil }, "\(names)")
+        #expect(positions.compactMap { $0 } == positions.compactMap { $0 }.sorted())
+        #expect(names.contains("progress"))
+    }
+
+    /// `flash` is the default subcommand: naming it changes nothing.
+    @Test func flashSubcommandAndTheDefaultCommandBehaveTheSame() async {
+        let args = simulator + ["--json", "--sim-seed", "5", "--sim-drop-rate", "0.01", samplePath("seeded-4k.bin")]
+        let implicit = await otaflash(args)
+        let explicit = await otaflash(["flash"] + args)
+        #expect(implicit.code == 0)
+        #expect(explicit.code == implicit.code)
+        #expect(explicit.stdout == implicit.stdout)
+        #expect(!implicit.stdout.isEmpty)
+    }
+
+    @Test func quietPrintsNothingOnSuccess() async {
+        let run = await otaflash(simulator + ["--quiet", samplePath("blinky-cortex-m4.hex")])
+        #expect(run.code == 0)
+        #expect(run.stdout.isEmpty)
+        #expect(run.stderr.isEmpty)
+    }
+
+    @Test func humanModePrintsTheResultOnStdout() async {
+        let run = await otaflash(simulator + [samplePath("seeded-4k.bin")])
+        #expect(run.code == 0)
+        #expect(run.stdout.contains("a1206a16"))
+        #expect(run.stdout.contains("activated"))
+    }
+
+    @Test func faultsOnTheCommandLineStillFlashTheImage() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-drop-rate", "0.02", "--sim-corrupt-at", "5000",
+                                              "--sim-gatt-error-rate", "0.05", samplePath("seeded-256k.hex")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let done = try #require(run.jsonEvents.last)
+        #expect(done["crc32"] as? String == "cf1fc040")
+        #expect((done["bytes_resent"] as? Int ?? 0) > 0)
+    }
+
+    @Test func noActivateStopsAfterVerify() async throws {
+        let run = await otaflash(simulator + ["--json", "--no-activate", samplePath("seeded-4k.bin")])
+        #expect(run.code == 0)
+        let names = run.jsonEvents.compactMap { $0["event"] as? String }
+        #expect(!names.contains("activate"))
+        #expect(run.jsonEvents.last?["activated"] as? Bool == false)
+    }
+}
+
+@Suite("otaflash errors")
+struct ErrorTests {
+    struct BadInput: Sendable, CustomTestStringConvertible {
+        let name: String
+        /// Arguments; `{dir}` is replaced with a scratch directory holding `bad.hex`, `empty.bin` and `big.bin`.
+        let arguments: [String]
+        let code: Int32
+        /// Text the error line must contain.
+        let says: String
+        var testDescription: String { name }
+    }
+
+    static let badInputs: [BadInput] = [
+        BadInput(name: "missing file", arguments: simulator + ["{dir}/nope.bin"], code: 3, says: "no such file"),
+        BadInput(name: "empty file", arguments: simulator + ["{dir}/empty.bin"], code: 3, says: "empty"),
+        BadInput(name: "directory", arguments: simulator + ["{dir}"], code: 3, says: "directory"),
+        BadInput(name: "malformed HEX", arguments: simulator + ["{dir}/bad.hex"], code: 3, says: "bad.hex:2:"),
+        BadInput(name: "image larger than the slot", arguments: simulator + ["--sim-slot-size", "4095", samplePath("seeded-4k.bin")], code: 4, says: "4096"),
+        BadInput(name: "invalid address", arguments: simulator + ["--device", "AA:BB:CC", samplePath("seeded-4k.bin")], code: 2, says: "AA:BB:CC"),
+        BadInput(name: "unknown option", arguments: simulator + ["--frobnicate", samplePath("seeded-4k.bin")], code: 2, says: "frobnicate"),
+        BadInput(name: "json and quiet", arguments: simulator + ["--json", "--quiet", samplePath("seeded-4k.bin")], code: 2, says: "--quiet"),
+        BadInput(name: "MTU out of range", arguments: simulator + ["--sim-mtu", "22", samplePath("seeded-4k.bin")], code: 2, says: "--sim-mtu"),
+        BadInput(name: "no OTA service", arguments: simulator + ["--sim-no-ota-service", samplePath("seeded-4k.bin")], code: 7, says: "OTA"),
+        BadInput(name: "data without write-without-response", arguments: simulator + ["--sim-data-without-write-without-response", samplePath("seeded-4k.bin")], code: 7, says: "write-without-response"),
+        BadInput(name: "flash bit flip", arguments: simulator + ["--sim-flash-bitflip-at", "1000", samplePath("seeded-4k.bin")], code: 8, says: "verify"),
+        BadInput(name: "device without the simulator", arguments: ["--device", "AA:BB:CC:DD:EE:FF", samplePath("seeded-4k.bin")], code: 11, says: "simulator"),
+    ]
+
+    /// Every failure prints exactly one `otaflash: error:` line and exits with its documented code.
+    @Test(arguments: badInputs)
+    func badInputGivesOneErrorLineAndItsExitCode(input: BadInput) async throws {
+        let scratch = try Scratch()
+        _ = try scratch.file("bad.hex", ":0400000001020304F2\n:04000400GG060708E2\n:00000001FF\n")
+        _ = try scratch.file("empty.bin", "")
+        let args = input.arguments.map { $0.replacingOccurrences(of: "{dir}", with: scratch.url.path) }
+        let run = await otaflash(args)
+        #expect(run.code == input.code, "\(input.name): \(run.stderr)")
+        #expect(run.errorLines.count == 1, "\(input.name): \(run.stderr)")
+        #expect(run.errorLines.first?.contains(input.says) == true, "\(input.name): \(run.stderr)")
+    }
+
+    @Test func jsonModeEndsAFailureWithADoneErrorEvent() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-flash-bitflip-at", "10", samplePath("seeded-4k.bin")])
+        #expect(run.code == 8)
+        let done = try #require(run.jsonEvents.last)
+        #expect(done["event"] as? String == "done")
+        #expect(done["result"] as? String == "error")
+        #expect(done["exit_code"] as? Int == 8)
+        #expect(done["error"] as? String == "verify_failed")
+        #expect(run.errorLines.count == 1)
+    }
+
+    @Test func exitCodeNamesAreSnakeCase() {
+        #expect(ExitCode.verifyFailed.name == "verify_failed")
+        #expect(ExitCode.bluetoothUnavailable.name == "bluetooth_unavailable")
+        #expect(ExitCode.success.name == "success")
+    }
+}
