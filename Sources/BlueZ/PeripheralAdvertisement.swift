@@ -14,8 +14,8 @@ public actor PeripheralAdvertisement {
     public static let interface = "org.bluez.LEAdvertisement1"
     public static let managerInterface = "org.bluez.LEAdvertisingManager1"
 
-    public let connection: DBusConnection
-    public let path: String
+    public nonisolated let connection: DBusConnection
+    public nonisolated let path: String
     public let localName: String?
     public let serviceUUIDs: [BluetoothUUID]
     private var registeredOn: String?

@@ -135,8 +135,8 @@ public actor PeripheralApplication {
     public static let characteristicInterface = "org.bluez.GattCharacteristic1"
     public static let managerInterface = "org.bluez.GattManager1"
 
-    public let connection: DBusConnection
-    public let root: String
+    public nonisolated let connection: DBusConnection
+    public nonisolated let root: String
     public let services: [PeripheralService]
     /// Object path of each characteristic, by UUID.
     public nonisolated let characteristicPaths: [BluetoothUUID: String]

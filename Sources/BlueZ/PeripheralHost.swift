@@ -28,7 +28,7 @@ public struct PeripheralError: Error, Sendable, CustomStringConvertible {
     static let stackMissing = "bluetoothd is not running (nothing owns org.bluez on the D-Bus system bus): start it with `systemctl start bluetooth`"
 
     /// Maps a D-Bus failure of `operation` to one line.
-    static func from(_ error: any Error, _ operation: String) -> PeripheralError {
+    public static func from(_ error: any Error, _ operation: String) -> PeripheralError {
         if let error = error as? PeripheralError { return error }
         guard let error = error as? DBusError else {
             return PeripheralError(.bluetoothUnavailable, "\(operation) failed: \(error)")
@@ -54,13 +54,13 @@ public actor PeripheralHost {
     static let adapterInterface = "org.bluez.Adapter1"
     static let deviceInterface = "org.bluez.Device1"
 
-    public let connection: DBusConnection
+    public nonisolated let connection: DBusConnection
     /// `hciN`.
-    public let adapter: String
+    public nonisolated let adapter: String
     /// `/org/bluez/hciN`.
-    public let adapterPath: String
+    public nonisolated let adapterPath: String
     /// The adapter's Bluetooth address, as BlueZ reports it.
-    public let address: String?
+    public nonisolated let address: String?
 
     private init(connection: DBusConnection, adapter: String, address: String?) {
         self.connection = connection

@@ -79,7 +79,7 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
 ///   `busy`) on that central's write, and nothing is notified — a notification would reach every
 ///   subscribed central, the owner included.
 public actor OTAPeripheral {
-    public let config: OTAPeripheralConfig
+    public nonisolated let config: OTAPeripheralConfig
     public private(set) var device: FaultyDevice
     private let events: @Sendable (OTAPeripheralEvent) -> Void
     private var link: (any PeripheralLinkControl)?

@@ -14,7 +14,7 @@ public struct Otaflash: AsyncParsableCommand {
             Every failure prints one line on stderr and exits with its own code (see `otaflash help flash` and README.md).
             """,
         version: "0.1.0",
-        subcommands: [Flash.self, Scan.self, Info.self],
+        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self],
         defaultSubcommand: Flash.self
     )
 

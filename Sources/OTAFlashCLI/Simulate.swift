@@ -1,0 +1,316 @@
+import ArgumentParser
+import BlueZ
+import DBus
+import Dispatch
+import Foundation
+import GATT
+import OTADevice
+import OTAWire
+import Synchronization
+
+/// Faults `otaflash simulate` injects. The option names are those of the in-process simulator
+/// (`SimulatorOptions`), so a fault means the same thing on either.
+struct PeripheralFaultOptions: ParsableArguments {
+    @Option(name: .customLong("sim-seed"), help: "Seed of the fault generator; the same seed replays the same faults.")
+    var seed: UInt64 = 1
+
+    @Option(name: .customLong("sim-drop-rate"), help: "Fraction (0–1) of data packets the device drops.")
+    var dropRate: Double = 0
+
+    @Option(name: .customLong("sim-disconnect-at"), help: "Drop the link when the device receives this image offset (repeatable).")
+    var disconnectAt: [Int] = []
+
+    @Option(name: .customLong("sim-reboot-at"), help: "Power-cycle the device when it receives this offset (repeatable).")
+    var rebootAt: [Int] = []
+
+    @Option(name: .customLong("sim-corrupt-at"), help: "Flip the byte at this offset as it arrives (repeatable).")
+    var corruptAt: [Int] = []
+
+    @Option(name: .customLong("sim-corrupt-rate"), help: "Fraction (0–1) of data packets corrupted as they arrive.")
+    var corruptRate: Double = 0
+
+    @Option(name: .customLong("sim-gatt-error-rate"), help: "Fraction (0–1) of control point writes answered with an ATT error.")
+    var gattErrorRate: Double = 0
+
+    @Option(name: .customLong("sim-lost-notification-rate"), help: "Fraction (0–1) of replies not notified.")
+    var lostNotificationRate: Double = 0
+
+    @Option(name: .customLong("sim-slow-flash-ms"), help: "Extra flash time per KiB, in milliseconds.")
+    var slowFlashMs: Double = 0
+
+    @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
+    var flashBitflipAt: Int?
+
+    func validate() throws {
+        for (name, rate) in [("--sim-drop-rate", dropRate), ("--sim-corrupt-rate", corruptRate),
+                             ("--sim-gatt-error-rate", gattErrorRate), ("--sim-lost-notification-rate", lostNotificationRate)] {
+            guard (0...1).contains(rate) else { throw ValidationError("\(name) must be a fraction between 0 and 1, got \(rate)") }
+        }
+        guard slowFlashMs >= 0 else { throw ValidationError("--sim-slow-flash-ms must not be negative") }
+        for offset in disconnectAt + rebootAt + corruptAt + (flashBitflipAt.map { [$0] } ?? []) where offset < 0 {
+            throw ValidationError("fault offsets must not be negative, got \(offset)")
+        }
+    }
+
+    var plan: FaultPlan {
+        FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
+                  corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
+                  lostNotificationRate: lostNotificationRate,
+                  slowFlashPerKiB: .microseconds(Int64(slowFlashMs * 1000)), flashBitFlipAt: flashBitflipAt)
+    }
+}
+
+struct Simulate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Serve an OTA target through BlueZ: this machine's adapter becomes a device otaflash can update.",
+        discussion: """
+            Registers a GATT application (the OTA service and the Device Information Service) with bluetoothd \
+            and advertises the OTA service, so `otaflash scan --ota-only` on another adapter or machine lists this \
+            one and `otaflash --device <its address> image.bin` updates it. The device side is the same code as the \
+            built-in simulator's, with the same fault options. One central's transfer at a time: a second central's \
+            commands fail with ATT error 0x89 (busy). Serves until SIGINT or SIGTERM, then unregisters and exits 0.
+
+            Examples:
+              otaflash simulate --adapter hci1 --store /tmp/images
+              otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
+            """
+    )
+
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to serve on (default: the first powered one).", valueName: "hciN"))
+    var adapter: String?
+
+    @Option(name: .long, help: "Name to advertise.")
+    var name: String = "otaflash-sim"
+
+    @Option(name: .customLong("slot-size"), help: "Bytes the device's image slot holds.")
+    var slotSize: Int = 1 << 20
+
+    @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update.")
+    var firmwareVersion: String = "1.0.0"
+
+    @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"))
+    var store: String?
+
+    @OptionGroup(title: "Faults")
+    var faults: PeripheralFaultOptions
+
+    @OptionGroup var output: OutputOptions
+
+    mutating func validate() throws {
+        guard slotSize > 0 else { throw ValidationError("--slot-size must be positive, got \(slotSize)") }
+        guard FirmwareVersion(firmwareVersion) != nil else {
+            throw ValidationError("--firmware-version must look like 1.2.3, got '\(firmwareVersion)'")
+        }
+        guard !name.isEmpty, name.utf8.count <= 29 else { throw ValidationError("--name must be 1–29 bytes, got '\(name)'") }
+        if let adapter, !(adapter.hasPrefix("hci") && adapter.dropFirst(3).allSatisfy(\.isNumber) && adapter.count > 3) {
+            throw ValidationError("--adapter must look like hci0, got '\(adapter)'")
+        }
+    }
+
+    func run() async throws {
+        let printer = EventPrinter(mode: output.mode)
+        do {
+            try await serve(printer)
+        } catch let failure as CLIFailure {
+            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
+                                  ("error", .string(failure.code.name)), ("message", .string(failure.message))])
+            throw failure
+        }
+    }
+
+    static let applicationRoot = "/org/otaflash/simulate"
+
+    private func serve(_ printer: EventPrinter) async throws {
+        if let store { try Self.prepareStore(store) }
+        // Signals first: a SIGINT during setup still ends in a clean teardown.
+        let stop = StopLatch()
+        let signals = SignalWatch { stop.fire(.signal($0)) }
+        defer { signals.cancel() }
+
+        let host: PeripheralHost
+        do {
+            host = try await PeripheralHost.open(adapter: adapter)
+        } catch {
+            throw Self.failure(error, "")
+        }
+        let config = OTAPeripheralConfig(name: name, slotSize: slotSize, firmwareVersion: FirmwareVersion(firmwareVersion)!,
+                                         faults: faults.plan, storeDirectory: store)
+        let peripheral = OTAPeripheral(config: config) { Self.print($0, printer) }
+        let application = PeripheralApplication(connection: host.connection, root: Self.applicationRoot,
+                                                services: peripheral.services)
+        let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
+                                                    localName: name, serviceUUIDs: [OTAProtocol.serviceUUID])
+        await peripheral.attach(link: host, application: application)
+
+        var failure: CLIFailure?
+        do {
+            try await application.export()
+            try await advertisement.export()
+            try await host.watchConnections { path, connected in
+                Task {
+                    if connected {
+                        await peripheral.centralConnected(path)
+                    } else {
+                        await peripheral.centralDisconnected(path)
+                    }
+                }
+            }
+            // bluetoothd going away ends the service with the bluetooth_unavailable code.
+            try await host.connection.subscribe(DBusMatchRule(
+                sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                member: "NameOwnerChanged", arg0: "org.bluez")) { signal in
+                if signal.arguments.count == 3, signal.arguments[2].string?.isEmpty == true { stop.fire(.stackGone) }
+            }
+            do {
+                try await application.register(on: host.adapterPath)
+            } catch {
+                throw Self.failure(error, "registering the GATT application on \(host.adapter) (GattManager1.RegisterApplication)")
+            }
+            do {
+                try await advertisement.register(on: host.adapterPath)
+            } catch {
+                throw Self.failure(error, "registering the advertisement on \(host.adapter) (LEAdvertisingManager1.RegisterAdvertisement)")
+            }
+            printer.json("serving", [("adapter", .string(host.adapter)), ("address", host.address.map { .string($0) } ?? .null),
+                                     ("name", .string(name)), ("slot_size", .int(slotSize)),
+                                     ("firmware_version", .string(config.firmwareVersion.description)),
+                                     ("store", store.map { .string($0) } ?? .null)])
+            printer.note("serving OTA target \"\(name)\" on \(host.adapter)\(host.address.map { " (\($0))" } ?? ""): "
+                         + "slot \(formatBytes(slotSize)), firmware \(config.firmwareVersion); Ctrl-C to stop")
+            switch await stop.wait() {
+            case .signal(let number):
+                printer.note("\(number == SIGINT ? "SIGINT" : "SIGTERM"): unregistering and exiting")
+            case .stackGone:
+                failure = CLIFailure(.bluetoothUnavailable, "bluetoothd stopped (org.bluez left the bus); the OTA target is gone")
+            }
+        } catch let error as CLIFailure {
+            failure = error
+        } catch {
+            failure = Self.failure(error, "setting up the GATT application")
+        }
+
+        // Teardown, each step bounded by its own call timeout.
+        try? await advertisement.unregister()
+        try? await application.unregister()
+        await advertisement.unexport()
+        await application.unexport()
+        await host.close()
+        if let failure { throw failure }
+        let activated = await peripheral.device.target.activations.count
+        printer.json("done", [("result", .string("ok")), ("activations", .int(activated))])
+    }
+
+    static func failure(_ error: any Error, _ operation: String) -> CLIFailure {
+        let mapped = PeripheralError.from(error, operation)
+        let code: ExitCode = mapped.kind == .permission ? .permission : .bluetoothUnavailable
+        return CLIFailure(code, mapped.message)
+    }
+
+    static func prepareStore(_ directory: String) throws {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else { throw CLIFailure(.usage, "--store \(directory) is not a directory") }
+        } else {
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            } catch {
+                throw CLIFailure(.usage, "cannot create the --store directory \(directory): \(error.localizedDescription)")
+            }
+        }
+        guard FileManager.default.isWritableFile(atPath: directory) else {
+            throw CLIFailure(.usage, "the --store directory \(directory) is not writable")
+        }
+    }
+
+    static func print(_ event: OTAPeripheralEvent, _ printer: EventPrinter) {
+        func who(_ central: String?) -> JSON { central.map { .string(OTAPeripheralEvent.address(of: $0)) } ?? .null }
+        func name(_ central: String?) -> String { central.map { OTAPeripheralEvent.address(of: $0) } ?? "a central" }
+        switch event {
+        case .connected(let central):
+            printer.json("connected", [("central", who(central))])
+            printer.note("\(name(central)) connected")
+        case .disconnected(let central, let reason):
+            printer.json("disconnected", [("central", who(central)), ("reason", .string(reason))])
+            printer.note("\(name(central)) disconnected: \(reason)")
+        case .begin(let central, let size, let crc, let offset):
+            printer.json("begin", [("central", who(central)), ("size", .int(size)), ("crc32", .string(hex32(crc))),
+                                   ("offset", .int(offset))])
+            printer.note("\(name(central)) begins a \(formatBytes(size)) image, CRC32 \(hex32(crc))"
+                         + (offset > 0 ? ", resuming at \(formatBytes(offset))" : ""))
+        case .progress(let central, let received, let total):
+            printer.json("progress", [("central", who(central)), ("bytes", .int(received)), ("total", .int(total))])
+            printer.note(String(format: "received %@ of %@ (%.0f%%)", formatBytes(received), formatBytes(total),
+                                Double(received) * 100 / Double(max(total, 1))))
+        case .verified(let central, let crc):
+            printer.json("verified", [("central", who(central)), ("crc32", .string(hex32(crc)))])
+            printer.note("image verified: CRC32 \(hex32(crc))")
+        case .activated(let central, let size, let crc, let version, let stored):
+            printer.json("activated", [("central", who(central)), ("size", .int(size)), ("crc32", .string(hex32(crc))),
+                                       ("firmware_version", .string(version.description)),
+                                       ("stored", stored.map { .string($0) } ?? .null)])
+            printer.note("activated \(formatBytes(size)) image \(hex32(crc)) (firmware \(version))"
+                         + (stored.map { "; stored as \($0)" } ?? "") + "; rebooting into it")
+        case .busy(let central, let owner):
+            printer.json("busy", [("central", who(central)), ("owner", who(owner))])
+            printer.note("\(name(central)) was told busy: \(name(owner)) owns the transfer in progress")
+        case .note(let text):
+            printer.json("note", [("message", .string(text))])
+            printer.note(text)
+        }
+    }
+}
+
+/// Why serving stopped.
+enum StopReason: Sendable {
+    case signal(Int32)
+    case stackGone
+}
+
+/// Resolves one waiter with the first reason it is given; later reasons are ignored.
+final class StopLatch: Sendable {
+    private let state = Mutex<(reason: StopReason?, waiter: CheckedContinuation<StopReason, Never>?)>((nil, nil))
+
+    func fire(_ reason: StopReason) {
+        let waiter = state.withLock { s -> CheckedContinuation<StopReason, Never>? in
+            guard s.reason == nil else { return nil }
+            s.reason = reason
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume(returning: reason)
+    }
+
+    func wait() async -> StopReason {
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { s -> StopReason? in
+                if let reason = s.reason { return reason }
+                s.waiter = continuation
+                return nil
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
+}
+
+/// SIGINT and SIGTERM through `DispatchSource` signal sources (the default dispositions are
+/// ignored while it exists, so nothing runs in signal context).
+final class SignalWatch {
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ handler: @escaping @Sendable (Int32) -> Void) {
+        let queue = DispatchQueue(label: "otaflash.simulate.signals")
+        sources = [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
+            source.setEventHandler { handler(number) }
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        for source in sources { source.cancel() }
+        signal(SIGINT, SIG_DFL)
+        signal(SIGTERM, SIG_DFL)
+    }
+}
