@@ -8,11 +8,13 @@ import Testing
 // Whole updates through `OTASession` against `SimulatedDevice`s on a `VirtualClock`: the
 // simulator's own tests cannot drive a session, so the end-to-end checks live here.
 
-/// Runs one session; the error is returned rather than thrown so tests can inspect it.
+/// Runs one session; the error is returned rather than thrown so tests can inspect it. By default
+/// the session does not reconnect, so that one session is one connection.
 func flash(_ image: FirmwareImage, to device: SimulatedDevice, through central: SimulatedCentral? = nil,
-           config: EngineConfig = EngineConfig()) async -> Result<OTAResult, OTAError> {
+           config: EngineConfig = EngineConfig(), reconnect: ReconnectPolicy = .never) async -> Result<OTAResult, OTAError> {
     let central = central ?? SimulatedCentral(devices: [device], clock: VirtualClock())
-    let session = OTASession(central: central, address: device.config.address, image: image, config: config)
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
+                             reconnect: reconnect)
     do {
         return .success(try await session.run())
     } catch {
@@ -179,6 +181,40 @@ struct SimulatedSessionTests {
         #expect(device.connectionCount == 2)
     }
 
+    // MARK: Reconnecting on its own
+
+    /// With the default policy the session reconnects after a link loss and resumes on the new
+    /// connection, sending again at most what the device had not confirmed.
+    @Test(arguments: interruptions)
+    func sessionReconnectsByItselfAndResumes(name: String, plan: FaultPlan) async throws {
+        let device = simulatedDevice(faults: plan)
+        let result = try await flash(Self.image, to: device, config: Self.config, reconnect: ReconnectPolicy()).get()
+        #expect(device.connectionCount == 2)
+        #expect(result.stats.resumedFrom.count == 2)
+        #expect(result.stats.resumedFrom.last ?? 0 > 0)
+        #expect(result.stats.bytesSent - Self.image.size <= Self.config.window)
+        #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.target.activations.count == 1)
+    }
+
+    /// The device booted the image but its reply to ACTIVATE never arrived. Reconnecting must not
+    /// send the whole image again and activate it a second time.
+    @Test func lostActivateReplyDoesNotFlashTheImageAgain() async throws {
+        let device = simulatedDevice()
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let session = OTASession(device: device.config.address.description, image: Self.image, config: Self.config,
+                                 reconnect: ReconnectPolicy(), clock: central.clock) { () async throws(GATTError) in
+            LosingActivateReply(try await central.connect(to: device.config.address, timeout: .seconds(5)))
+        }
+        let outcome: Result<OTAResult, OTAError>
+        do { outcome = .success(try await session.run()) } catch { outcome = .failure(error) }
+        #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.target.activations.count == 1, "the image was activated \(device.target.activations.count) times")
+        if case .success(let result) = outcome {
+            #expect(result.stats.bytesSent == Self.image.size, "sent \(result.stats.bytesSent) bytes for a \(Self.image.size)-byte image")
+        }
+    }
+
     /// After a reboot the device keeps only what its last committed checkpoint covered.
     @Test func rebootKeepsOnlyTheCommittedPrefix() async throws {
         let device = simulatedDevice(faults: FaultPlan(rebootAt: [40_000]))
@@ -243,4 +279,51 @@ struct SimulatedSessionTests {
             #expect(error.kind == .deviceNotFound)
         }
     }
+}
+
+/// A connection that loses every notification answering ACTIVATE, as a device that reboots into its
+/// new image before the reply goes out would.
+final class LosingActivateReply: GATTConnection {
+    let inner: any GATTConnection
+    init(_ inner: any GATTConnection) { self.inner = inner }
+
+    var peer: String { inner.peer }
+    var clock: any MonotonicClock { inner.clock }
+
+    private func keep(_ event: GATTEvent?) -> Bool {
+        if case .notification(_, let value)? = event, value.starts(with: [ControlNotification.responseCode, OTAOpcode.activate.rawValue]) {
+            return false
+        }
+        return true
+    }
+
+    func discoverServices() async throws(GATTError) -> [GATTService] { try await inner.discoverServices() }
+    func mtu() async throws(GATTError) -> Int { try await inner.mtu() }
+    func transportRead(_ c: GATTCharacteristic) async throws(GATTError) -> [UInt8] { try await inner.transportRead(c) }
+    func transportWrite(_ value: [UInt8], to c: GATTCharacteristic, type: WriteType) async throws(GATTError) {
+        try await inner.transportWrite(value, to: c, type: type)
+    }
+    func transportTryWriteWithoutResponse(_ value: [UInt8], to c: GATTCharacteristic) throws(GATTError) -> Bool {
+        try inner.transportTryWriteWithoutResponse(value, to: c)
+    }
+    func transportSubmitWrite(_ value: [UInt8], to c: GATTCharacteristic) throws(GATTError) -> WriteTicket {
+        try inner.transportSubmitWrite(value, to: c)
+    }
+    func transportSetNotifications(_ enabled: Bool, for c: GATTCharacteristic) async throws(GATTError) {
+        try await inner.transportSetNotifications(enabled, for: c)
+    }
+    func nextEvent(timeout: Duration) async -> GATTEvent? {
+        let deadline = inner.clock.now + timeout
+        while true {
+            let event = await inner.nextEvent(timeout: max(.zero, deadline - inner.clock.now))
+            if event == nil || keep(event) { return event }
+        }
+    }
+    func pollEvent() -> GATTEvent? {
+        while let event = inner.pollEvent() {
+            if keep(event) { return event }
+        }
+        return nil
+    }
+    func disconnect() async { await inner.disconnect() }
 }
