@@ -147,6 +147,25 @@ struct OTATargetDataTests {
         #expect(bench.send(1440..<1680) == DeviceEvent.gap(expectedOffset: 1200, crc: bench.crc(upTo: 1200)).encoded)
     }
 
+    /// docs/PROTOCOL.md: no further GAP events "until `received` changes or a checkpoint is handled".
+    @Test func committedCheckpointRearmsGapReporting() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<960)
+        #expect(bench.send(1200..<1440) != nil)
+        #expect(bench.checkpoint(960).status == .success)
+        #expect(bench.send(1200..<1440) == DeviceEvent.gap(expectedOffset: 960, crc: bench.crc(upTo: 960)).encoded)
+    }
+
+    @Test func checkpointAnsweredWithGapRearmsGapReporting() {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.stream(0..<960)
+        #expect(bench.send(1200..<1440) != nil)
+        #expect(bench.checkpoint(1440).status == .gap)
+        #expect(bench.send(1200..<1440) == DeviceEvent.gap(expectedOffset: 960, crc: bench.crc(upTo: 960)).encoded)
+    }
+
     @Test func packetBeyondTheImageEndIsIgnored() {
         var bench = Bench(image: testBytes(1000))
         _ = bench.begin()

@@ -1,0 +1,29 @@
+import Foundation
+import Testing
+
+/// "Run the same command again to resume", on the simulator with --sim-state.
+@Suite("otaflash resume across runs")
+struct ResumeAcrossRunsTests {
+    @Test func secondRunResumesWhereTheFirstLostTheLink() async throws {
+        let scratch = try Scratch()
+        let state = scratch.url.appendingPathComponent("device").path
+        let journal = scratch.url.appendingPathComponent("journal").path
+        let common = simulator + ["--json", "--sim-state", state, "--journal-dir", journal, "--reconnect-window", "0",
+                                  "--checkpoint-interval", "8192"]
+
+        let first = await otaflash(common + ["--sim-disconnect-at", "100000", samplePath("seeded-256k.bin")])
+        #expect(first.code == 6, "\(first.stderr)")
+        #expect(first.errorLines.count == 1)
+        #expect(first.jsonEvents.last?["result"] as? String == "error")
+
+        let second = await otaflash(common + [samplePath("seeded-256k.bin")])
+        #expect(second.code == 0, "\(second.stderr)")
+        let events = second.jsonEvents
+        let transfer = try #require(events.first { $0["event"] as? String == "transfer" })
+        let resumed = try #require(transfer["resume_offset"] as? Int)
+        #expect(resumed > 0 && resumed <= 100_000)
+        let done = try #require(events.last)
+        #expect(done["crc32"] as? String == "cf1fc040")
+        #expect((done["bytes_sent"] as? Int ?? .max) < 262_144)
+    }
+}
