@@ -1,0 +1,300 @@
+#!/bin/bash
+# Stage 2 of the test VM: runs as PID 1 on the host's root file system
+# (mounted read-only over 9p by stage 1). Brings up the real Bluetooth stack
+# (hci_vhci + btvirt controllers, dbus-daemon, bluetoothd), runs the
+# scenarios named in the run configuration and powers the VM off.
+#
+# Everything written goes to tmpfs or to the writable 9p share "results".
+# Lines starting with "OTAFLASH-VM:" on the console are read by run.sh.
+
+set -Eeuo pipefail
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export LANG=C.UTF-8 LC_ALL=C.UTF-8
+
+MARK="OTAFLASH-VM:"
+RES=/run/otaflash/results
+LOGS=$RES/logs
+BG_PIDS=()
+
+say() { echo "$MARK $*"; }
+
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+
+power_off() {
+	sync || true
+	busybox poweroff -f || true
+	echo o >/proc/sysrq-trigger || true
+	sleep 10
+}
+
+fatal() {
+	trap - ERR EXIT
+	set +e
+	say "FATAL $*"
+	if [ -d "$LOGS" ]; then
+		dmesg >"$LOGS/dmesg.log" 2>&1
+		echo "$*" >"$LOGS/fatal.txt"
+	fi
+	stop_background
+	power_off
+}
+
+trap 'fatal "stage 2 command failed (line $LINENO): $BASH_COMMAND"' ERR
+trap 'fatal "stage 2 exited unexpectedly"' EXIT
+
+stop_background() {
+	local pid i
+	for pid in "${BG_PIDS[@]}"; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	for pid in "${BG_PIDS[@]}"; do
+		for ((i = 0; i < 30; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "$pid" 2>/dev/null || true
+	done
+	BG_PIDS=()
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.1 s.
+wait_for() {
+	local secs=$1 what=$2
+	shift 2
+	local deadline=$((SECONDS + secs))
+	until "$@"; do
+		if ((SECONDS >= deadline)); then
+			fatal "timed out after ${secs}s waiting for $what"
+		fi
+		sleep 0.1
+	done
+}
+
+# ---------------------------------------------------------------- config
+: "${otaflash_cfg:?otaflash_cfg= missing from the kernel command line}"
+# shellcheck source=/dev/null
+. "$otaflash_cfg"
+: "${KDIR:?}" "${PROJECT_DIR:?}" "${SCENARIO_TIMEOUT:?}" "${STEP_TIMEOUT:?}"
+
+say "stage 2 up after $(uptime_s)s"
+
+# ---------------------------------------------------------------- mounts
+for d in /run /tmp /var/tmp /var/cache /var/lib/bluetooth; do
+	if [ -d "$d" ]; then
+		mount -t tmpfs -o mode=0755 tmpfs "$d"
+	else
+		say "note: $d does not exist on the host, not mounting tmpfs over it"
+	fi
+done
+chmod 1777 /tmp /var/tmp
+chmod 0700 /var/lib/bluetooth 2>/dev/null || true
+mkdir -p /dev/pts /dev/shm
+# devtmpfs has no /dev/fd; bash process substitution needs it.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+[ -e /dev/stdin ] || ln -s /proc/self/fd/0 /dev/stdin
+[ -e /dev/stdout ] || ln -s /proc/self/fd/1 /dev/stdout
+[ -e /dev/stderr ] || ln -s /proc/self/fd/2 /dev/stderr
+mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t debugfs debugfs /sys/kernel/debug
+mkdir -p "$RES" /run/dbus /run/otaflash/home
+mount -t 9p -o "trans=virtio,version=9p2000.L,msize=${otaflash_msize:-262144}" results "$RES"
+mkdir -p "$LOGS" "$RES/scenarios"
+: >"$LOGS/summary.tsv"
+hostname otaflash-vm 2>/dev/null || true
+
+# ---------------------------------------------------------------- modules
+# The kernel's own module requests (e.g. crypto algorithms, bt protocols)
+# must find the unpacked, not installed, module tree.
+cat >/run/otaflash/modprobe <<EOW
+#!/bin/sh
+exec $(command -v modprobe) -d '$KDIR' "\$@"
+EOW
+chmod 0755 /run/otaflash/modprobe
+echo /run/otaflash/modprobe >/proc/sys/kernel/modprobe
+/run/otaflash/modprobe -a bluetooth hci_vhci ecdh_generic ecc cmac ecb crypto_user
+say "bluetooth modules loaded (t=$(uptime_s)s)"
+
+# ---------------------------------------------------------------- D-Bus
+dbus-daemon --system --nofork --nopidfile --nosyslog >"$LOGS/dbus.log" 2>&1 &
+BG_PIDS+=($!)
+wait_for "$STEP_TIMEOUT" "the D-Bus system bus socket" test -S /run/dbus/system_bus_socket
+say "dbus-daemon up (t=$(uptime_s)s)"
+
+if [ "${BTMON:-0}" = 1 ]; then
+	btmon -w "$LOGS/btmon.snoop" >"$LOGS/btmon.log" 2>&1 &
+	BG_PIDS+=($!)
+fi
+
+# ---------------------------------------------------------------- btvirt
+# Sometimes hci_vhci consumes a controller's first HCI_Reset as the reply to
+# its create request; that controller then never finishes its setup (kernel:
+# "Opcode 0x0c03 failed: -110"). So one spare controller is created, and
+# btvirt is restarted if fewer than two controllers finish their setup.
+# debugfs hciN/hci_version only appears once a controller's setup succeeded.
+usable_count() { local n=0 f; for f in /sys/kernel/debug/bluetooth/hci*/hci_version; do [ -e "$f" ] && n=$((n + 1)); done; echo "$n"; }
+created_count() { local n=0 f; for f in /sys/class/bluetooth/hci*; do [ -e "$f" ] && n=$((n + 1)); done; echo "$n"; }
+no_controllers() { [ "$(created_count)" -eq 0 ]; }
+
+BTVIRT_PID=
+start_btvirt() {
+	btvirt -l"$CONTROLLERS" >>"$LOGS/btvirt.log" 2>&1 &
+	BTVIRT_PID=$!
+}
+stop_btvirt() {
+	kill -TERM "$BTVIRT_PID" 2>/dev/null || true
+	local i
+	for ((i = 0; i < 50; i++)); do kill -0 "$BTVIRT_PID" 2>/dev/null || break; sleep 0.1; done
+	kill -KILL "$BTVIRT_PID" 2>/dev/null || true
+	wait "$BTVIRT_PID" 2>/dev/null || true
+	wait_for "$STEP_TIMEOUT" "btvirt's controllers to go away" no_controllers
+}
+
+CONTROLLERS=${CONTROLLERS:-3}
+attempt=0
+while :; do
+	attempt=$((attempt + 1))
+	start_btvirt
+	deadline=$((SECONDS + STEP_TIMEOUT))
+	two_since=
+	while ((SECONDS < deadline)); do
+		u=$(usable_count)
+		((u >= CONTROLLERS)) && break
+		if ((u >= 2)); then
+			# Two are enough; give the spare a short grace period.
+			[ -n "$two_since" ] || two_since=$SECONDS
+			((SECONDS - two_since >= 2)) && break
+		fi
+		sleep 0.1
+	done
+	u=$(usable_count)
+	if ((u >= 2)); then
+		say "btvirt: $u of $(created_count) controllers usable (attempt $attempt, t=$(uptime_s)s)"
+		break
+	fi
+	say "btvirt: only $u of $(created_count) controllers usable (attempt $attempt), restarting btvirt"
+	((attempt < 4)) || fatal "btvirt: fewer than two usable controllers after $attempt attempts"
+	stop_btvirt
+done
+BG_PIDS+=("$BTVIRT_PID")
+
+# ---------------------------------------------------------------- bluetoothd
+BTD=/usr/libexec/bluetooth/bluetoothd
+[ -x "$BTD" ] || BTD=/usr/lib/bluetooth/bluetoothd
+btd_args=(-n -E)
+[ "${BTD_DEBUG:-0}" = 1 ] && btd_args+=(-d)
+"$BTD" "${btd_args[@]}" >"$LOGS/bluetoothd.log" 2>&1 &
+BTD_PID=$!
+BG_PIDS+=("$BTD_PID")
+
+bluez_adapters() {
+	dbus-send --system --print-reply --dest=org.bluez / \
+		org.freedesktop.DBus.ObjectManager.GetManagedObjects 2>/dev/null |
+		grep -o 'object path "/org/bluez/hci[0-9]*"' | grep -o 'hci[0-9]*' | sort -u -V || true
+}
+adapter_count() { bluez_adapters | wc -l; }
+enough_adapters() {
+	kill -0 "$BTD_PID" 2>/dev/null || fatal "bluetoothd exited (see logs/bluetoothd.log)"
+	local n
+	n=$(adapter_count)
+	((n >= USABLE)) && return 0
+	if ((n >= 2)); then
+		[ -n "$two_since" ] || two_since=$SECONDS
+		((SECONDS - two_since >= 2)) && return 0
+	fi
+	return 1
+}
+USABLE=$(usable_count)
+two_since=
+wait_for "$STEP_TIMEOUT" "bluetoothd to list two adapters on D-Bus" enough_adapters
+mapfile -t ADAPTERS < <(bluez_adapters)
+say "bluetoothd lists ${ADAPTERS[*]} (t=$(uptime_s)s)"
+
+adapter_prop() {
+	dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$1" \
+		org.freedesktop.DBus.Properties.Get string:org.bluez.Adapter1 "string:$2" 2>/dev/null |
+		sed -n 's/.*variant *[a-z0-9]* *//p' | tr -d '"' || true
+}
+all_powered() {
+	local a
+	for a in "${ADAPTERS[@]}"; do
+		[ "$(adapter_prop "$a" Powered)" = true ] || return 1
+	done
+}
+for a in "${ADAPTERS[@]}"; do
+	dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$a" \
+		org.freedesktop.DBus.Properties.Set string:org.bluez.Adapter1 string:Powered variant:boolean:true >/dev/null
+done
+wait_for "$STEP_TIMEOUT" "the adapters to power on" all_powered
+
+# ---------------------------------------------------------------- scenario env
+export OTAFLASH_VM=1 PROJECT_DIR
+export OTAFLASH_VM_LOGS=$LOGS
+export HOME=/run/otaflash/home
+export BLUEZ_ADAPTERS="${ADAPTERS[*]}"
+roles=(CENTRAL PERIPHERAL THIRD)
+for i in 0 1 2; do
+	[ "$i" -lt "${#ADAPTERS[@]}" ] || break
+	r=${roles[$i]}
+	a=${ADAPTERS[$i]}
+	export "${r}_HCI=$a" "${r}_INDEX=${a#hci}" "${r}_ADDR=$(adapter_prop "$a" Address)"
+done
+{
+	echo "kernel=$(uname -r)"
+	echo "bluetoothd=$("$BTD" --version 2>/dev/null || echo unknown)"
+	env | grep -E '^(OTAFLASH_VM|PROJECT_DIR|BLUEZ_ADAPTERS|(CENTRAL|PERIPHERAL|THIRD)_(HCI|INDEX|ADDR))=' | sort
+} >"$LOGS/env.txt"
+
+say "READY uptime=$(uptime_s) adapters=${ADAPTERS[*]} central=$CENTRAL_HCI/$CENTRAL_ADDR peripheral=$PERIPHERAL_HCI/$PERIPHERAL_ADDR"
+
+# ---------------------------------------------------------------- scenarios
+now() { echo "$EPOCHREALTIME"; }
+# Scenarios get an idle pipe on stdin (never data, never EOF) instead of
+# /dev/null: BlueZ's command-line tools (btmgmt, bluetoothctl) quit at once,
+# silently and with status 0, when stdin is /dev/null.
+mkfifo /run/otaflash/stdin
+exec {IDLE_STDIN}<>/run/otaflash/stdin
+for i in "${!SCENARIOS[@]}"; do
+	path=${SCENARIOS[$i]}
+	name=${NAMES[$i]}
+	dir=$RES/scenarios/$name
+	mkdir -p "$dir"
+	say "RUN $name"
+	t0=$(now)
+	rc=0
+	# timeout(1) makes itself a process group leader: its pid is the group
+	# of everything the scenario started, killed afterwards so no stray
+	# process (a forgotten bluetoothctl, a GATT server) leaks into the next.
+	RESULTS_DIR=$dir timeout -k 5 "$SCENARIO_TIMEOUT" "$path" <&"$IDLE_STDIN" >"$dir/output.log" 2>&1 &
+	spid=$!
+	tpid=
+	if [ "${VERBOSE:-0}" = 1 ]; then
+		tail -s 0.2 -n +1 -f --pid="$spid" "$dir/output.log" &
+		tpid=$!
+	fi
+	wait "$spid" || rc=$?
+	[ -z "$tpid" ] || wait "$tpid" || true
+	kill -KILL -- "-$spid" 2>/dev/null || true
+	t1=$(now)
+	dur=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+	if [ "$rc" -eq 0 ]; then
+		result=pass
+	elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+		result=timeout
+	else
+		result=fail
+	fi
+	printf '%s\t%s\t%s\t%s\n' "$name" "$result" "$rc" "$dur" >>"$LOGS/summary.tsv"
+	say "END $name $result rc=$rc ${dur}s"
+	if ! kill -0 "$BTD_PID" 2>/dev/null; then
+		say "bluetoothd is gone after scenario $name"
+	fi
+done
+
+# ---------------------------------------------------------------- shutdown
+trap - ERR EXIT
+set +e
+dmesg >"$LOGS/dmesg.log" 2>&1
+stop_background
+say "DONE uptime=$(uptime_s)"
+power_off
