@@ -47,7 +47,7 @@ let package = Package(
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         .testTarget(name: "DBusTests", dependencies: ["DBus"]),
-        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT", "DBus", "OTAWire", "OTADevice"]),
+        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI"], exclude: ["fake_bluez"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
     ],
     swiftLanguageModes: [.v6]

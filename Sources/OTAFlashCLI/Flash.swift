@@ -16,6 +16,8 @@ public struct TargetOptions: ParsableArguments {
     @OptionGroup(title: "Simulated peripheral")
     public var simulator: SimulatorOptions
 
+    @OptionGroup(title: "BlueZ transport") public var bluez: BlueZTransportOptions
+
     @Option(name: .customLong("connect-timeout"), help: "Seconds to find and connect to the device.")
     public var connectTimeout: Double = 20
 
@@ -41,7 +43,7 @@ public struct TargetOptions: ParsableArguments {
             let device = SimulatedDevice(simulator.deviceConfig(address: address))
             return SimulatedCentral(devices: [device], clock: simulator.clock)
         }
-        throw CLIFailure(.bluetoothUnavailable, "the BlueZ transport is not available in this build; use --simulator to flash the built-in simulated peripheral")
+        return bluezCentral()
     }
 }
 
