@@ -3,7 +3,7 @@
 # Sourced by scripts/demo and scripts/test; safe to run on its own.
 set -euo pipefail
 
-otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev pkg-config python3)
+otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev pkg-config python3 python3-venv)
 
 otaflash_install_deps() {
     local missing=()
