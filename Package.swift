@@ -42,6 +42,8 @@ let package = Package(
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
         .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        // Fault soak on the simulator (run in release mode).
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),

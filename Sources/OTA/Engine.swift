@@ -13,7 +13,8 @@ public struct EngineConfig: Sendable, Hashable {
     public var restart: Bool
     /// How often a command is sent again after an ATT error or a lost reply.
     public var commandRetries: Int
-    /// How often the engine may fall back (rewind, roll back, restart) before giving up.
+    /// How often in a row the engine may fall back (rewind, roll back, restart) without the device
+    /// confirming new data before it gives up.
     public var maxRecoveries: Int
     public var replyTimeout: Duration
     public var verifyTimeout: Duration
@@ -131,6 +132,15 @@ public struct OTAEngine: Sendable {
     /// A GAP event arrived while a checkpoint was in flight: hold the stream until its reply.
     private var holdForGap = false
     private var recoveries = 0
+    /// The checkpoint interval in use: halved after a CRC rollback (corruption is caught sooner
+    /// and costs less), doubled back after each clean checkpoint, never above the configured one.
+    public private(set) var currentInterval: Int
+    /// The furthest position the device reported with a CRC that matched the image.
+    private var furthestAgreed = 0
+    /// The link dropped after ACTIVATE was sent and before its reply arrived.
+    public private(set) var activationUnconfirmed = false
+    /// Set when the device's info showed it already runs this image after an unconfirmed activation.
+    public private(set) var activationConfirmedByInfo = false
     /// Set on a reconnect until the first packet shows where streaming resumed.
     private var measureResume = false
 
@@ -138,7 +148,11 @@ public struct OTAEngine: Sendable {
         self.image = image
         self.config = config
         self.prefix = PrefixCRC(image: image.bytes)
+        self.currentInterval = config.checkpointInterval
     }
+
+    /// The smallest interval the engine shrinks to.
+    static let minimumInterval = 1024
 
     /// Takes a confirmed position from a journal: the CRC of the image up to `offset`. Only a
     /// shortcut for later CRC checks; the device's own reply still decides where streaming starts.
@@ -181,8 +195,11 @@ public struct OTAEngine: Sendable {
             if phase == .done || phase == .failed { return [] }
             if phase == .activating {
                 // The device may reboot into the new image before its reply reaches us. VERIFY
-                // passed, so the image is good; the reply is what we lack.
-                return fail(OTAError(.connection, "\(reason) while activating: the image was verified, but activation was not confirmed; run `otaflash info` to check the firmware version", resumable: true))
+                // passed, so the image is good; the reply is what we lack. On the next connection
+                // the info value's running-image CRC tells whether it took effect.
+                activationUnconfirmed = true
+                return fail(OTAError(.connection, "\(reason) while activating: the image was verified, but activation was not confirmed",
+                                     hint: "run the same command again: it checks what the device runs before sending anything", resumable: true))
             }
             inFlight = nil
             holdForGap = false
@@ -204,6 +221,12 @@ public struct OTAEngine: Sendable {
         guard info.protocolVersion == OTAProtocol.version else {
             return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks version \(OTAProtocol.version)"))
         }
+        if activationUnconfirmed, config.activate, info.activeImageCRC == image.crc32 {
+            // The device booted this image: the update is done, nothing is sent again.
+            activationConfirmedByInfo = true
+            return finish()
+        }
+        activationUnconfirmed = false
         guard image.size <= Int(info.maxImageSize) else {
             return fail(OTAError(.imageTooLarge, "image is \(image.size) bytes but the device's slot holds \(info.maxImageSize) bytes; build a smaller image or use a device with a larger slot"))
         }
@@ -242,7 +265,9 @@ public struct OTAEngine: Sendable {
             return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: false)
 
         case (.checkpoint(let offset, _), .success, .position(let devOffset, let crc)) where devOffset == offset:
+            if Int(offset) > furthestAgreed { furthestAgreed = Int(offset); recoveries = 0 }
             acked = Int(offset)
+            currentInterval = min(config.checkpointInterval, currentInterval * 2)
             prefix.record(offset: acked, crc: crc)
             holdForGap = false
             return afterProgress()
@@ -255,6 +280,7 @@ public struct OTAEngine: Sendable {
         case (.checkpoint, .crcMismatch, .position(let offset, let crc)):
             holdForGap = false
             stats.rollbacks += 1
+            currentInterval = max(Self.minimumInterval, currentInterval / 2)
             return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: true)
 
         case (.status, .success, .status(let s)):
@@ -303,6 +329,11 @@ public struct OTAEngine: Sendable {
             return restartTransfer(because: "the device reports offset \(offset), beyond the image")
         }
         if local == crc {
+            if offset > furthestAgreed {
+                // The device holds more than ever before: progress, so earlier recoveries are forgiven.
+                furthestAgreed = offset
+                recoveries = 0
+            }
             if offset != sent { stats.rewinds += offset < sent ? 1 : 0 }
             sent = offset
             runningCRC = CRC32(value: crc)
@@ -339,7 +370,7 @@ public struct OTAEngine: Sendable {
     }
 
     private mutating func tooManyRecoveries() -> [Action] {
-        fail(OTAError(.protocolError, "the device kept disagreeing with the image after \(config.maxRecoveries) recoveries; check the link and the device's flash", resumable: false))
+        fail(OTAError(.protocolError, "the device kept disagreeing with the image: \(config.maxRecoveries) recoveries in a row confirmed no new data; check the link and the device's flash", resumable: false))
     }
 
     /// After a confirmed position: verify when everything is confirmed.
@@ -396,7 +427,7 @@ public struct OTAEngine: Sendable {
     public mutating func nextStreamStep() -> StreamStep {
         guard phase == .streaming, !holdForGap else { return .idle }
         // Checkpoints fall on chunk boundaries: the next chunk would cross the interval.
-        let interval = max(config.checkpointInterval, chunkSize)
+        let interval = max(currentInterval, chunkSize)
         let next = min(chunkSize, image.size - sent)
         let due = (next > 0 && sent - lastCheckpoint + next > interval) || (sent == image.size && acked < sent)
         if due, inFlight == nil, sent > lastCheckpoint || (sent == image.size && acked < sent) {

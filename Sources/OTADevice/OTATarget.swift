@@ -29,6 +29,8 @@ public struct OTATarget: Sendable {
 
     /// Images activated so far, newest last: what the device booted.
     public private(set) var activations: [Activation] = []
+    /// CRC32 of the image running since the last activation; persists across reboots.
+    public private(set) var activeImageCRC: UInt32?
 
     /// Fault hook: flips a byte of flash after it is written, so that checkpoints (which use the
     /// received bytes) pass and only VERIFY (which reads flash back) can catch it.
@@ -57,17 +59,20 @@ public struct OTATarget: Sendable {
         public var receivedCRC: UInt32
         public var committed: Int
         public var committedCRC: UInt32
+        public var activeImageCRC: UInt32?
     }
 
     public var snapshot: Snapshot {
         Snapshot(slotSize: slotSize, firmwareVersion: firmwareVersion.packed, state: state.rawValue,
                  pendingSize: pending?.imageSize, pendingCRC: pending?.imageCRC, pendingVersion: pending?.version.packed,
-                 received: received, receivedCRC: runningCRC.value, committed: committed, committedCRC: committedCRC)
+                 received: received, receivedCRC: runningCRC.value, committed: committed, committedCRC: committedCRC,
+                 activeImageCRC: activeImageCRC)
     }
 
     /// Restores a device from its snapshot and flash. Nil when they do not fit together.
     public init?(snapshot s: Snapshot, flash: [UInt8]) {
         self.init(slotSize: s.slotSize, firmwareVersion: FirmwareVersion(packed: s.firmwareVersion))
+        activeImageCRC = s.activeImageCRC
         if let size = s.pendingSize, let crc = s.pendingCRC, let version = s.pendingVersion {
             guard flash.count == Int(size), s.received <= flash.count, s.committed <= s.received,
                   CRC32.checksum(flash[0..<s.received]) == s.receivedCRC else { return nil }
@@ -83,7 +88,8 @@ public struct OTATarget: Sendable {
 
     public var info: DeviceInfo {
         DeviceInfo(state: state, maxImageSize: UInt32(clamping: slotSize), firmwareVersion: firmwareVersion,
-                   received: UInt32(received), pendingImageSize: pending?.imageSize ?? 0)
+                   received: UInt32(received), pendingImageSize: pending?.imageSize ?? 0,
+                   activeImageCRC: activeImageCRC)
     }
 
     /// Handles a write to the control point and returns the notification to send back.
@@ -111,6 +117,7 @@ public struct OTATarget: Sendable {
             }
             let offset = Int(offset)
             if offset > received {
+                gapReported = false  // a handled checkpoint re-arms GAP reporting
                 return ControlResponse(opcode: .checkpoint, status: .gap, payload: position)
             }
             if prefixCRC(offset) == crc {
@@ -156,6 +163,7 @@ public struct OTATarget: Sendable {
                 return ControlResponse(opcode: .activate, status: .crcMismatch)
             }
             activations.append(Activation(image: flash, crc: crc, version: pending.version))
+            activeImageCRC = crc
             firmwareVersion = pending.version
             discardTransfer()
             return ControlResponse(opcode: .activate, status: .success)

@@ -25,6 +25,16 @@ public struct Otaflash: AsyncParsableCommand {
 /// Never traps on bad input: every error becomes one line on stderr and a documented code.
 public func runOtaflash(_ arguments: [String], output: any OutputSink = StandardOutput()) async -> Int32 {
     await CLIContext.$output.withValue(output) {
+        // Flashing is the default command, so the root help shows its options too.
+        if arguments.isEmpty {
+            output.err("otaflash: error: no firmware image given: try `otaflash --simulator firmware.bin`, or see `otaflash --help`\n")
+            return ExitCode.usage.rawValue
+        }
+        if arguments == ["--help"] || arguments == ["-h"] || arguments == ["help"] {
+            output.out(Otaflash.helpMessage() + "\n\nFLASH OPTIONS (the default command; `otaflash help flash` shows the same):\n"
+                       + Flash.helpMessage(includeHidden: false) + "\n")
+            return ExitCode.success.rawValue
+        }
         do {
             var command = try Otaflash.parseAsRoot(arguments)
             if var asyncCommand = command as? any AsyncParsableCommand {

@@ -202,6 +202,8 @@ public struct ControlResponse: Hashable, Sendable {
         }
         opcode = OTAOpcode(rawValue: op)
         status = OTAStatus(rawValue: st)
+        // A payload shorter than its command's is malformed; a longer one comes from a later minor
+        // revision and its extra bytes are ignored (docs/PROTOCOL.md, "Byte order and versions").
         let malformed = WireError("\(opcode) reply has a malformed payload: \(hexDump(bytes[...]))")
         if r.remaining == 0 {
             payload = .none
@@ -209,18 +211,17 @@ public struct ControlResponse: Hashable, Sendable {
         }
         switch opcode {
         case .begin, .checkpoint:
-            guard r.remaining == 8, let offset = r.u32(), let crc = r.u32() else { throw malformed }
+            guard let offset = r.u32(), let crc = r.u32() else { throw malformed }
             payload = .position(offset: offset, crc: crc)
         case .status:
-            guard r.remaining == 17, let s = r.u8(), let off = r.u32(), let crc = r.u32(), let size = r.u32(),
-                  let icrc = r.u32()
+            guard let s = r.u8(), let off = r.u32(), let crc = r.u32(), let size = r.u32(), let icrc = r.u32()
             else { throw malformed }
             payload = .status(Status(state: DeviceState(rawValue: s), offset: off, crc: crc, imageSize: size, imageCRC: icrc))
         case .verify:
-            guard r.remaining == 4, let crc = r.u32() else { throw malformed }
+            guard let crc = r.u32() else { throw malformed }
             payload = .computedCRC(crc)
         default:
-            throw malformed
+            payload = .none
         }
     }
 }

@@ -129,9 +129,12 @@ public struct FirmwareVersion: Hashable, Sendable, Comparable, CustomStringConve
     public static func < (a: FirmwareVersion, b: FirmwareVersion) -> Bool { a.packed < b.packed }
 }
 
-/// The info characteristic's value: 20 bytes, so one ATT read at the minimum MTU returns it whole.
+/// The info characteristic's value: 24 bytes (a central reads it whole at any MTU; BlueZ uses
+/// Read Blob when the MTU is smaller). The first 20 bytes are the original layout; devices that
+/// send only those report no running image CRC.
 public struct DeviceInfo: Hashable, Sendable {
-    public static let encodedSize = 20
+    public static let encodedSize = 24
+    public static let minimumSize = 20
 
     public var protocolVersion: UInt8
     public var state: DeviceState
@@ -141,15 +144,19 @@ public struct DeviceInfo: Hashable, Sendable {
     public var received: UInt32
     /// Size of the pending transfer's image (0 when idle).
     public var pendingImageSize: UInt32
+    /// CRC32 of the image the device runs since its last activation (0 or nil when unknown). Lets
+    /// a central that lost ACTIVATE's reply learn, after reconnecting, that the update took effect.
+    public var activeImageCRC: UInt32?
 
     public init(protocolVersion: UInt8 = OTAProtocol.version, state: DeviceState, maxImageSize: UInt32,
-                firmwareVersion: FirmwareVersion, received: UInt32, pendingImageSize: UInt32) {
+                firmwareVersion: FirmwareVersion, received: UInt32, pendingImageSize: UInt32, activeImageCRC: UInt32? = nil) {
         self.protocolVersion = protocolVersion
         self.state = state
         self.maxImageSize = maxImageSize
         self.firmwareVersion = firmwareVersion
         self.received = received
         self.pendingImageSize = pendingImageSize
+        self.activeImageCRC = activeImageCRC
     }
 
     public var encoded: [UInt8] {
@@ -159,6 +166,7 @@ public struct DeviceInfo: Hashable, Sendable {
         b.appendLE(firmwareVersion.packed)
         b.appendLE(received)
         b.appendLE(pendingImageSize)
+        b.appendLE(activeImageCRC ?? 0)
         return b
     }
 
@@ -168,9 +176,10 @@ public struct DeviceInfo: Hashable, Sendable {
         guard let v = r.u8(), let s = r.u8(), r.u16() != nil, let max = r.u32(), let fw = r.u32(),
               let rx = r.u32(), let pending = r.u32()
         else {
-            throw WireError("info value has \(bytes.count) bytes, expected at least \(Self.encodedSize): \(hexDump(bytes[...]))")
+            throw WireError("info value has \(bytes.count) bytes, expected at least \(Self.minimumSize): \(hexDump(bytes[...]))")
         }
+        let active = r.u32().flatMap { $0 == 0 ? nil : $0 }
         self.init(protocolVersion: v, state: DeviceState(rawValue: s), maxImageSize: max,
-                  firmwareVersion: FirmwareVersion(packed: fw), received: rx, pendingImageSize: pending)
+                  firmwareVersion: FirmwareVersion(packed: fw), received: rx, pendingImageSize: pending, activeImageCRC: active)
     }
 }

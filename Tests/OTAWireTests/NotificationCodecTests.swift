@@ -137,23 +137,32 @@ struct NotificationCodecTests {
     }
 }
 
-/// The info characteristic: 20 bytes, readable whole at the minimum MTU.
+/// The info characteristic: 24 bytes; the first 20 are the original layout.
 @Suite("Device info")
 struct DeviceInfoCodecTests {
-    @Test func infoEncodesToTwentyBytes() throws {
+    @Test func infoEncodesToTwentyFourBytes() throws {
         let info = DeviceInfo(protocolVersion: 1, state: .receiving, maxImageSize: 0x0010_0000,
                               firmwareVersion: FirmwareVersion(major: 2, minor: 5, patch: 0x0102),
-                              received: 0x0000_4000, pendingImageSize: 0x0004_0000)
+                              received: 0x0000_4000, pendingImageSize: 0x0004_0000, activeImageCRC: 0xCAFE_F00D)
         let bytes: [UInt8] = [
             0x01, 0x01, 0x00, 0x00,  // protocol version, state, reserved
             0x00, 0x00, 0x10, 0x00,  // slot size 1 MiB
             0x02, 0x01, 0x05, 0x02,  // firmware 2.5.258 = 0x02050102
             0x00, 0x40, 0x00, 0x00,  // received
             0x00, 0x00, 0x04, 0x00,  // pending image size
+            0x0D, 0xF0, 0xFE, 0xCA,  // CRC32 of the running image
         ]
         #expect(info.encoded == bytes)
-        #expect(DeviceInfo.encodedSize == 20)
+        #expect(DeviceInfo.encodedSize == 24)
         #expect(try DeviceInfo(decoding: bytes) == info)
+    }
+
+    @Test func twentyByteInfoFromAnOlderDeviceHasNoRunningImageCRC() throws {
+        let bytes: [UInt8] = [0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x01, 0x01,
+                              0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]
+        let info = try DeviceInfo(decoding: bytes)
+        #expect(info.activeImageCRC == nil)
+        #expect(info.maxImageSize == 0x0010_0000)
     }
 
     @Test func shortInfoIsRejected() {
