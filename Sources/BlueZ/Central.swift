@@ -113,17 +113,23 @@ public struct BlueZCentral: GATTCentral {
     /// during the scan plus what BlueZ already knew; `StopDiscovery` is always sent.
     public func scan(filter: ScanFilter, timeout: Duration) async throws(GATTError) -> [Advertisement] {
         let bus = try await openBus()
-        defer { Task { await bus.close() } }
+        let subscriptions = Mutex<[DBusSubscriptionID]>([])
+        defer {
+            let ids = subscriptions.withLock { $0 }
+            Task {
+                for id in ids { await bus.unsubscribe(id) }
+                await bus.close()
+            }
+        }
         let adapterPath = try resolveAdapter(try await Self.managedObjects(bus))
         let adapterName = BlueZ.adapterName(adapterPath)
         let seen = SeenDevices()
-        let subscriptions: [DBusSubscriptionID]
         do {
-            subscriptions = try await subscribeDevices(bus, adapterPath: adapterPath, seen: seen)
+            let ids = try await subscribeDevices(bus, adapterPath: adapterPath, seen: seen)
+            subscriptions.withLock { $0 = ids }
         } catch {
             throw BlueZErrors.map(error, "watching for devices on \(adapterName)")
         }
-        defer { Task { for id in subscriptions { await bus.unsubscribe(id) } } }
         // Devices BlueZ already knows (the subscription is live, so nothing falls in between).
         let known = try await Self.managedObjects(bus)
         record(known, adapterPath: adapterPath, into: seen)
@@ -264,6 +270,7 @@ public struct BlueZCentral: GATTCentral {
 
         // Connect (doc/org.bluez.Device.rst): returns once the link is up, or an error.
         let connectTimeout = max(remaining(deadline), .milliseconds(1))
+        link.connectIssued()
         do {
             _ = try await bus.call(destination: BlueZ.service, path: devicePath, interface: BlueZ.device,
                                    member: "Connect", timeout: connectTimeout)

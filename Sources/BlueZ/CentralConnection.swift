@@ -36,6 +36,8 @@ public final class BlueZConnection: GATTConnection {
     private struct Link {
         /// Set once connect finished: from then on link losses become events.
         var armed = false
+        /// Device1.Connect was sent: a failed or cancelled connect must undo it.
+        var connecting = false
         var down = false
         var local = false
         var subscriptions: [DBusSubscriptionID] = []
@@ -147,15 +149,27 @@ public final class BlueZConnection: GATTConnection {
         if !state.value.connected { lost("\(peer) disconnected") }
     }
 
-    /// Connect failed: drop the subscriptions and the bus.
+    func connectIssued() { link.withLock { $0.connecting = true } }
+
+    /// Connect failed or was cancelled: cancel a pending connection attempt (Device1.Disconnect
+    /// also aborts a Connect in progress, doc/org.bluez.Device.rst), drop the subscriptions and
+    /// the bus. Runs in a task of its own so that a cancelled caller still cleans up.
     func abandon() async {
-        let ids = link.withLock { l -> [DBusSubscriptionID] in
+        let (ids, connecting) = link.withLock { l -> ([DBusSubscriptionID], Bool) in
             l.local = true
             defer { l.subscriptions = [] }
-            return l.subscriptions
+            return (l.subscriptions, l.connecting)
         }
-        for id in ids { await bus.unsubscribe(id) }
-        await bus.close()
+        let bus = self.bus
+        let devicePath = self.devicePath
+        await Task {
+            if connecting {
+                _ = try? await bus.call(destination: BlueZ.service, path: devicePath, interface: BlueZ.device,
+                                        member: "Disconnect", timeout: .seconds(2))
+            }
+            for id in ids { await bus.unsubscribe(id) }
+            await bus.close()
+        }.value
     }
 
     func readDeviceFlag(_ name: String) async throws(GATTError) -> Bool {

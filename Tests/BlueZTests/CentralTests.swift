@@ -66,6 +66,21 @@ struct CentralTests {
         }
     }
 
+    @Test func scanUsesTheChosenAdapter() async throws {
+        try await withFake { fake in
+            let (code, _, err) = await Self.otaflash(["scan", "--adapter", "hci1", "--timeout", "0.2"])
+            #expect(code == 11, "\(err)")
+            #expect(err.contains("adapter hci1 is powered off"), "\(err)")
+            #expect(!fake.log.contains("StartDiscovery"))
+        }
+    }
+
+    @Test func writePathOptionIsChecked() async {
+        let (code, _, err) = await Self.otaflash(["flash", "--device", Self.device, "--write-path", "carrier-pigeon", Self.sample4k])
+        #expect(code == 2)
+        #expect(err.contains("write-path"), "\(err)")
+    }
+
     // MARK: Flash
 
     @Test(arguments: ["write-value", "acquire-write"])
@@ -96,8 +111,9 @@ struct CentralTests {
         }
     }
 
-    @Test func acquireWriteFallsBackToWriteValue() async throws {
-        try await withFake(["--no-acquire-write", "NotSupported"]) { fake in
+    @Test(arguments: ["NotSupported", "NotPermitted", "Failed"])
+    func acquireWriteFallsBackToWriteValue(refusal: String) async throws {
+        try await withFake(["--no-acquire-write", refusal]) { fake in
             let (code, _, err) = await Self.otaflash(Self.flashArguments(fake, image: Self.sample4k))
             #expect(code == 0, "\(err)")
             #expect(fake.activatedImage == Self.contents(Self.sample4k))
@@ -155,8 +171,10 @@ struct CentralTests {
             #expect(code == 0, "\(err)")
             let (infoCode, out, _) = await Self.otaflash(["info", "--device", Self.device])
             #expect(infoCode == 0)
-            // The fake reports the version BEGIN carried (0 when unknown keeps the old one).
-            #expect(out.contains("firmware_revision: "), "\(out)")
+            // A .bin carries no version (BEGIN sends 0), so the revision stays; the slot is idle again.
+            #expect(out.contains("firmware_revision: 1.0.0"), "\(out)")
+            #expect(out.contains("ota_received: 0"), "\(out)")
+            #expect(fake.log.contains("ACTIVATED"))
         }
     }
 
