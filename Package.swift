@@ -8,6 +8,7 @@ let package = Package(
         .executable(name: "otaflash", targets: ["otaflash"]),
         .library(name: "OTA", targets: ["OTA"]),
         .library(name: "GATT", targets: ["GATT"]),
+        .library(name: "OTAWire", targets: ["OTAWire"]),
         .library(name: "Simulator", targets: ["Simulator"]),
     ],
     dependencies: [

@@ -1,0 +1,14 @@
+// swift-tools-version: 6.1
+// libFuzzer harnesses, kept out of the main package's build: they have no `main` of their own
+// (libFuzzer provides it), so they link only with `-sanitize=fuzzer`. Run them with scripts/fuzz.
+import PackageDescription
+
+let package = Package(
+    name: "otaflash-fuzz",
+    dependencies: [.package(name: "otaflash", path: "..")],
+    targets: [
+        .executableTarget(name: "fuzz-replies", dependencies: [.product(name: "OTAWire", package: "otaflash")]),
+        .executableTarget(name: "fuzz-hex", dependencies: [.product(name: "OTA", package: "otaflash")]),
+    ],
+    swiftLanguageModes: [.v6]
+)
