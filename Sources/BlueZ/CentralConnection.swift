@@ -299,6 +299,11 @@ public final class BlueZConnection: GATTConnection {
         }
     }
 
+    /// Ordering: a write command already sent with `WriteValue` is answered before this request
+    /// is sent, so it goes first. On the AcquireWrite socket, bluetoothd queues the datagrams it
+    /// has read ahead of a later request (src/shared/att.c, pick_next_send_op), but datagrams
+    /// still unread in the socket may be overtaken; the device then answers CHECKPOINT with a gap
+    /// and the central resends from its position.
     public func transportSubmitWrite(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> WriteTicket {
         try requireUp("writing \(describe(characteristic))")
         let id = link.withLock { l -> UInt64 in

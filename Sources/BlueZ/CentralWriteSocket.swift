@@ -76,8 +76,7 @@ final class CentralWriteSocket: Sendable {
     }
 
     /// Waits until the socket can take a datagram (POLLOUT), at most `timeout`, on a dispatch
-    /// thread so that no task thread blocks. Returns false on timeout; `.hungUp` as a string when
-    /// the socket was hung up.
+    /// thread so that no task thread blocks.
     func waitWritable(timeout: Duration) async -> WaitResult {
         let fd = self.fd
         let milliseconds = Int32(clamping: Int64(timeout.seconds * 1000))

@@ -53,7 +53,7 @@ struct CentralTests {
     @Test func scanFiltersAndSortsStrongestFirst() async throws {
         try await withFake { fake in
             let central = BlueZCentral(busAddress: fake.address)
-            let all = try await central.scan(filter: ScanFilter(), timeout: .milliseconds(400))
+            let all = try await central.scan(filter: ScanFilter(), timeout: .milliseconds(800))
             #expect(all.map(\.address.description) == [Self.device, "11:22:33:44:55:66"])
             // The RSSI update sent during discovery was seen.
             #expect(all.first?.rssi == -42)

@@ -410,7 +410,8 @@ class FakeBlueZ:
         props = self.objects[self.device][DEVICE]
         if props["Connected"].value:
             raise bluez_error("AlreadyConnected", "Already Connected")
-        # Like bluetoothd 5.66 in the notes: Connected becomes true without a PropertiesChanged.
+        # Like bluetoothd 5.66 seen under a virtual controller: Connected becomes true without a
+        # PropertiesChanged (unless --emit-connected).
         self.set_props(self.device, DEVICE, {"Connected": Variant("b", True)}, emit=self.args.emit_connected)
         loop = asyncio.get_running_loop()
         if self.args.resolve_before_export:
