@@ -105,7 +105,7 @@ public struct OTAEngine: Sendable {
         /// device had lost (at most one checkpoint window).
         public var resentPerConnection: [Int] = []
         /// For each resume (a connection after the first): the bytes it had to send again, from
-        /// where streaming restarted up to the furthest offset sent before the link was lost.
+        /// where streaming restarted up to where the engine stood when the link was lost.
         public var resumeResends: [Int] = []
         /// Connections used (1 + reconnects).
         public var connections: Int { resentPerConnection.count }
@@ -143,6 +143,8 @@ public struct OTAEngine: Sendable {
     public private(set) var activationConfirmedByInfo = false
     /// Set on a reconnect until the first packet shows where streaming resumed.
     private var measureResume = false
+    /// The stream position when the link was last lost.
+    private var sentAtLoss = 0
 
     public init(image: FirmwareImage, config: EngineConfig = EngineConfig()) {
         self.image = image
@@ -188,6 +190,11 @@ public struct OTAEngine: Sendable {
         case .commandFailed(let error):
             // A write that failed because the link is gone: the disconnect event follows.
             if error.code == .notConnected { return [] }
+            // The device wants pairing: sending again cannot help.
+            if error.code == .notAuthorized || error.code == .permissionDenied {
+                inFlight = nil
+                return fail(OTAError.from(error, device: "the device"))
+            }
             return retryCommand(after: "\(error)")
         case .timeout:
             return handleTimeout()
@@ -203,6 +210,7 @@ public struct OTAEngine: Sendable {
             }
             inFlight = nil
             holdForGap = false
+            sentAtLoss = sent
             let where_ = acked > 0 ? " (\(acked) of \(image.size) bytes confirmed)" : ""
             return fail(OTAError(.connection, "\(reason)\(where_)", hint: "run the same command again to resume", resumable: true))
         }
@@ -393,8 +401,10 @@ public struct OTAEngine: Sendable {
         guard let flight = inFlight else { return [] }
         guard flight.attempts <= config.commandRetries else {
             inFlight = nil
-            let kind: OTAError.Kind = reason.hasPrefix("no reply") ? .timeout : .protocolError
-            return fail(OTAError(kind, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason); the device may be stalled: power-cycle it and run the same command again to resume", resumable: true))
+            // A fresh connection often clears a stuck link or peripheral: let the supervisor try.
+            let kind: OTAError.Kind = reason.hasPrefix("no reply") ? .timeout : .connection
+            return fail(OTAError(kind, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason)",
+                                 hint: "the device may be stalled: power-cycle it and run the same command again to resume", resumable: true))
         }
         stats.commandRetries += 1
         let request: ControlRequest
@@ -438,11 +448,14 @@ public struct OTAEngine: Sendable {
             return .command(request)
         }
         guard next > 0, sent - lastCheckpoint + next <= interval else { return .idle }
+        // The window holds whatever path led here (a STATUS resync can start a fresh interval
+        // while older data is still unconfirmed): never more than one window unacknowledged.
+        guard sent + next - acked <= max(config.window, 2 * chunkSize) else { return .idle }
         let count = next
         let offset = sent
         if measureResume {
             measureResume = false
-            stats.resumeResends.append(max(0, highWater - offset))
+            stats.resumeResends.append(max(0, sentAtLoss - offset))
         }
         if offset < highWater {
             let again = min(count, highWater - offset)

@@ -18,6 +18,8 @@ struct Options {
     var seed: UInt64 = 1
     var json: String?
     var verbose = false
+    /// Replay one run only, printing its session events.
+    var only: Int?
 
     init(_ args: [String]) {
         var i = 0
@@ -32,8 +34,9 @@ struct Options {
             case "--seed": seed = UInt64(value()) ?? { fail("--seed takes a whole number") }()
             case "--json": json = value()
             case "--verbose", "-v": verbose = true
+            case "--only": only = Int(value()) ?? { fail("--only takes a run number") }()
             case "--help", "-h":
-                print("usage: otaflash-soak [--runs N] [--seed S] [--json FILE] [--verbose]")
+                print("usage: otaflash-soak [--runs N] [--seed S] [--json FILE] [--verbose] [--only RUN]")
                 exit(0)
             default: fail("unknown argument \(args[i])")
             }
@@ -103,7 +106,7 @@ let hangLimit: Duration = .seconds(20)
 var records: [RunRecord] = []
 let soakStart = ContinuousClock.now
 
-for run in 0..<options.runs {
+for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     let scenarioSeed = options.seed &* 0x9E37_79B9 &+ UInt64(run)
     let scenario = Scenario(seed: scenarioSeed)
     var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
@@ -119,6 +122,12 @@ for run in 0..<options.runs {
         do throws(OTAError) {
             return .success(try await session.run { event in
                 if case .reconnecting = event { reconnects.increment() }
+                if options.only != nil {
+                    switch event {
+                    case .progress: break
+                    default: print("  \(clock.now.seconds): \(event)")
+                    }
+                }
             })
         } catch {
             return .failure(error)
@@ -141,6 +150,7 @@ for run in 0..<options.runs {
     }
     switch result {
     case .success(let r):
+        if options.only != nil { print("  stats: \(r.stats)") }
         record.outcome = "ok"
         record.resumeResends = r.stats.resumeResends
         record.bytesSent = r.stats.bytesSent
