@@ -19,13 +19,20 @@ public struct EngineConfig: Sendable, Hashable {
     public var replyTimeout: Duration
     public var verifyTimeout: Duration
     public var activateTimeout: Duration
+    /// The version the image carries, sent in BEGIN; the device reports it after activation.
+    public var imageVersion: FirmwareVersion?
+    /// Leave a device alone when it already runs this version.
+    public var skipIfVersion: FirmwareVersion?
 
     public static let defaultCheckpointInterval = 16 * 1024
 
     public init(checkpointInterval: Int = EngineConfig.defaultCheckpointInterval, activate: Bool = true,
                 restart: Bool = false, commandRetries: Int = 3, maxRecoveries: Int = 64,
                 replyTimeout: Duration = .seconds(5), verifyTimeout: Duration = .seconds(30),
-                activateTimeout: Duration = .seconds(10)) {
+                activateTimeout: Duration = .seconds(10), imageVersion: FirmwareVersion? = nil,
+                skipIfVersion: FirmwareVersion? = nil) {
+        self.imageVersion = imageVersion
+        self.skipIfVersion = skipIfVersion
         self.checkpointInterval = checkpointInterval
         self.activate = activate
         self.restart = restart
@@ -245,7 +252,7 @@ public struct OTAEngine: Sendable {
         phase = .beginning
         let restart = config.restart && stats.resumedFrom.isEmpty
         return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
-                                 version: FirmwareVersion(packed: 0), restart: restart)))
+                                 version: config.imageVersion ?? FirmwareVersion(packed: 0), restart: restart)))
     }
 
     private mutating func handleNotification(_ bytes: [UInt8]) -> [Action] {
@@ -369,7 +376,7 @@ public struct OTAEngine: Sendable {
         holdForGap = false
         phase = .beginning
         return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
-                                 version: FirmwareVersion(packed: 0), restart: true)))
+                                 version: config.imageVersion ?? FirmwareVersion(packed: 0), restart: true)))
     }
 
     private mutating func bumpRecoveries() -> Bool {

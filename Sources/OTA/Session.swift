@@ -74,6 +74,8 @@ public struct OTAResult: Sendable, Hashable {
     /// From BEGIN's reply to the last checkpoint's: the streaming part alone.
     public var transferSeconds: Double
     public var activated: Bool
+    /// The device already ran `EngineConfig.skipIfVersion`: nothing was sent.
+    public var skipped: Bool = false
     public var firmwareBefore: FirmwareVersion?
     public var stats: OTAEngine.Stats
 
@@ -259,6 +261,11 @@ public actor OTASession {
             throw OTAError(.protocolError, "\(device) sent an info value otaflash cannot read: \(error)")
         }
         events(.deviceInfo(device: device, info: info))
+        if let skip = config.skipIfVersion, info.firmwareVersion == skip {
+            return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu, chunkSize: 0, seconds: 0,
+                             transferSeconds: 0, activated: false, skipped: true, firmwareBefore: info.firmwareVersion,
+                             stats: engine.stats)
+        }
         events(.connected(device: device, mtu: mtu, chunkSize: OTAProtocol.chunkSize(mtu: mtu)))
         var actions = engine.handle(.connected(info: info, mtu: mtu))
         logger.debug("connected", metadata: ["device": "\(device)", "mtu": "\(mtu)", "slot": "\(info.maxImageSize)"])

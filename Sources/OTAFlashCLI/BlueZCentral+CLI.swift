@@ -22,6 +22,11 @@ extension TargetOptions {
     /// A BlueZ central on `--adapter` (default: the first powered adapter). The bus is the system
     /// bus, or the address in `OTAFLASH_DBUS_ADDRESS`.
     func bluezCentral() -> any GATTCentral {
+        bluezCentral(adapter: adapter)
+    }
+
+    /// A BlueZ central on one adapter of a batch.
+    func bluezCentral(adapter: String?) -> any GATTCentral {
         BlueZCentral(adapter: adapter, writePath: bluez.writePath,
                      logger: Logger(label: "otaflash.bluez", factory: { _ in SwiftLogNoOpLogHandler() }))
     }

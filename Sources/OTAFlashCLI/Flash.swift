@@ -7,8 +7,8 @@ import Simulator
 
 /// Options shared by commands that talk to devices.
 public struct TargetOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF.", valueName: "address"))
-    public var device: String?
+    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (repeat it to flash several).", valueName: "address"))
+    public var device: [String] = []
 
     @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"))
     public var adapter: String?
@@ -24,7 +24,7 @@ public struct TargetOptions: ParsableArguments {
     public init() {}
 
     public mutating func validate() throws {
-        if let device, DeviceAddress(device) == nil {
+        for device in device where DeviceAddress(device) == nil {
             throw ValidationError("invalid device address '\(device)': expected six hex pairs like AA:BB:CC:DD:EE:FF")
         }
         guard connectTimeout > 0 else { throw ValidationError("--connect-timeout must be positive") }
@@ -32,7 +32,10 @@ public struct TargetOptions: ParsableArguments {
 
     /// The device address (the simulator has a default one).
     func address() throws -> DeviceAddress {
-        if let device, let address = DeviceAddress(device) { return address }
+        if device.count > 1 {
+            throw CLIFailure(.usage, "this command takes one --device, got \(device.count)")
+        }
+        if let device = device.first, let address = DeviceAddress(device) { return address }
         if simulator.enabled { return SimulatorOptions.defaultAddress }
         throw CLIFailure(.usage, "no device given: pass --device AA:BB:CC:DD:EE:FF, or --simulator to use the built-in simulated peripheral")
     }
@@ -96,6 +99,10 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup var target: TargetOptions
     @OptionGroup var output: OutputOptions
+    @OptionGroup(title: "Several devices") var batch: BatchCLIOptions
+
+    @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
+    var imageVersion: String?
 
     @Option(name: .customLong("checkpoint-interval"), help: "Bytes between checkpoints (write with response carrying offset and CRC32).")
     var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
@@ -127,10 +134,16 @@ struct Flash: AsyncParsableCommand {
             guard value > 0 else { throw ValidationError("\(name) must be positive, got \(value)") }
         }
         guard reconnectWindow >= 0 else { throw ValidationError("--reconnect-window must not be negative, got \(reconnectWindow)") }
+        if let imageVersion, FirmwareVersion(imageVersion) == nil {
+            throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
+        }
+        if batch.count != nil, !target.simulator.enabled {
+            throw ValidationError("--count needs --simulator; for real devices use --device (repeated), --devices-file or --scan")
+        }
     }
 
     func run() async throws {
-        let printer = EventPrinter(mode: output.mode)
+        let printer = EventPrinter(mode: output.mode, bars: !batch.isBatch(devices: target.device))
         do {
             try await flash(printer)
         } catch let failure as CLIFailure {
@@ -141,13 +154,20 @@ struct Flash: AsyncParsableCommand {
     }
 
     private func flash(_ printer: EventPrinter) async throws {
-        let address = try target.address()
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: image)
         } catch {
             throw CLIFailure(.imageFile, "\(error)")
         }
+        if batch.isBatch(devices: target.device) {
+            printer.json("start", [("image", .string(image)), ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
+                                   ("simulator", .bool(target.simulator.enabled))])
+            let targets = try await batchTargets(printer: printer)
+            try await runBatch(targets, image: firmware, config: engineConfig, printer: printer)
+            return
+        }
+        let address = try target.address()
         printer.json("start", [("device", .string(address.description)), ("image", .string(image)),
                                ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
                                ("simulator", .bool(target.simulator.enabled))])
@@ -161,9 +181,7 @@ struct Flash: AsyncParsableCommand {
         } else {
             central = try target.central(address: address)
         }
-        let config = EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
-                                  replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
-                                  activateTimeout: seconds(activateTimeout))
+        let config = engineConfig
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
@@ -201,6 +219,15 @@ struct Flash: AsyncParsableCommand {
         let what = result.activated ? "verified and activated" : "verified (not activated)"
         printer.result("\(result.device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                        + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
+    }
+}
+
+extension Flash {
+    var engineConfig: EngineConfig {
+        EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
+                     replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
+                     activateTimeout: seconds(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
+                     skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
     }
 }
 

@@ -90,10 +90,29 @@ public final class EventPrinter: Sendable {
     public let mode: OutputMode
     private let sink: any OutputSink
     private let barShown = Mutex(false)
+    /// False when several devices report at once: one bar cannot show them all.
+    private let bars: Bool
 
-    public init(mode: OutputMode, sink: any OutputSink = CLIContext.output) {
+    public init(mode: OutputMode, sink: any OutputSink = CLIContext.output, bars: Bool = true) {
         self.mode = mode
         self.sink = sink
+        self.bars = bars
+    }
+
+    var sinkForLogs: any OutputSink { sink }
+
+    /// A table for people (human mode only), columns aligned, on stdout.
+    public func table(_ rows: [[String]]) {
+        guard mode == .human, let header = rows.first else { return }
+        clearBar()
+        var widths = header.map(\.count)
+        for row in rows { for (i, cell) in row.enumerated() where i < widths.count { widths[i] = max(widths[i], min(cell.count, 60)) } }
+        for row in rows {
+            let cells = row.enumerated().map { i, cell in
+                i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
+            }
+            sink.out(cells.joined(separator: "  ") + "\n")
+        }
     }
 
     /// Emits one JSON Lines event (JSON mode only).
@@ -110,6 +129,9 @@ public final class EventPrinter: Sendable {
     }
 
     public func session(_ event: SessionEvent) {
+        // With several devices at once, say which one each line is about.
+        let who = bars ? "" : "\(event.device ?? "?"): "
+        func note(_ text: String) { self.note(who + text) }
         switch event {
         case .connecting(let device):
             json("connecting", [("device", .string(device))])
@@ -144,7 +166,7 @@ public final class EventPrinter: Sendable {
     }
 
     private func bar(_ p: TransferProgress) {
-        guard mode == .human, sink.isTerminal else { return }
+        guard mode == .human, bars, sink.isTerminal else { return }
         let width = 30
         let filled = Int((p.fraction * Double(width)).rounded(.down))
         let eta: String = p.eta.map { formatSeconds($0) } ?? "--"

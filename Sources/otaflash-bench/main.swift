@@ -15,6 +15,7 @@ struct Options {
     var grid = false
     var sweep = false
     var cpu = false
+    var batch = false
     var json: String?
     var imageSize = 256 * 1024
 
@@ -25,10 +26,11 @@ struct Options {
             case "--grid": grid = true
             case "--interval-sweep": sweep = true
             case "--engine-cpu": cpu = true
+            case "--batch": batch = true
             case "--json": i += 1; json = i < args.count ? args[i] : nil
             case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench [--grid] [--interval-sweep] [--engine-cpu] [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
                 exit(0)
             default:
                 FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
@@ -36,7 +38,7 @@ struct Options {
             }
             i += 1
         }
-        if !grid && !sweep && !cpu { grid = true; sweep = true; cpu = true }
+        if !grid && !sweep && !cpu && !batch { grid = true; sweep = true; cpu = true; batch = true }
     }
 }
 
@@ -185,6 +187,42 @@ if options.grid {
     report.append(("stop_and_wait_efficiency_default", defSaw))
     report.append(("receipt12_efficiency_default", defPrn))
     print()
+}
+
+// MARK: Batch
+
+if options.batch {
+    /// Peak resident memory of this process so far, in bytes.
+    func peakRSS() -> Int {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        return usage.ru_maxrss * 1024
+    }
+    /// Flashes `count` simulated devices at once on the link model in real time; returns wall seconds.
+    func batchWall(_ count: Int) async throws -> Double {
+        let targets = (1...count).map { i -> BatchTarget in
+            let address = DeviceAddress(String(format: "C0:FF:EE:00:%02X:%02X", i >> 8, i & 0xFF))!
+            let device = SimulatedDevice(SimulatedDeviceConfig(address: address, link: .default))
+            return BatchTarget(address: address, adapter: nil, central: SimulatedCentral(devices: [device], clock: SystemClock()))
+        }
+        let runner = BatchRunner(image: image, options: BatchOptions(parallel: count, perAdapter: count, readBackVersion: false))
+        let t0 = ContinuousClock.now
+        let outcomes = await runner.run(targets)
+        guard outcomes.allSatisfy(\.succeeded) else { throw BenchError("a batch device failed") }
+        return (ContinuousClock.now - t0).seconds
+    }
+    let rssBefore = peakRSS()
+    let one = try await batchWall(1)
+    let rssOne = peakRSS()
+    let many = try await batchWall(32)
+    let rssMany = peakRSS()
+    let perDevice = Double(rssMany - rssOne) / 31 / 1048576
+    print(String(format: "Batch on the link model (real time, %d KiB image, MTU 247 2M 15 ms): 1 device %.2f s, 32 devices in parallel %.2f s (ratio %.2f); peak RSS %.1f MiB -> %.1f MiB -> %.1f MiB, %.2f MiB per extra device",
+                 image.size / 1024, one, many, many / one, Double(rssBefore) / 1048576, Double(rssOne) / 1048576, Double(rssMany) / 1048576, perDevice))
+    report.append(("batch_one_device_seconds", one))
+    report.append(("batch_32_devices_seconds", many))
+    report.append(("batch_wall_ratio", many / one))
+    report.append(("batch_mib_per_device", perDevice))
 }
 
 // MARK: Engine CPU

@@ -1,0 +1,188 @@
+import GATT
+import Logging
+import OTAWire
+
+/// One device of a batch: where it is and how to reach it.
+public struct BatchTarget: Sendable {
+    public let address: DeviceAddress
+    /// The adapter it is flashed through (nil: the only one); sessions are limited per adapter.
+    public let adapter: String?
+    public let central: any GATTCentral
+
+    public init(address: DeviceAddress, adapter: String?, central: any GATTCentral) {
+        self.address = address
+        self.adapter = adapter
+        self.central = central
+    }
+}
+
+/// How a batch runs.
+public struct BatchOptions: Sendable {
+    /// Sessions at once, over all adapters.
+    public var parallel: Int
+    /// Sessions at once on one adapter (controllers handle a limited number of connections).
+    public var perAdapter: Int
+    /// Whole-session attempts after the first, once a session's own reconnects gave up.
+    public var retries: Int
+    public var config: EngineConfig
+    public var timeouts: SessionTimeouts
+    public var reconnect: ReconnectPolicy
+    public var journal: JournalStore?
+    /// Reconnect after activation to read the version the device now runs.
+    public var readBackVersion: Bool
+
+    public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
+                timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                journal: JournalStore? = nil, readBackVersion: Bool = true) {
+        self.parallel = parallel
+        self.perAdapter = perAdapter
+        self.retries = retries
+        self.config = config
+        self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.journal = journal
+        self.readBackVersion = readBackVersion
+    }
+}
+
+/// What happened to one device.
+public struct BatchOutcome: Sendable {
+    public enum Result: Sendable {
+        case ok(OTAResult)
+        case skipped(FirmwareVersion?)
+        case failed(OTAError)
+    }
+
+    public let device: String
+    public let adapter: String?
+    public let result: Result
+    /// Sessions started (1 + retries used).
+    public let attempts: Int
+    public let seconds: Double
+    public let firmwareBefore: FirmwareVersion?
+    public let firmwareAfter: FirmwareVersion?
+
+    public var succeeded: Bool {
+        switch result {
+        case .ok, .skipped: true
+        case .failed: false
+        }
+    }
+}
+
+/// Flashes one image into many devices, several at a time, each with its own session, reconnect
+/// supervisor and retries. A device's failure never stops the others. The image is shared by all
+/// sessions, never copied per device.
+public struct BatchRunner: Sendable {
+    public let image: FirmwareImage
+    public let options: BatchOptions
+    public let clock: any MonotonicClock
+    public let logger: Logger
+
+    public init(image: FirmwareImage, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
+                logger: Logger = Logger(label: "otaflash.batch")) {
+        self.image = image
+        self.options = options
+        self.clock = clock
+        self.logger = logger
+    }
+
+    /// Runs every target and returns their outcomes in the targets' order.
+    public func run(_ targets: [BatchTarget],
+                    events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async -> [BatchOutcome] {
+        let total = Limiter(options.parallel)
+        var perAdapter: [String: Limiter] = [:]
+        for key in Set(targets.map { $0.adapter ?? "" }) { perAdapter[key] = Limiter(options.perAdapter) }
+        let adapterLimits = perAdapter
+        return await withTaskGroup(of: (Int, BatchOutcome).self) { group in
+            for (index, target) in targets.enumerated() {
+                group.addTask {
+                    let adapterLimit = adapterLimits[target.adapter ?? ""]!
+                    await adapterLimit.acquire()
+                    await total.acquire()
+                    let outcome = await flash(target, events: events)
+                    await total.release()
+                    await adapterLimit.release()
+                    return (index, outcome)
+                }
+            }
+            var outcomes = [BatchOutcome?](repeating: nil, count: targets.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
+    }
+
+    private func flash(_ target: BatchTarget, events: @escaping @Sendable (SessionEvent) -> Void) async -> BatchOutcome {
+        let started = clock.now
+        var attempt = 0
+        var lastError: OTAError?
+        var before: FirmwareVersion?
+        while attempt <= options.retries {
+            attempt += 1
+            if Task.isCancelled { break }
+            let session = OTASession(central: target.central, address: target.address, image: image, config: options.config,
+                                     timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
+                                     logger: logger)
+            do {
+                let result = try await session.run(events: events)
+                before = result.firmwareBefore
+                if result.skipped {
+                    return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .skipped(result.firmwareBefore),
+                                        attempts: attempt, seconds: (clock.now - started).seconds,
+                                        firmwareBefore: result.firmwareBefore, firmwareAfter: result.firmwareBefore)
+                }
+                let after = result.activated && options.readBackVersion ? await readVersion(target) : nil
+                return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .ok(result),
+                                    attempts: attempt, seconds: (clock.now - started).seconds,
+                                    firmwareBefore: result.firmwareBefore, firmwareAfter: after)
+            } catch {
+                lastError = error
+                logger.debug("attempt failed", metadata: ["device": "\(target.address)", "attempt": "\(attempt)", "error": "\(error)"])
+                // Only failures a new session can overcome are worth another attempt.
+                guard error.resumable, error.kind != .interrupted else { break }
+            }
+        }
+        let error = lastError ?? OTAError(.interrupted, "stopped before \(target.address) was flashed", resumable: true)
+        return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .failed(error), attempts: attempt,
+                            seconds: (clock.now - started).seconds, firmwareBefore: before, firmwareAfter: nil)
+    }
+
+    /// After activation the device reboots; read what it runs now (nil if it does not come back soon).
+    private func readVersion(_ target: BatchTarget) async -> FirmwareVersion? {
+        do {
+            let connection = try await target.central.connect(to: target.address, timeout: options.timeouts.connect)
+            defer { Task { await connection.disconnect() } }
+            let chars = try await OTASession.discover(on: connection)
+            let info = try DeviceInfo(decoding: try await connection.read(chars.info))
+            await connection.disconnect()
+            return info.firmwareVersion
+        } catch {
+            logger.debug("could not read the version back", metadata: ["device": "\(target.address)", "error": "\(error)"])
+            return nil
+        }
+    }
+}
+
+/// A counting semaphore for tasks: `acquire` waits (on a continuation) until a slot is free.
+actor Limiter {
+    private var free: Int
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    init(_ slots: Int) { free = max(1, slots) }
+
+    func acquire() async {
+        if free > 0 {
+            free -= 1
+            return
+        }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    func release() {
+        if waiting.isEmpty {
+            free += 1
+        } else {
+            waiting.removeFirst().resume()
+        }
+    }
+}
