@@ -29,11 +29,14 @@ public struct OTAPeripheralConfig: Sendable {
     public var storeDirectory: String?
     /// How long after a successful ACTIVATE the device drops the link to boot the new image.
     public var bootDelay: Duration
+    /// Called with one line per read and write and what became of it (debugging).
+    public var trace: (@Sendable (String) -> Void)?
 
     public init(name: String = "otaflash-sim", slotSize: Int = 1 << 20,
                 firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 faults: FaultPlan = .none, manufacturer: String = "otaflash", model: String = "otaflash simulate",
-                storeDirectory: String? = nil, bootDelay: Duration = .milliseconds(300)) {
+                storeDirectory: String? = nil, bootDelay: Duration = .milliseconds(300),
+                trace: (@Sendable (String) -> Void)? = nil) {
         self.name = name
         self.slotSize = slotSize
         self.firmwareVersion = firmwareVersion
@@ -42,6 +45,7 @@ public struct OTAPeripheralConfig: Sendable {
         self.model = model
         self.storeDirectory = storeDirectory
         self.bootDelay = bootDelay
+        self.trace = trace
     }
 }
 
@@ -164,7 +168,9 @@ public actor OTAPeripheral {
         if isRebooting { throw GATTServerError.failed("the device is rebooting") }
         let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
         let imageSize = Int(device.target.pending?.imageSize ?? 0)
-        switch device.receiveCommand(bytes, from: request.device) {
+        let outcome = device.receiveCommand(bytes, from: request.device)
+        config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(outcome)")
+        switch outcome {
         case .attError:
             events(.note("injected fault: control point write answered with an ATT error"))
             throw GATTServerError.failed("injected GATT error")
@@ -196,8 +202,16 @@ public actor OTAPeripheral {
 
     func data(_ bytes: [UInt8], _ request: GATTServerRequest) async {
         centralConnected(request.device)
-        if isRebooting { return }
-        switch device.receiveData(bytes, from: request.device) {
+        if isRebooting {
+            config.trace?("data write ignored while rebooting")
+            return
+        }
+        let outcome = device.receiveData(bytes, from: request.device)
+        if let trace = config.trace {
+            let offset = DataPacket.decode(bytes).map { "offset \($0.offset) +\($0.payload.count)" } ?? "\(bytes.count) B, malformed"
+            trace("data write \(offset) from \(request.device ?? "?"): \(outcome), received \(device.target.received)")
+        }
+        switch outcome {
         case .handled(let event):
             busyUntil = max(busyUntil, .now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
             if let event {

@@ -133,8 +133,12 @@ struct Simulate: AsyncParsableCommand {
         } catch {
             throw Self.failure(error, "")
         }
+        var trace: (@Sendable (String) -> Void)?
+        if output.verbose {
+            trace = { line in FileHandle.standardError.write(Data("otaflash: \(line)\n".utf8)) }
+        }
         let config = OTAPeripheralConfig(name: name, slotSize: slotSize, firmwareVersion: FirmwareVersion(firmwareVersion)!,
-                                         faults: faults.plan, storeDirectory: store)
+                                         faults: faults.plan, storeDirectory: store, trace: trace)
         let peripheral = OTAPeripheral(config: config) { Self.print($0, printer) }
         let application = PeripheralApplication(connection: host.connection, root: Self.applicationRoot,
                                                 services: peripheral.services)

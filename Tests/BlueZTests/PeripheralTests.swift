@@ -28,8 +28,28 @@ struct PeripheralTests {
 
     final class EventLog: Sendable {
         private let events = Mutex<[OTAPeripheralEvent]>([])
-        func append(_ event: OTAPeripheralEvent) { events.withLock { $0.append(event) } }
+        private let stream: AsyncStream<OTAPeripheralEvent>
+        private let continuation: AsyncStream<OTAPeripheralEvent>.Continuation
+        init() { (stream, continuation) = AsyncStream.makeStream(of: OTAPeripheralEvent.self) }
+        func append(_ event: OTAPeripheralEvent) {
+            events.withLock { $0.append(event) }
+            continuation.yield(event)
+        }
         var all: [OTAPeripheralEvent] { events.withLock { $0 } }
+
+        /// Waits for an event equal to `expected` (one waiter at a time), at most `timeout`.
+        func waitFor(_ expected: OTAPeripheralEvent, timeout: Duration = .seconds(5)) async throws {
+            let stream = self.stream
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { for await event in stream where event == expected { return } }
+                group.addTask {
+                    try await Task.sleep(for: timeout)
+                    throw PeripheralTimedOut()
+                }
+                defer { group.cancelAll() }
+                try await group.next()
+            }
+        }
     }
 
     static func serve(_ bus: PeripheralTestBus, config: OTAPeripheralConfig) async throws -> Served {
@@ -365,5 +385,34 @@ struct PeripheralTests {
         #expect(path == "\(directory)/000000ab.bin")
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["000000ab.bin"])
         #expect(throws: OTAPeripheral.StoreError.self) { try OTAPeripheral.store([1], crc: 1, in: "\(directory)/missing") }
+    }
+}
+
+extension PeripheralTests {
+    /// bluetoothd sends the writes of a characteristic flagged write-without-response with
+    /// NO_REPLY_EXPECTED set (gdbus `g_dbus_send_message`); such calls are handled like any other.
+    @Test func dataWritesSentWithoutReplyReachTheDevice() async throws {
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/busctl") else {
+            print("SKIPPED: busctl is not installed")
+            return
+        }
+        try await Self.withBus { bus in
+            let fake = try await FakeBlueZPeripheralSide.start(on: bus)
+            let served = try await Self.serve(bus, config: OTAPeripheralConfig())
+            try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.begin(.init(
+                imageSize: 16, imageCRC: 0, version: FirmwareVersion(packed: 0), restart: false)).encoded, device: Self.centralA)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/busctl")
+            process.arguments = ["--address=\(bus.address)", "call", "--expect-reply=false", fake.applicationOwner!,
+                                 fake.characteristicPath(OTAProtocol.dataUUID)!, "org.bluez.GattCharacteristic1", "WriteValue",
+                                 "aya{sv}", "8", "0", "0", "0", "0", "1", "2", "3", "4", "1", "device", "o", Self.centralA]
+            try process.run()
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0)
+            try await served.events.waitFor(.progress(central: Self.centralA, received: 4, total: 16))
+            #expect(await served.peripheral.device.target.received == 4)
+            await served.host.close()
+            await fake.connection.close()
+        }
     }
 }

@@ -67,10 +67,17 @@ fi
 step "serving: $(grep -m1 '"event":"serving"' "$SIM_OUT")"
 
 # ------------------------------------------------------------------ 2. scan
-scan=$(timeout 60 "$OTAFLASH" scan --adapter "$CENTRAL_HCI" --ota-only --json --timeout 8 2>"$RESULTS_DIR/scan.stderr") ||
-	fail "otaflash scan failed ($?): $(tail -n 1 "$RESULTS_DIR/scan.stderr")"
-printf '%s\n' "$scan" >"$RESULTS_DIR/scan.jsonl"
-line=$(grep '"event":"device"' <<<"$scan" | grep -i "\"address\":\"$PERIPHERAL_ADDR\"" || true)
+# Two attempts: the first scan right after registration has been seen to miss the
+# advertisement once.
+line=
+for attempt in 1 2; do
+	scan=$(timeout 60 "$OTAFLASH" scan --adapter "$CENTRAL_HCI" --ota-only --json --timeout 8 2>"$RESULTS_DIR/scan.stderr") ||
+		fail "otaflash scan failed ($?): $(tail -n 1 "$RESULTS_DIR/scan.stderr")"
+	printf '%s\n' "$scan" >>"$RESULTS_DIR/scan.jsonl"
+	line=$(grep '"event":"device"' <<<"$scan" | grep -i "\"address\":\"$PERIPHERAL_ADDR\"" || true)
+	[ -z "$line" ] || break
+	step "scan attempt $attempt did not list $PERIPHERAL_ADDR"
+done
 if [ -z "$line" ]; then
 	# What was on the air, for the log.
 	timeout 30 "$OTAFLASH" scan --adapter "$CENTRAL_HCI" --json --timeout 5 >"$RESULTS_DIR/scan-all.jsonl" 2>&1 || true
@@ -94,6 +101,12 @@ if [ "$rc" -ne 0 ]; then
 		FLASHED=0
 	else
 		tail -n 5 "$RESULTS_DIR/flash.stderr" || true
+		chunk=$(sed -n 's/.*"event":"connected".*"chunk":\([0-9]*\).*/\1/p' "$RESULTS_DIR/flash.jsonl" | head -n 1)
+		if ! grep -q "data write" "$SIM_ERR" && [ -n "$chunk" ] && [ $((chunk + 4)) -gt 508 ]; then
+			# bluetoothd 5.66 drops a Write Command whose PDU (2-byte handle + value) exceeds
+			# 512 bytes without telling anyone (src/shared/gatt-server.c, write_cb/check_length).
+			step "no data write reached the GATT application: ${chunk}-byte chunks make $((chunk + 4))-byte values, above what bluetoothd accepts (510 + handle <= 512)"
+		fi
 		fail "flashing exited with $rc: ${done_line:-no done event}"
 	fi
 else
