@@ -197,6 +197,13 @@ public struct OTAEngine: Sendable {
         case .commandFailed(let error):
             // A write that failed because the link is gone: the disconnect event follows.
             if error.code == .notConnected { return [] }
+            // A device serving another central refuses our writes with ATT 0x89 (docs/PROTOCOL.md,
+            // "One transfer at a time").
+            if error.attError == ATTError(rawValue: 0x89) {
+                inFlight = nil
+                return fail(OTAError(.protocolError, "the device is busy with another central's transfer",
+                                     hint: "wait for it to finish, then run the same command again", resumable: true))
+            }
             // The device wants pairing: sending again cannot help.
             if error.code == .notAuthorized || error.code == .permissionDenied {
                 inFlight = nil

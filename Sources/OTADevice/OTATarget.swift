@@ -209,7 +209,12 @@ public struct OTATarget: Sendable {
         let end = offset + payload.count
         guard end <= Int(pending.imageSize) else { return nil }
         if offset > received {
-            guard !gapReported else { return nil }
+            // Ahead of a hole: a reordered packet (EATT spreads write commands over several
+            // bearers) or one after a lost packet. Keep it; report the hole only once it persists.
+            flash.replaceSubrange(offset..<end, with: payload)
+            rot(offset..<end)
+            insertAhead(offset..<end)
+            guard !gapReported, aheadBytes > Self.gapAllowance else { return nil }
             gapReported = true
             return DeviceEvent.gap(expectedOffset: UInt32(received), crc: runningCRC.value).encoded
         }
@@ -217,13 +222,49 @@ public struct OTATarget: Sendable {
         let fresh = payload.dropFirst(received - offset)
         flash.replaceSubrange(received..<end, with: fresh)
         runningCRC.update(fresh)
-        if let flip = flashBitFlipAt, (received..<end).contains(flip) {
+        rot(received..<end)
+        received = end
+        absorbAhead()
+        gapReported = false
+        return nil
+    }
+
+    /// Bytes held beyond a hole before the device reports the hole (docs/PROTOCOL.md, "Data
+    /// characteristic"): more than reordering between bearers produces.
+    public static let gapAllowance = 4096
+
+    /// Data held beyond `received`, as disjoint ranges in ascending order.
+    private var ahead: [Range<Int>] = []
+    private var aheadBytes: Int { ahead.reduce(0) { $0 + $1.count } }
+
+    private mutating func insertAhead(_ range: Range<Int>) {
+        var merged = range
+        ahead.removeAll { r in
+            guard r.overlaps(merged) || r.upperBound == merged.lowerBound || merged.upperBound == r.lowerBound else { return false }
+            merged = min(r.lowerBound, merged.lowerBound)..<max(r.upperBound, merged.upperBound)
+            return true
+        }
+        let i = ahead.firstIndex { $0.lowerBound > merged.lowerBound } ?? ahead.count
+        ahead.insert(merged, at: i)
+    }
+
+    /// Moves `received` over data already held ahead of it, now that the hole before it is filled.
+    private mutating func absorbAhead() {
+        while let first = ahead.first, first.lowerBound <= received {
+            if first.upperBound > received {
+                runningCRC.update(flash[received..<first.upperBound])
+                received = first.upperBound
+            }
+            ahead.removeFirst()
+        }
+    }
+
+    /// The flash bit-flip fault, when its byte was just written.
+    private mutating func rot(_ range: Range<Int>) {
+        if let flip = flashBitFlipAt, range.contains(flip) {
             flash[flip] ^= 0x01
             flashBitFlipAt = nil
         }
-        received = end
-        gapReported = false
-        return nil
     }
 
     /// Power cycle: data after the last committed checkpoint is lost; the rest stays.
@@ -250,6 +291,7 @@ public struct OTATarget: Sendable {
     private mutating func truncate(to offset: Int, crc: UInt32) {
         received = offset
         runningCRC = CRC32(value: crc)
+        ahead.removeAll()
         gapReported = false
     }
 
@@ -262,6 +304,7 @@ public struct OTATarget: Sendable {
         committedCRC = 0
         state = .idle
         owner = nil
+        ahead.removeAll()
         gapReported = false
     }
 }

@@ -20,9 +20,14 @@ public enum OTAProtocol {
     /// The smallest ATT MTU (Core Spec Vol 3, Part F, 3.2.8).
     public static let minimumMTU = 23
 
-    /// Image bytes one data packet carries at this ATT MTU: `mtu - 3 - 4`.
+    /// The longest value one write may carry. An attribute value is at most 512 bytes (Core Spec
+    /// Vol 3, Part F, 3.2.9), and BlueZ 5.66 counts the 2-byte handle against that limit and
+    /// silently drops longer write commands, so a write carries at most 510.
+    public static let maximumWriteValue = 510
+
+    /// Image bytes one data packet carries at this ATT MTU: `min(mtu - 3, 510) - 4`.
     public static func chunkSize(mtu: Int) -> Int {
-        max(0, mtu - attWriteOverhead - dataHeaderSize)
+        max(0, min(mtu - attWriteOverhead, maximumWriteValue) - dataHeaderSize)
     }
 }
 

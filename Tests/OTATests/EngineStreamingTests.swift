@@ -10,10 +10,10 @@ struct EngineStreamingTests {
 
     static let mtus = [23, 24, 27, 28, 185, 247, 251, 512, 517]
 
-    /// A data packet carries `mtu - 3 - 4` image bytes; the last one carries what is left.
+    /// A data packet carries `min(mtu - 3, 510) - 4` image bytes; the last one carries what is left.
     @Test(arguments: mtus)
     func packetsCarryMTUMinusSevenBytesAndTheLastOneTheRest(mtu: Int) throws {
-        let chunk = mtu - 3 - 4
+        let chunk = min(mtu - 3, 510) - 4
         let size = chunk * 37 + chunk / 2 + 1
         let image = testImage(size, seed: UInt64(mtu))
         let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: 1024), mtu: mtu)
@@ -24,14 +24,16 @@ struct EngineStreamingTests {
         #expect(last.offset + last.count == size)
         // A packet (4-byte offset + payload) always fits one ATT write of `mtu - 3` bytes.
         #expect(t.packets.allSatisfy { $0.count + OTAProtocol.dataHeaderSize <= mtu - OTAProtocol.attWriteOverhead })
+        // ... and never exceeds the 510-byte write value BlueZ accepts.
+        #expect(t.packets.allSatisfy { $0.count + OTAProtocol.dataHeaderSize <= OTAProtocol.maximumWriteValue })
     }
 
     @Test(arguments: mtus)
     func engineReportsTheChunkSizeItUses(mtu: Int) {
         var engine = OTAEngine(image: testImage(4096))
         engine.connectAndBegin(mtu: mtu)
-        #expect(engine.chunkSize == mtu - 7)
-        #expect(engine.nextStreamStep() == .data(offset: 0, count: mtu - 7))
+        #expect(engine.chunkSize == OTAProtocol.chunkSize(mtu: mtu))
+        #expect(engine.nextStreamStep() == .data(offset: 0, count: OTAProtocol.chunkSize(mtu: mtu)))
     }
 
     @Test(arguments: mtus)

@@ -54,8 +54,8 @@ struct SimulatedSessionTests {
         let device = simulatedDevice(link: LinkModel(mtu: mtu))
         let result = try await flash(image, to: device, config: Self.config).get()
         #expect(result.mtu == mtu)
-        #expect(result.chunkSize == mtu - 7)
-        #expect(result.stats.packets == (image.size + mtu - 8) / (mtu - 7))
+        #expect(result.chunkSize == OTAProtocol.chunkSize(mtu: mtu))
+        #expect(result.stats.packets == (image.size + OTAProtocol.chunkSize(mtu: mtu) - 1) / OTAProtocol.chunkSize(mtu: mtu))
         #expect(device.activatedImage == image.bytes)
     }
 
