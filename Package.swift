@@ -49,8 +49,10 @@ let package = Package(
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
-        .testTarget(name: "DBusTests", dependencies: ["DBus"]),
-        .testTarget(name: "BlueZTests", dependencies: ["BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI"], exclude: ["fake_bluez"]),
+        // Test tools shared by the test targets: child processes, a private dbus-daemon.
+        .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
+        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
+        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI"], exclude: ["fake_bluez"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
     ],
     swiftLanguageModes: [.v6]

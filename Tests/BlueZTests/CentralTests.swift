@@ -3,6 +3,7 @@ import Foundation
 import GATT
 import OTAFlashCLI
 import OTAWire
+import TestSupport
 import Testing
 
 /// The BlueZ central against a fake `org.bluez` (Tests/BlueZTests/fake_bluez) on a private

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -14,105 +15,9 @@ let centralTestPackageRoot: String = {
     return url.path
 }()
 
-struct HarnessError: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
-}
+func centralTestMilliseconds() -> Int64 { monotonicMilliseconds() }
 
-/// A spawned child process whose stdout we read line by line; stopped with SIGKILL by PID.
-final class SpawnedProcess: Sendable {
-    let pid: pid_t
-    let stdoutFD: Int32
-    private let stopped = Mutex(false)
-
-    private init(pid: pid_t, stdoutFD: Int32) {
-        self.pid = pid
-        self.stdoutFD = stdoutFD
-    }
-
-    /// Spawns `arguments[0]` with an empty signal mask and default dispositions, stdout on a pipe,
-    /// stderr to `stderrPath` (or inherited).
-    static func spawn(_ arguments: [String], stderrPath: String? = nil) throws -> SpawnedProcess {
-        var pipeFDs: [Int32] = [0, 0]
-        guard pipe(&pipeFDs) == 0 else { throw HarnessError("pipe failed") }
-        let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_adddup2(&actions, writeEnd, 1)
-        posix_spawn_file_actions_addclose(&actions, readEnd)
-        posix_spawn_file_actions_addclose(&actions, writeEnd)
-        if let stderrPath {
-            posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-        }
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var emptyMask = sigset_t()
-        sigemptyset(&emptyMask)
-        posix_spawnattr_setsigmask(&attributes, &emptyMask)
-        var allSignals = sigset_t()
-        sigfillset(&allSignals)
-        posix_spawnattr_setsigdefault(&attributes, &allSignals)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        defer { for pointer in argv { free(pointer) } }
-        var pid: pid_t = 0
-        let status = posix_spawn(&pid, arguments[0], &actions, &attributes, &argv, environ)
-        close(writeEnd)
-        guard status == 0 else {
-            close(readEnd)
-            throw HarnessError("posix_spawn(\(arguments[0])) failed: \(String(cString: strerror(status)))")
-        }
-        return SpawnedProcess(pid: pid, stdoutFD: readEnd)
-    }
-
-    /// Reads stdout until a line satisfying `accept` arrives, at most `timeoutMilliseconds`.
-    func waitForLine(timeoutMilliseconds: Int32, _ accept: (String) -> Bool) -> String? {
-        var buffer: [UInt8] = []
-        var left = timeoutMilliseconds
-        while left > 0 {
-            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
-                let line = String(decoding: buffer[..<newline], as: UTF8.self)
-                buffer.removeSubrange(...newline)
-                if accept(line) { return line }
-                continue
-            }
-            var pfd = pollfd(fd: stdoutFD, events: Int16(POLLIN), revents: 0)
-            let started = centralTestMilliseconds()
-            let ready = poll(&pfd, 1, left)
-            left -= Int32(centralTestMilliseconds() - started)
-            guard ready > 0 else { continue }
-            var chunk = [UInt8](repeating: 0, count: 4096)
-            let count = read(stdoutFD, &chunk, chunk.count)
-            if count <= 0 { return nil }
-            buffer += chunk[0..<count]
-        }
-        return nil
-    }
-
-    func stop() {
-        guard stopped.withLock({ (done: inout Bool) -> Bool in defer { done = true }; return !done }) else { return }
-        kill(pid, SIGKILL)
-        waitpid(pid, nil, 0)
-        close(stdoutFD)
-    }
-}
-
-func centralTestMilliseconds() -> Int64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
-}
-
-func centralTestFindExecutable(_ name: String) -> String? {
-    let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
-    for directory in path.split(separator: ":") + ["/usr/bin", "/bin"] {
-        let candidate = "\(directory)/\(name)"
-        if access(candidate, X_OK) == 0 { return candidate }
-    }
-    return nil
-}
+func centralTestFindExecutable(_ name: String) -> String? { findExecutable(name) }
 
 /// Runs a command to completion (for the one-time Python setup); returns its exit status.
 func centralTestRun(_ arguments: [String]) -> Int32 {
@@ -158,7 +63,7 @@ enum FakePython {
 
 /// A private dbus-daemon plus, optionally, the fake bluetoothd on it.
 final class FakeBlueZ: Sendable {
-    let bus: SpawnedProcess
+    let bus: PrivateBus
     let address: String
     let fake: SpawnedProcess?
     let directory: String
@@ -167,7 +72,7 @@ final class FakeBlueZ: Sendable {
     var imagePath: String { "\(directory)/activated.bin" }
     var stderrPath: String { "\(directory)/fake.stderr" }
 
-    private init(bus: SpawnedProcess, address: String, fake: SpawnedProcess?, directory: String) {
+    private init(bus: PrivateBus, address: String, fake: SpawnedProcess?, directory: String) {
         self.bus = bus
         self.address = address
         self.fake = fake
@@ -185,34 +90,12 @@ final class FakeBlueZ: Sendable {
     ///
     /// - Parameter denyBlueZ: the bus policy refuses calls to org.bluez (AccessDenied).
     static func start(_ arguments: [String] = [], fake startFake: Bool = true, denyBlueZ: Bool = false) throws -> FakeBlueZ {
-        guard let daemon = centralTestFindExecutable("dbus-daemon") else { throw HarnessError("dbus-daemon is not installed") }
-        var template = Array("/tmp/otaflash-bluez-XXXXXX".utf8CString)
-        guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
-        let directory = String(cString: made)
-        let deny = denyBlueZ ? #"<deny send_destination="org.bluez"/>"# : ""
-        let config = """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig>
-              <type>session</type>
-              <listen>unix:path=\(directory)/bus</listen>
-              <auth>EXTERNAL</auth>
-              <policy context="default">
-                <allow send_destination="*" eavesdrop="true"/>
-                <allow eavesdrop="true"/>
-                <allow own="*"/>
-                \(deny)
-              </policy>
-              <limit name="max_replies_per_connection">100000</limit>
-            </busconfig>
-            """
-        try config.write(toFile: "\(directory)/bus.conf", atomically: true, encoding: .utf8)
-        let bus = try SpawnedProcess.spawn([daemon, "--config-file=\(directory)/bus.conf", "--print-address=1", "--nofork", "--nopidfile"],
-                                  stderrPath: "/dev/null")
-        guard let address = bus.waitForLine(timeoutMilliseconds: 5000, { !$0.isEmpty }) else {
-            bus.stop()
-            throw HarnessError("dbus-daemon did not print its address in time")
+        guard let privateBus = try PrivateBus.start(denying: denyBlueZ ? ["org.bluez"] : []) else {
+            throw HarnessError("dbus-daemon is not installed")
         }
+        let bus = privateBus
+        let address = privateBus.address
+        let directory = privateBus.directory
         guard startFake else { return FakeBlueZ(bus: bus, address: address, fake: nil, directory: directory) }
         let python: String
         switch FakePython.resolved {
@@ -243,7 +126,6 @@ final class FakeBlueZ: Sendable {
     func stop() {
         fake?.stop()
         bus.stop()
-        try? FileManager.default.removeItem(atPath: directory)
     }
 }
 

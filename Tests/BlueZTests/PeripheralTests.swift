@@ -6,6 +6,7 @@ import OTADevice
 import OTAFlashCLI
 import OTAWire
 import Synchronization
+import TestSupport
 import Testing
 
 /// Peripheral mode against a stand-in bluetoothd on a private dbus-daemon: the stand-in reads the
@@ -44,7 +45,7 @@ struct PeripheralTests {
                 group.addTask { for await event in stream where event == expected { return } }
                 group.addTask {
                     try await Task.sleep(for: timeout)
-                    throw PeripheralTimedOut()
+                    throw TimedOut()
                 }
                 defer { group.cancelAll() }
                 try await group.next()
@@ -75,13 +76,13 @@ struct PeripheralTests {
 
     static func temporaryDirectory() throws -> String {
         var template = Array("/tmp/otaflash-store-XXXXXX".utf8CString)
-        guard let made = mkdtemp(&template) else { throw PeripheralTestBus.Failure(description: "mkdtemp failed") }
+        guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
         return String(cString: made)
     }
 
     static func response(_ bytes: [UInt8]?) throws -> ControlResponse {
         guard let bytes, case .response(let r) = try ControlNotification(decoding: bytes) else {
-            throw PeripheralTestBus.Failure(description: "expected a reply, got \(bytes.map { "\($0)" } ?? "nothing")")
+            throw HarnessError("expected a reply, got \(bytes.map { "\($0)" } ?? "nothing")")
         }
         return r
     }

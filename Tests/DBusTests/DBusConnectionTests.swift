@@ -1,5 +1,6 @@
 import DBus
 import Synchronization
+import TestSupport
 import Testing
 
 #if canImport(Glibc)

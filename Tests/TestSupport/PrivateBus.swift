@@ -1,0 +1,67 @@
+import DBus
+import Foundation
+
+/// A private `dbus-daemon` for one test, listening on a unix socket in a temporary folder; its
+/// address is read from `--print-address` with a timeout and it is stopped with SIGKILL by PID.
+public final class PrivateBus: Sendable {
+    public let address: String
+    public let directory: String
+    private let process: SpawnedProcess
+
+    public var pid: Int32 { process.pid }
+
+    private init(address: String, directory: String, process: SpawnedProcess) {
+        self.address = address
+        self.directory = directory
+        self.process = process
+    }
+
+    /// Starts a daemon, or returns nil after printing why when dbus-daemon is not installed.
+    ///
+    /// - Parameter denying: bus names whose methods the policy refuses (AccessDenied), to provoke
+    ///   permission errors.
+    public static func start(denying: [String] = [], timeoutMilliseconds: Int32 = 5000) throws -> PrivateBus? {
+        guard let daemon = findExecutable("dbus-daemon") else {
+            print("SKIPPED: dbus-daemon is not installed (apt-get install dbus-daemon); this D-Bus test was not run")
+            return nil
+        }
+        var template = Array("/tmp/otaflash-bus-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
+        let directory = String(cString: made)
+        let deny = denying.map { #"<deny send_destination="\#($0)"/>"# }.joined()
+        let config = """
+            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+            <busconfig>
+              <type>session</type>
+              <listen>unix:path=\(directory)/bus</listen>
+              <auth>EXTERNAL</auth>
+              <policy context="default">
+                <allow send_destination="*" eavesdrop="true"/>
+                <allow eavesdrop="true"/>
+                <allow own="*"/>
+                \(deny)
+              </policy>
+              <limit name="max_replies_per_connection">100000</limit>
+            </busconfig>
+            """
+        try config.write(toFile: "\(directory)/bus.conf", atomically: true, encoding: .utf8)
+        let process = try SpawnedProcess.spawn([daemon, "--config-file=\(directory)/bus.conf", "--print-address=1", "--nofork", "--nopidfile"],
+                                               stderrPath: "/dev/null")
+        guard let address = process.waitForLine(timeoutMilliseconds: timeoutMilliseconds, { !$0.isEmpty }) else {
+            process.stop()
+            try? FileManager.default.removeItem(atPath: directory)
+            throw HarnessError("dbus-daemon did not print its address within \(timeoutMilliseconds) ms")
+        }
+        return PrivateBus(address: address, directory: directory, process: process)
+    }
+
+    public func stop() {
+        process.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    public func connect() async throws -> DBusConnection {
+        try await DBusConnection.connect(address: address)
+    }
+}

@@ -1,0 +1,133 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// A failure of the test machinery itself (not of the code under test).
+public struct HarnessError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// A child process whose stdout is read line by line; stopped with SIGKILL by PID.
+///
+/// Spawned with an empty signal mask and default dispositions: a child started from a thread that
+/// blocks SIGTERM would otherwise inherit that and ignore `terminate()` (shared/notes/libdbus-swift.md).
+public final class SpawnedProcess: Sendable {
+    public let pid: pid_t
+    public let stdoutFD: Int32
+    private let stopped = Mutex(false)
+
+    private init(pid: pid_t, stdoutFD: Int32) {
+        self.pid = pid
+        self.stdoutFD = stdoutFD
+    }
+
+    /// Spawns `arguments[0]` with stdout on a pipe and stderr to `stderrPath` (or inherited).
+    public static func spawn(_ arguments: [String], stderrPath: String? = nil) throws -> SpawnedProcess {
+        var pipeFDs: [Int32] = [0, 0]
+        guard pipe(&pipeFDs) == 0 else { throw HarnessError("pipe failed") }
+        let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, writeEnd, 1)
+        posix_spawn_file_actions_addclose(&actions, readEnd)
+        posix_spawn_file_actions_addclose(&actions, writeEnd)
+        if let stderrPath {
+            posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+        }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var emptyMask = sigset_t()
+        sigemptyset(&emptyMask)
+        posix_spawnattr_setsigmask(&attributes, &emptyMask)
+        var allSignals = sigset_t()
+        sigfillset(&allSignals)
+        posix_spawnattr_setsigdefault(&attributes, &allSignals)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var pid: pid_t = 0
+        let status = posix_spawn(&pid, arguments[0], &actions, &attributes, &argv, environ)
+        close(writeEnd)
+        guard status == 0 else {
+            close(readEnd)
+            throw HarnessError("posix_spawn(\(arguments[0])) failed: \(String(cString: strerror(status)))")
+        }
+        return SpawnedProcess(pid: pid, stdoutFD: readEnd)
+    }
+
+    /// Reads stdout until a line satisfying `accept` arrives, at most `timeoutMilliseconds`.
+    public func waitForLine(timeoutMilliseconds: Int32, _ accept: (String) -> Bool) -> String? {
+        var buffer: [UInt8] = []
+        var left = timeoutMilliseconds
+        while left > 0 {
+            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: buffer[..<newline], as: UTF8.self)
+                buffer.removeSubrange(...newline)
+                if accept(line) { return line }
+                continue
+            }
+            var pfd = pollfd(fd: stdoutFD, events: Int16(POLLIN), revents: 0)
+            let started = monotonicMilliseconds()
+            let ready = poll(&pfd, 1, left)
+            left -= Int32(monotonicMilliseconds() - started)
+            guard ready > 0 else { continue }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let count = read(stdoutFD, &chunk, chunk.count)
+            if count <= 0 { return nil }
+            buffer += chunk[0..<count]
+        }
+        return nil
+    }
+
+    /// Kills the process (once; later calls do nothing, so a reused PID is never hit).
+    public func stop() {
+        guard stopped.withLock({ (done: inout Bool) -> Bool in defer { done = true }; return !done }) else { return }
+        kill(pid, SIGKILL)
+        waitpid(pid, nil, 0)
+        close(stdoutFD)
+    }
+}
+
+public func monotonicMilliseconds() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}
+
+/// The first `name` on PATH (or in /usr/bin, /bin) that can be executed.
+public func findExecutable(_ name: String) -> String? {
+    let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
+    for directory in path.split(separator: ":") + ["/usr/bin", "/bin"] {
+        let candidate = "\(directory)/\(name)"
+        if access(candidate, X_OK) == 0 { return candidate }
+    }
+    return nil
+}
+
+public struct TimedOut: Error {
+    public init() {}
+}
+
+/// The next element of a stream, or `TimedOut` after `timeout`.
+public func nextElement<T: Sendable>(_ stream: AsyncStream<T>, timeout: Duration = .seconds(5)) async throws -> T? {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask {
+            var iterator = stream.makeAsyncIterator()
+            return await iterator.next()
+        }
+        group.addTask {
+            try await Task.sleep(for: timeout)
+            throw TimedOut()
+        }
+        defer { group.cancelAll() }
+        return try await group.next()!
+    }
+}
