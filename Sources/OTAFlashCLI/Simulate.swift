@@ -8,58 +8,6 @@ import OTADevice
 import OTAWire
 import Synchronization
 
-/// Faults `otaflash simulate` injects. The option names are those of the in-process simulator
-/// (`SimulatorOptions`), so a fault means the same thing on either.
-struct PeripheralFaultOptions: ParsableArguments {
-    @Option(name: .customLong("sim-seed"), help: "Seed of the fault generator; the same seed replays the same faults.")
-    var seed: UInt64 = 1
-
-    @Option(name: .customLong("sim-drop-rate"), help: "Fraction (0–1) of data packets the device drops.")
-    var dropRate: Double = 0
-
-    @Option(name: .customLong("sim-disconnect-at"), help: "Drop the link when the device receives this image offset (repeatable).")
-    var disconnectAt: [Int] = []
-
-    @Option(name: .customLong("sim-reboot-at"), help: "Power-cycle the device when it receives this offset (repeatable).")
-    var rebootAt: [Int] = []
-
-    @Option(name: .customLong("sim-corrupt-at"), help: "Flip the byte at this offset as it arrives (repeatable).")
-    var corruptAt: [Int] = []
-
-    @Option(name: .customLong("sim-corrupt-rate"), help: "Fraction (0–1) of data packets corrupted as they arrive.")
-    var corruptRate: Double = 0
-
-    @Option(name: .customLong("sim-gatt-error-rate"), help: "Fraction (0–1) of control point writes answered with an ATT error.")
-    var gattErrorRate: Double = 0
-
-    @Option(name: .customLong("sim-lost-notification-rate"), help: "Fraction (0–1) of replies not notified.")
-    var lostNotificationRate: Double = 0
-
-    @Option(name: .customLong("sim-slow-flash-ms"), help: "Extra flash time per KiB, in milliseconds.")
-    var slowFlashMs: Double = 0
-
-    @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
-    var flashBitflipAt: Int?
-
-    func validate() throws {
-        for (name, rate) in [("--sim-drop-rate", dropRate), ("--sim-corrupt-rate", corruptRate),
-                             ("--sim-gatt-error-rate", gattErrorRate), ("--sim-lost-notification-rate", lostNotificationRate)] {
-            guard (0...1).contains(rate) else { throw ValidationError("\(name) must be a fraction between 0 and 1, got \(rate)") }
-        }
-        guard slowFlashMs >= 0 else { throw ValidationError("--sim-slow-flash-ms must not be negative") }
-        for offset in disconnectAt + rebootAt + corruptAt + (flashBitflipAt.map { [$0] } ?? []) where offset < 0 {
-            throw ValidationError("fault offsets must not be negative, got \(offset)")
-        }
-    }
-
-    var plan: FaultPlan {
-        FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
-                  corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
-                  lostNotificationRate: lostNotificationRate,
-                  slowFlashPerKiB: .microseconds(Int64(slowFlashMs * 1000)), flashBitFlipAt: flashBitflipAt)
-    }
-}
-
 struct Simulate: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Serve an OTA target through BlueZ: this machine's adapter becomes a device otaflash can update.",
@@ -92,7 +40,7 @@ struct Simulate: AsyncParsableCommand {
     var store: String?
 
     @OptionGroup(title: "Faults")
-    var faults: PeripheralFaultOptions
+    var faults: FaultOptions
 
     @OptionGroup var output: OutputOptions
 
@@ -124,7 +72,7 @@ struct Simulate: AsyncParsableCommand {
         if let store { try Self.prepareStore(store) }
         // Signals first: a SIGINT during setup still ends in a clean teardown.
         let stop = StopLatch()
-        let signals = SignalWatch { stop.fire(.signal($0)) }
+        let signals = InterruptHandler { stop.fire(.signal($0)) }
         defer { signals.cancel() }
 
         let host: PeripheralHost
@@ -296,25 +244,3 @@ final class StopLatch: Sendable {
     }
 }
 
-/// SIGINT and SIGTERM through `DispatchSource` signal sources (the default dispositions are
-/// ignored while it exists, so nothing runs in signal context).
-final class SignalWatch {
-    private let sources: [any DispatchSourceSignal]
-
-    init(_ handler: @escaping @Sendable (Int32) -> Void) {
-        let queue = DispatchQueue(label: "otaflash.simulate.signals")
-        sources = [SIGINT, SIGTERM].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
-            source.setEventHandler { handler(number) }
-            source.resume()
-            return source
-        }
-    }
-
-    func cancel() {
-        for source in sources { source.cancel() }
-        signal(SIGINT, SIG_DFL)
-        signal(SIGTERM, SIG_DFL)
-    }
-}

@@ -5,11 +5,14 @@ import Simulator
 
 /// Options of the built-in simulated peripheral: its link model and the faults it injects.
 public struct SimulatorOptions: ParsableArguments {
+    @OptionGroup(title: "Simulated faults")
+    public var faultOptions: FaultOptions
+
+    /// Seed of the fault generator (also seeds the reconnect jitter).
+    public var seed: UInt64 { faultOptions.seed }
+
     @Flag(name: .customLong("simulator"), help: "Flash the built-in simulated peripheral instead of a Bluetooth device.")
     public var enabled = false
-
-    @Option(name: .customLong("sim-seed"), help: "Seed of the simulator's fault generator; the same seed replays the same faults.")
-    public var seed: UInt64 = 1
 
     @Option(name: .customLong("sim-mtu"), help: "Negotiated ATT MTU (23–517).")
     public var mtu: Int = 247
@@ -32,33 +35,6 @@ public struct SimulatorOptions: ParsableArguments {
     @Option(name: .customLong("sim-firmware-version"), help: "Firmware version the device reports before the update.")
     public var firmwareVersion: String = "1.0.0"
 
-    @Option(name: .customLong("sim-drop-rate"), help: "Fraction (0–1) of data packets the device drops.")
-    public var dropRate: Double = 0
-
-    @Option(name: .customLong("sim-disconnect-at"), help: "Drop the link when the device receives this image offset (repeatable).")
-    public var disconnectAt: [Int] = []
-
-    @Option(name: .customLong("sim-reboot-at"), help: "Power-cycle the device when it receives this offset (repeatable).")
-    public var rebootAt: [Int] = []
-
-    @Option(name: .customLong("sim-corrupt-at"), help: "Flip the byte at this offset in transit (repeatable).")
-    public var corruptAt: [Int] = []
-
-    @Option(name: .customLong("sim-corrupt-rate"), help: "Fraction (0–1) of data packets corrupted in transit.")
-    public var corruptRate: Double = 0
-
-    @Option(name: .customLong("sim-gatt-error-rate"), help: "Fraction (0–1) of control point writes answered with an ATT error.")
-    public var gattErrorRate: Double = 0
-
-    @Option(name: .customLong("sim-lost-notification-rate"), help: "Fraction (0–1) of notifications lost.")
-    public var lostNotificationRate: Double = 0
-
-    @Option(name: .customLong("sim-slow-flash-ms"), help: "Extra flash time per KiB, in milliseconds.")
-    public var slowFlashMs: Double = 0
-
-    @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
-    public var flashBitflipAt: Int?
-
     @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"))
     public var stateDir: String?
 
@@ -77,15 +53,7 @@ public struct SimulatorOptions: ParsableArguments {
         guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
         guard slotSize > 0 else { throw ValidationError("--sim-slot-size must be positive, got \(slotSize)") }
         guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
-        for (name, rate) in [("--sim-drop-rate", dropRate), ("--sim-corrupt-rate", corruptRate),
-                             ("--sim-gatt-error-rate", gattErrorRate), ("--sim-lost-notification-rate", lostNotificationRate)] {
-            guard (0...1).contains(rate) else { throw ValidationError("\(name) must be a fraction between 0 and 1, got \(rate)") }
-        }
         if let ppe = packetsPerEvent, ppe < 1 { throw ValidationError("--sim-packets-per-event must be at least 1") }
-        guard slowFlashMs >= 0 else { throw ValidationError("--sim-slow-flash-ms must not be negative") }
-        for offset in disconnectAt + rebootAt + corruptAt where offset < 0 {
-            throw ValidationError("fault offsets must not be negative, got \(offset)")
-        }
     }
 
     public var link: LinkModel {
@@ -94,12 +62,7 @@ public struct SimulatorOptions: ParsableArguments {
                   timed: time != "unlimited")
     }
 
-    public var faults: FaultPlan {
-        FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
-                  corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
-                  lostNotificationRate: lostNotificationRate,
-                  slowFlashPerKiB: .microseconds(Int64(slowFlashMs * 1000)), flashBitFlipAt: flashBitflipAt)
-    }
+    public var faults: FaultPlan { faultOptions.plan }
 
     /// The simulated device at `address`.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
@@ -131,4 +94,58 @@ public struct SimulatorOptions: ParsableArguments {
     }
 
     public static let defaultAddress = DeviceAddress("C0:FF:EE:00:00:01")!
+}
+
+/// Faults a simulated device injects, in process (`--simulator`) or served through BlueZ
+/// (`otaflash simulate`): one set of names, so a fault means the same thing on either.
+public struct FaultOptions: ParsableArguments {
+    public init() {}
+
+    @Option(name: .customLong("sim-seed"), help: "Seed of the fault generator; the same seed replays the same faults.")
+    var seed: UInt64 = 1
+
+    @Option(name: .customLong("sim-drop-rate"), help: "Fraction (0–1) of data packets the device drops.")
+    var dropRate: Double = 0
+
+    @Option(name: .customLong("sim-disconnect-at"), help: "Drop the link when the device receives this image offset (repeatable).")
+    var disconnectAt: [Int] = []
+
+    @Option(name: .customLong("sim-reboot-at"), help: "Power-cycle the device when it receives this offset (repeatable).")
+    var rebootAt: [Int] = []
+
+    @Option(name: .customLong("sim-corrupt-at"), help: "Flip the byte at this offset as it arrives (repeatable).")
+    var corruptAt: [Int] = []
+
+    @Option(name: .customLong("sim-corrupt-rate"), help: "Fraction (0–1) of data packets corrupted as they arrive.")
+    var corruptRate: Double = 0
+
+    @Option(name: .customLong("sim-gatt-error-rate"), help: "Fraction (0–1) of control point writes answered with an ATT error.")
+    var gattErrorRate: Double = 0
+
+    @Option(name: .customLong("sim-lost-notification-rate"), help: "Fraction (0–1) of replies not notified.")
+    var lostNotificationRate: Double = 0
+
+    @Option(name: .customLong("sim-slow-flash-ms"), help: "Extra flash time per KiB, in milliseconds.")
+    var slowFlashMs: Double = 0
+
+    @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
+    var flashBitflipAt: Int?
+
+    public func validate() throws {
+        for (name, rate) in [("--sim-drop-rate", dropRate), ("--sim-corrupt-rate", corruptRate),
+                             ("--sim-gatt-error-rate", gattErrorRate), ("--sim-lost-notification-rate", lostNotificationRate)] {
+            guard (0...1).contains(rate) else { throw ValidationError("\(name) must be a fraction between 0 and 1, got \(rate)") }
+        }
+        guard slowFlashMs >= 0 else { throw ValidationError("--sim-slow-flash-ms must not be negative") }
+        for offset in disconnectAt + rebootAt + corruptAt + (flashBitflipAt.map { [$0] } ?? []) where offset < 0 {
+            throw ValidationError("fault offsets must not be negative, got \(offset)")
+        }
+    }
+
+    public var plan: FaultPlan {
+        FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
+                  corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
+                  lostNotificationRate: lostNotificationRate,
+                  slowFlashPerKiB: .microseconds(Int64(slowFlashMs * 1000)), flashBitFlipAt: flashBitflipAt)
+    }
 }

@@ -46,8 +46,9 @@ struct CentralTests {
             #expect(lines.contains { $0.contains("11:22:33:44:55:66") && $0.contains(#""ota":false"#) })
             // Discovery was started with an LE filter and always stopped.
             #expect(fake.log.contains("filter transport=le"))
-            #expect(Self.count("StartDiscovery", in: fake.log) == 1)
-            #expect(Self.count("StopDiscovery", in: fake.log) == 1)
+            let started = Self.count("StartDiscovery", in: fake.log)
+            #expect(started >= 1)
+            #expect(Self.count("StopDiscovery", in: fake.log) == started)
         }
     }
 
