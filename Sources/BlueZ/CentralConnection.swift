@@ -45,6 +45,8 @@ public final class BlueZConnection: GATTConnection {
         /// Characteristics where AcquireWrite was refused: use WriteValue.
         var noSocket: Set<String> = []
         var nextTicket: UInt64 = 0
+        /// The last submitted write: the next one starts when it is done.
+        var lastSubmitted: Task<Void, Never>?
     }
     private let link = Mutex(Link())
 
@@ -306,22 +308,26 @@ public final class BlueZConnection: GATTConnection {
     /// and the central resends from its position.
     public func transportSubmitWrite(_ value: [UInt8], to characteristic: GATTCharacteristic) throws(GATTError) -> WriteTicket {
         try requireUp("writing \(describe(characteristic))")
-        let id = link.withLock { l -> UInt64 in
+        // Submitted writes go out one after the other, in submission order: BlueZ answers
+        // InProgress to a second request on a characteristic while one is in flight
+        // (src/gatt-client.c), and the peer must see commands in the order they were given.
+        return link.withLock { l -> WriteTicket in
             l.nextTicket += 1
-            return l.nextTicket
-        }
-        let ticket = WriteTicket(id)
-        Task { [weak self] in
-            guard let self else { return }
-            var failure: GATTError?
-            do throws(GATTError) {
-                try await self.writeValue(value, to: characteristic, type: "request")
-            } catch {
-                failure = error
+            let ticket = WriteTicket(l.nextTicket)
+            let previous = l.lastSubmitted
+            l.lastSubmitted = Task { [weak self] in
+                await previous?.value
+                guard let self else { return }
+                var failure: GATTError?
+                do throws(GATTError) {
+                    try await self.writeValue(value, to: characteristic, type: "request")
+                } catch {
+                    failure = error
+                }
+                self.events.push(.writeCompleted(ticket, failure))
             }
-            self.events.push(.writeCompleted(ticket, failure))
+            return ticket
         }
-        return ticket
     }
 
     /// `StartNotify` / `StopNotify` (doc/org.bluez.GattCharacteristic.rst); values then arrive as

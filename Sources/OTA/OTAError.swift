@@ -53,7 +53,8 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         case .serviceNotFound, .characteristicNotFound, .notPermitted:
             OTAError(.incompatibleDevice, "\(error.message); is \(device) running an OTA-capable firmware?")
         case .notAuthorized:
-            OTAError(.permission, "\(device) refused access (\(error.message)); pairing may be needed: pair it with bluetoothctl and retry")
+            OTAError(.permission, "\(device) refused access: \(error.message)",
+                     hint: "pair it first (`bluetoothctl pair \(device)`), then retry")
         case .permissionDenied:
             OTAError(.permission, "\(error.message)")
         case .deviceNotFound:
