@@ -291,8 +291,8 @@ final class DeviceLogs: Sendable {
         handles.withLock { h in
             if h[device] == nil {
                 let path = directory + "/" + device.replacingOccurrences(of: ":", with: "") + ".jsonl"
-                FileManager.default.createFile(atPath: path, contents: nil)
-                h[device] = FileHandle(forWritingAtPath: path)
+                // A log that cannot be created is skipped: the device's events still reach stdout.
+                h[device] = FileManager.default.createFile(atPath: path, contents: nil) ? FileHandle(forWritingAtPath: path) : nil
             }
             h[device]?.write(Data(text.utf8))
         }

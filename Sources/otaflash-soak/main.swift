@@ -208,7 +208,7 @@ if let path = options.json {
         "mismatched_activations": mismatched, "hangs": hangs, "resumes_over_window": overWindow, "violations": violations.count,
     ]
     if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
-        FileManager.default.createFile(atPath: path, contents: data)
+        if !FileManager.default.createFile(atPath: path, contents: data) { fail("cannot write \(path)") }
     }
 }
 exit(violations.isEmpty ? 0 : 1)

@@ -15,14 +15,16 @@ struct BluetoothUUIDTests {
     }
 
     @Test func thirtyTwoBitUUIDKeepsItsUpperHalf() throws {
-        let uuid = try #require(BluetoothUUID("12345678"))
+        let text = "12345678"  // a String value, so the failable parser runs (not the literal initializer)
+        let uuid = try #require(BluetoothUUID(text))
         #expect(uuid.description == "12345678-0000-1000-8000-00805f9b34fb")
         #expect(uuid.shortValue == nil)
         #expect(uuid == BluetoothUUID(uint32: 0x1234_5678))
     }
 
     @Test func customUUIDHasNoShortForm() throws {
-        let uuid = try #require(BluetoothUUID("B0E60001-2F6E-4B2A-9C1F-6F7461666C61"))
+        let text = "B0E60001-2F6E-4B2A-9C1F-6F7461666C61"
+        let uuid = try #require(BluetoothUUID(text))
         #expect(uuid == OTAProtocol.serviceUUID)
         #expect(uuid.description == "b0e60001-2f6e-4b2a-9c1f-6f7461666c61")
         #expect(uuid.shortValue == nil)
