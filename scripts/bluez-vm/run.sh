@@ -31,6 +31,8 @@ BTMON=0
 MEMORY=1024
 CPUS=2
 LOCK_TIMEOUT=900
+CONTROLLERS=2
+SCENARIO_ENV=()
 SCENARIOS=()
 
 usage() {
@@ -52,6 +54,9 @@ Options:
   --verbose              stream the guest console (and scenario output) to stdout
   --memory MIB           guest memory (default 1024)
   --cpus N               guest vCPUs (default 2)
+  --controllers N        usable virtual controllers wanted (default 2, at least 2);
+                         btvirt creates one spare beyond them
+  --env NAME=VALUE       pass this variable to every scenario (repeatable)
   -h, --help             this help
 
 Exit codes: 0 all scenarios passed; 1 a scenario failed or timed out;
@@ -66,6 +71,13 @@ die_usage() {
 }
 
 need_arg() { [ $# -ge 2 ] && [ -n "$2" ] || die_usage "option $1 needs a value"; }
+need_env() {
+	[[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die_usage "--env needs NAME=VALUE, got '$1'"
+	case ${1%%=*} in
+	OTAFLASH_VM | PROJECT_DIR | RESULTS_DIR | HOME | PATH | BLUEZ_ADAPTERS | ADAPTER_COUNT | CONTROLLERS_WANTED | \
+		CENTRAL_* | PERIPHERAL_* | THIRD_* | ADAPTER[0-9]*_*) die_usage "--env cannot set ${1%%=*}: the harness sets it" ;;
+	esac
+}
 need_int() { [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] || die_usage "option $1 needs a positive integer, got '$2'"; }
 
 while [ $# -gt 0 ]; do
@@ -80,6 +92,10 @@ while [ $# -gt 0 ]; do
 	--results=*) RESULTS=${1#*=}; shift ;;
 	--memory) need_arg "$@"; need_int "$1" "$2"; MEMORY=$2; shift 2 ;;
 	--cpus) need_arg "$@"; need_int "$1" "$2"; CPUS=$2; shift 2 ;;
+	--controllers) need_arg "$@"; need_int "$1" "$2"; CONTROLLERS=$2; shift 2 ;;
+	--controllers=*) need_int --controllers "${1#*=}"; CONTROLLERS=${1#*=}; shift ;;
+	--env) need_arg "$@"; need_env "$2"; SCENARIO_ENV+=("$2"); shift 2 ;;
+	--env=*) need_env "${1#*=}"; SCENARIO_ENV+=("${1#*=}"); shift ;;
 	--bluetoothd-debug) BTD_DEBUG=1; shift ;;
 	--btmon) BTMON=1; shift ;;
 	--keep) KEEP=1; shift ;;
@@ -92,6 +108,7 @@ while [ $# -gt 0 ]; do
 done
 case $ACCEL in tcg | kvm) ;; *) die_usage "--accel must be tcg or kvm, got '$ACCEL'" ;; esac
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=("$HERE/scenarios/smoke.sh")
+[ "$CONTROLLERS" -ge 2 ] || die_usage "--controllers must be at least 2, got $CONTROLLERS"
 
 # Paths are handed to the guest on the kernel command line and in a shell
 # config; they are seen there at the same absolute path (9p root).
@@ -145,6 +162,7 @@ CONSOLE=
 BOOT_S=null
 PREP_S=null
 READY_UPTIME=null
+READY_ADAPTERS=
 KVER=
 KPKG=
 
@@ -366,6 +384,8 @@ write_json() {
 		printf '  "total_seconds": %s,\n' "$(elapsed "$T_START")"
 		printf '  "lock_wait_seconds": %s,\n' "${LOCK_WAIT_S:-0.0}"
 		printf '  "scenario_timeout_seconds": %s,\n' "$SCENARIO_TIMEOUT"
+		printf '  "controllers_wanted": %s,\n' "$CONTROLLERS"
+		printf '  "adapters": %s,\n' "$(json_str "${READY_ADAPTERS:-}")"
 		echo '  "scenarios": ['
 		for i in "${!SCEN_NAMES[@]}"; do
 			name=${SCEN_NAMES[$i]}
@@ -410,6 +430,8 @@ RUN_DIR=$(mktemp -d "$WORK/run.XXXXXX")
 	printf 'SCENARIO_TIMEOUT=%q\n' "$SCENARIO_TIMEOUT"
 	printf 'STEP_TIMEOUT=%q\n' "$STEP_TIMEOUT"
 	printf 'BTD_DEBUG=%q\nBTMON=%q\nVERBOSE=%q\n' "$BTD_DEBUG" "$BTMON" "$VERBOSE"
+	printf 'CONTROLLERS_WANTED=%q\n' "$CONTROLLERS"
+	printf 'SCENARIO_ENV=('; [ ${#SCENARIO_ENV[@]} -eq 0 ] || printf ' %q' "${SCENARIO_ENV[@]}"; printf ' )\n'
 	printf 'SCENARIOS=('; printf ' %q' "${SCEN_PATHS[@]}"; printf ' )\n'
 	printf 'NAMES=('; printf ' %q' "${SCEN_NAMES[@]}"; printf ' )\n'
 } >"$RUN_DIR/guest.env"
@@ -435,7 +457,9 @@ qemu_args=(
 	-device virtio-9p-pci,fsdev=results,mount_tag=results
 )
 
-log "booting VM ($ACCEL, $CPUS vCPU, ${MEMORY} MiB, kernel $KVER), ${#SCEN_NAMES[@]} scenario(s)"
+ctl_note=
+[ "$CONTROLLERS" = 2 ] || ctl_note=", $CONTROLLERS controllers wanted"
+log "booting VM ($ACCEL, $CPUS vCPU, ${MEMORY} MiB, kernel $KVER$ctl_note), ${#SCEN_NAMES[@]} scenario(s)"
 T_BOOT=$EPOCHREALTIME
 qemu-system-x86_64 "${qemu_args[@]}" >"$RESULTS/logs/qemu.log" 2>&1 &
 QEMU_PID=$!
@@ -472,6 +496,7 @@ BOOT_S=$(elapsed "$T_BOOT")
 ready_line=$(grep -a -m1 'OTAFLASH-VM: READY' "$CONSOLE" | tr -d '\r')
 READY_UPTIME=$(sed -n 's/.*uptime=\([0-9.]*\).*/\1/p' <<<"$ready_line")
 [ -n "$READY_UPTIME" ] || READY_UPTIME=null
+READY_ADAPTERS=$(sed -n 's/.* adapters=\(.*\) central=.*/\1/p' <<<"$ready_line")
 log "VM ready (bluetoothd up, adapters powered) after ${BOOT_S}s: ${ready_line#*READY uptime=* }"
 
 # Phase 2: scenarios. Print each result as soon as the guest records it.

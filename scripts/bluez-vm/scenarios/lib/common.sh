@@ -1,0 +1,188 @@
+# Shared helpers of the ota-*.sh scenarios (sourced, not run). They run inside
+# the VM started by scripts/bluez-vm/run.sh.
+#
+# The binary: $OTAFLASH_BIN when set (run.sh --env OTAFLASH_BIN=...), else the
+# newer of $PROJECT_DIR/.build/release/otaflash and .build/debug/otaflash.
+# Build it on the host before the run; the guest cannot build.
+
+: "${OTAFLASH_VM:?run this through scripts/bluez-vm/run.sh}"
+: "${CENTRAL_HCI:?}" "${PERIPHERAL_HCI:?}" "${PERIPHERAL_ADDR:?}" "${RESULTS_DIR:?}" "${PROJECT_DIR:?}"
+
+T0=$EPOCHREALTIME
+step() { awk -v a="$T0" -v b="$EPOCHREALTIME" -v m="$*" 'BEGIN { printf "[%6.2fs] %s\n", b - a, m }'; }
+fail() {
+	step "FAIL: $*"
+	exit 1
+}
+
+pick_otaflash() {
+	if [ -n "${OTAFLASH_BIN:-}" ]; then
+		OTAFLASH=$OTAFLASH_BIN
+	else
+		local r=$PROJECT_DIR/.build/release/otaflash d=$PROJECT_DIR/.build/debug/otaflash
+		if [ -x "$r" ] && { [ ! -x "$d" ] || [ "$r" -nt "$d" ]; }; then OTAFLASH=$r; else OTAFLASH=$d; fi
+	fi
+	[ -x "$OTAFLASH" ] || fail "$OTAFLASH is missing: run 'swift build' on the host first"
+}
+pick_otaflash
+
+IMAGE=$PROJECT_DIR/firmware-samples/seeded-256k.bin
+IMAGE_SIZE=$(stat -c %s "$IMAGE")
+
+# Every background process a scenario starts is recorded here and killed on exit;
+# every device object it made bluetoothd create is removed again.
+BG=()
+CLEANUP_DEVICES=()
+common_cleanup() {
+	local pid pair
+	for pid in "${BG[@]}"; do
+		kill -0 "$pid" 2>/dev/null || continue
+		kill -INT "$pid" 2>/dev/null || true
+	done
+	for pid in "${BG[@]}"; do
+		timeout 5 tail --pid="$pid" -f /dev/null 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+	done
+	for pair in "${CLEANUP_DEVICES[@]}"; do
+		remove_device "${pair%% *}" "${pair#* }"
+	done
+}
+trap common_cleanup EXIT
+
+# remove_device HCI ADDR: forget a device on the adapter (also disconnects it).
+remove_device() {
+	timeout 10 dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$1" \
+		org.bluez.Adapter1.RemoveDevice "objpath:/org/bluez/$1/dev_${2//:/_}" >/dev/null 2>&1 || true
+}
+
+# wait_for_line FILE PATTERN SECONDS: until FILE has a line matching PATTERN (grep -E).
+wait_for_line() {
+	local file=$1 pattern=$2 deadline=$((SECONDS + $3))
+	until grep -Eq -- "$pattern" "$file" 2>/dev/null; do
+		((SECONDS < deadline)) || return 1
+		sleep 0.2
+	done
+}
+
+# json_get FILE-or-LINE FIELD: a field of one JSON object (jq).
+jfield() { jq -r --arg k "$2" '.[$k] // empty' <<<"$1"; }
+
+# Runs a command with every stdout line prefixed by the host's time (seconds,
+# tab) into FILE; returns the command's status. stderr goes to FILE.stderr.
+#   stamped FILE TIMEOUT COMMAND...
+stamped() {
+	local out=$1 secs=$2
+	shift 2
+	local rc
+	set +e
+	timeout -k 5 "$secs" "$@" 2>"$out.stderr" |
+		while IFS= read -r line; do printf '%s\t%s\n' "$EPOCHREALTIME" "$line"; done >"$out"
+	rc=${PIPESTATUS[0]}
+	set -e
+	cut -f2- "$out" >"${out%.stamped}.jsonl"
+	return "$rc"
+}
+
+# start_sim TAG ADAPTER STORE [extra args...]: serves the OTA target on ADAPTER
+# (extra args: --verbose, fault options);
+# sets SIM_PID and SIM_OUT (TAG.jsonl); fails unless it reports serving in 30 s.
+start_sim() {
+	local tag=$1 adapter=$2 store=$3
+	shift 3
+	rm -rf "$store"
+	mkdir -p "$store"
+	SIM_OUT=$RESULTS_DIR/$tag.jsonl
+	: >"$SIM_OUT"
+	"$OTAFLASH" simulate --adapter "$adapter" --name "otaflash-$tag" --store "$store" --json "$@" \
+		>"$SIM_OUT" 2>"$RESULTS_DIR/$tag.stderr" &
+	SIM_PID=$!
+	BG+=("$SIM_PID")
+	if ! wait_for_line "$SIM_OUT" '"event":"serving"' 30; then
+		kill -0 "$SIM_PID" 2>/dev/null || { wait "$SIM_PID" || step "otaflash simulate exited with $?"; }
+		tail -n 5 "$RESULTS_DIR/$tag.stderr" "$SIM_OUT" || true
+		fail "otaflash simulate on $adapter did not report serving within 30 s"
+	fi
+	step "$tag on $adapter: $(grep -m1 '"event":"serving"' "$SIM_OUT")"
+}
+
+# stop_sim PID: SIGINT, then waits (15 s) for it to unregister and exit; its status.
+stop_sim() {
+	local pid=$1 rc=0
+	kill -INT "$pid" 2>/dev/null || return 0
+	timeout 15 tail --pid="$pid" -f /dev/null || { step "otaflash simulate still running 15 s after SIGINT; killing it"; kill -KILL "$pid"; }
+	wait "$pid" || rc=$?
+	return "$rc"
+}
+
+# scan_for ADAPTER ADDR: `otaflash scan --ota-only` must list ADDR; two attempts
+# (btvirt's advertising reports can be lost when a scan starts). Sets SCAN_LINE.
+scan_for() {
+	local adapter=$1 addr=$2 attempt out
+	SCAN_LINE=
+	for attempt in 1 2 3; do
+		out=$(timeout 60 "$OTAFLASH" scan --adapter "$adapter" --ota-only --json --timeout 6 2>>"$RESULTS_DIR/scan.stderr") ||
+			fail "otaflash scan on $adapter failed ($?): $(tail -n 1 "$RESULTS_DIR/scan.stderr")"
+		printf '%s\n' "$out" >>"$RESULTS_DIR/scan.jsonl"
+		SCAN_LINE=$(grep '"event":"device"' <<<"$out" | grep -i "\"address\":\"$addr\"" || true)
+		[ -z "$SCAN_LINE" ] || return 0
+		step "scan attempt $attempt on $adapter did not list $addr"
+	done
+	return 1
+}
+
+# The figures of one flash run, from its stamped JSON Lines file:
+# MTU, chunk, seconds, bytes_sent, packets, transfer seconds (transfer event ->
+# verify event, host clock), writes/s, kB/s. Sets F_* and prints one line.
+flash_figures() {
+	local stamped=$1 label=$2
+	local connected done_line t_transfer t_verify
+	connected=$(grep -m1 '"event":"connected"' "$stamped" | cut -f2-)
+	done_line=$(grep '"event":"done"' "$stamped" | tail -n 1 | cut -f2-)
+	t_transfer=$(grep -m1 '"event":"transfer"' "$stamped" | cut -f1)
+	t_verify=$(grep '"event":"verify"' "$stamped" | tail -n 1 | cut -f1)
+	F_MTU=$(jfield "$connected" mtu)
+	F_CHUNK=$(jfield "$connected" chunk)
+	F_SECONDS=$(jfield "$done_line" seconds)
+	F_BYTES_SENT=$(jfield "$done_line" bytes_sent)
+	F_PACKETS=$(((F_BYTES_SENT + F_CHUNK - 1) / F_CHUNK))
+	F_TRANSFER=$(awk -v a="$t_transfer" -v b="$t_verify" 'BEGIN { printf "%.3f", b - a }')
+	F_WPS=$(awk -v p="$F_PACKETS" -v t="$F_TRANSFER" 'BEGIN { printf "%.1f", (t > 0 ? p / t : 0) }')
+	F_KBPS=$(awk -v b="$IMAGE_SIZE" -v t="$F_TRANSFER" 'BEGIN { printf "%.1f", (t > 0 ? b / t / 1000 : 0) }')
+	step "$label: MTU $F_MTU, chunk $F_CHUNK B, ${F_SECONDS} s in all, transfer ${F_TRANSFER} s, bytes_sent $F_BYTES_SENT (~$F_PACKETS packets), $F_WPS writes/s, $F_KBPS kB/s"
+}
+
+# The stored image (simulate's activated event) must equal FILE.
+check_stored() {
+	local sim_out=$1 file=$2 activated stored
+	wait_for_line "$sim_out" '"event":"activated"' 15 || fail "otaflash simulate reported no activation ($sim_out)"
+	activated=$(grep '"event":"activated"' "$sim_out" | tail -n 1)
+	stored=$(jfield "$activated" stored)
+	[ -n "$stored" ] && [ -f "$stored" ] || fail "no stored image ($activated)"
+	cmp "$stored" "$file" || fail "the stored image $stored differs from $file"
+	step "stored $(basename "$stored") is byte-identical to $(basename "$file") ($(stat -c %s "$stored") bytes)"
+}
+
+# What `otaflash simulate --verbose` logged about arrival order (its stderr):
+# data writes, those that arrived ahead of a hole, duplicates, and the replies
+# to CHECKPOINT by status (0 success, 5 gap, 6 CRC mismatch).
+sim_order_report() {
+	awk '
+		/data write offset/ {
+			for (i = 1; i <= NF; i++) {
+				if ($i == "offset") { o = $(i + 1) + 0; n = substr($(i + 2), 2) + 0 }
+				if ($i == "received") r = $(i + 1) + 0
+			}
+			writes++
+			if (o > prev) ahead++
+			else if (o + n <= prev) dup++
+			prev = r
+		}
+		/control point write 9 B/ && /response: \[128, 2,/ {
+			s = $0; sub(/.*response: \[128, 2, /, "", s); sub(/,.*/, "", s)
+			cp[s]++; cps++
+		}
+		END {
+			printf "data writes %d, arrived ahead of a hole %d, duplicates %d; CHECKPOINT replies %d:", writes, ahead, dup, cps
+			for (k in cp) printf " status %s x%d", k, cp[k]
+			printf "\n"
+		}' "$1"
+}
