@@ -10,8 +10,20 @@
 
 T0=$EPOCHREALTIME
 step() { awk -v a="$T0" -v b="$EPOCHREALTIME" -v m="$*" 'BEGIN { printf "[%6.2fs] %s\n", b - a, m }'; }
+# On failure, say whether the stack itself broke: a kernel oops in the
+# Bluetooth code, or bluetoothd gone.
+stack_health() {
+	local oops
+	oops=$(dmesg 2>/dev/null | grep -E -m1 -A1 'kernel BUG|list_del corruption|general protection|BUG: ' || true)
+	if [ -n "$oops" ]; then
+		step "STACK: kernel oops: $(tr '\n' ' ' <<<"$oops")"
+		step "STACK: call trace: $(dmesg | sed -n '/Call Trace:/,/<\/TASK>/p' | grep -E -o '[a-z_0-9]+\+0x[0-9a-f]+/0x[0-9a-f]+ \[bluetooth\]' | head -n 4 | tr '\n' ' ')"
+	fi
+	pidof bluetoothd >/dev/null 2>&1 || step "STACK: bluetoothd is not running any more"
+}
 fail() {
 	step "FAIL: $*"
+	stack_health
 	exit 1
 }
 
