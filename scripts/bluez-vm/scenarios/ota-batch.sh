@@ -99,7 +99,8 @@ f2=$RESULTS_DIR/batch-two-centrals.jsonl
 adapters_used=$(grep '"event":"done"' "$f2" | jq -r '.adapter // empty' | sort -u | wc -l)
 ((adapters_used == 2)) || step "NOTE: both devices went through one adapter in batch 2 ($(grep '"event":"done"' "$f2" | jq -rc '[.device, .adapter]' | tr '\n' ' '))"
 
-for pid in "$SIMA" "$SIMB"; do stop_sim "$pid" || fail "otaflash simulate exited with $? after SIGINT"; done
+stop_sim "$SIMA" "$OUTA" || fail "otaflash simulate A exited with $? after SIGINT"
+stop_sim "$SIMB" "$OUTB" || fail "otaflash simulate B exited with $? after SIGINT"
 jq -n --argjson a "${BATCH_SECS[batch-one-central]:-null}" --argjson b "${BATCH_SECS[batch-two-centrals]}" --argjson used "$adapters_used" \
 	--arg wp "$WRITE_PATH" '{write_path: $wp, one_central: (if $a == null then null else {ok: 2, seconds: $a} end), two_centrals: {ok: 2, seconds: $b, adapters_used: $used}}' \
 	>"$RESULTS_DIR/figures.json"

@@ -34,7 +34,7 @@ step "peripheral order: $(sim_order_report "$RESULTS_DIR/sim.stderr")"
 [ "$(jfield "$done_line" result)" = error ] && [ "$(jfield "$done_line" error)" = verify_failed ] ||
 	fail "the done line is not result=error error=verify_failed: $done_line"
 grep -q '"event":"activate"' "${f%.stamped}.jsonl" && fail "the central sent ACTIVATE for a corrupted image"
-stop_sim "$SIM" || fail "otaflash simulate exited with $? after SIGINT"
+stop_sim "$SIM" "$SIMOUT" || fail "otaflash simulate exited with $? after SIGINT"
 grep -q '"event":"activated"' "$SIMOUT" && fail "the peripheral activated an image: $(grep '"event":"activated"' "$SIMOUT")"
 grep -q '"event":"verified"' "$SIMOUT" && fail "the peripheral reported a verified image: $(grep '"event":"verified"' "$SIMOUT")"
 stored=$(find "$STORE" -type f | wc -l)

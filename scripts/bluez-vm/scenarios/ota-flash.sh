@@ -78,7 +78,7 @@ check_stored "$SIMOUT" "$IMAGE"
 [ "$(activations)" -gt "$before" ] || fail "the write-value flash did not activate again"
 step "peripheral order, both flashes: $(sim_order_report "$RESULTS_DIR/sim.stderr")"
 
-stop_sim "$SIM" || fail "otaflash simulate exited with $? after SIGINT"
+stop_sim "$SIM" "$SIMOUT" || fail "otaflash simulate exited with $? after SIGINT"
 
 jq -n --argjson mtu_a "${MTU[acquire-write]}" --argjson mtu_w "${MTU[write-value]}" \
 	--argjson s_a "${SECS[acquire-write]}" --argjson s_w "${SECS[write-value]}" \

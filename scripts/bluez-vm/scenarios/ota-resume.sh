@@ -72,7 +72,7 @@ step "outside disconnect at ${at:-?} bytes sent: btmgmt --index $CENTRAL_INDEX d
 rc=0
 wait "$flash_pid" || rc=$?
 check_flash outside "$f" "$rc" "$SIM_OUT"
-stop_sim "$SIM" || fail "otaflash simulate exited with $? after SIGINT"
+stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
 
 # ------------------------------------------------------------------ 2. peripheral
 start_sim sim2 "$PERIPHERAL_HCI" "$RESULTS_DIR/store2" --verbose --sim-disconnect-at "$DISCONNECT_AT"
@@ -86,7 +86,7 @@ if grep -q 'injected fault: disconnect' "$SIM_OUT" && ! grep -q '"event":"reconn
 	step "NOTE: the peripheral's disconnect fault fired but the central never lost the link; bluetoothd: $(grep -i 'failed to disconnect' "$OTAFLASH_VM_LOGS/bluetoothd.log" | tail -n 1 || echo '-')"
 	step "NOTE: simulate: $(grep -m1 'disconnect(reason' "$RESULTS_DIR/sim2.stderr" | cut -c1-200 || true) ... then $(grep '"event":"\(activated\|disconnected\)"' "$SIM_OUT" | tr '\n' ' ')"
 fi
-stop_sim "$SIM" || fail "otaflash simulate exited with $? after SIGINT"
+stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
 
 printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg wp "$WRITE_PATH" 'add + {image_size: $size, write_path: $wp}' >"$RESULTS_DIR/figures.json"
 if [ ${#ERRORS[@]} -gt 0 ]; then

@@ -116,9 +116,21 @@ start_sim() {
 	step "$tag on $adapter: $(grep -m1 '"event":"serving"' "$SIM_OUT")"
 }
 
-# stop_sim PID: SIGINT, then waits (15 s) for it to unregister and exit; its status.
+# stop_sim PID [SIM_OUT]: SIGINT, then waits (15 s) for it to unregister and exit;
+# its status. With SIM_OUT, first waits (10 s) until every link it reported
+# connected is reported disconnected: unregistering while bluetoothd is still
+# tearing a link down is where bluetoothd 5.66 was seen to segfault here.
 stop_sim() {
-	local pid=$1 rc=0
+	local pid=$1 out=${2:-} rc=0 deadline=$((SECONDS + 10)) c d
+	if [ -n "$out" ]; then
+		while :; do
+			c=$(grep -c '"event":"connected"' "$out" || true)
+			d=$(grep -c '"event":"disconnected"' "$out" || true)
+			((d >= c)) && break
+			((SECONDS < deadline)) || { step "note: $((c - d)) link(s) still up 10 s after the flash; stopping simulate anyway"; break; }
+			sleep 0.2
+		done
+	fi
 	kill -INT "$pid" 2>/dev/null || return 0
 	timeout 15 tail --pid="$pid" -f /dev/null || { step "otaflash simulate still running 15 s after SIGINT; killing it"; kill -KILL "$pid"; }
 	wait "$pid" || rc=$?
