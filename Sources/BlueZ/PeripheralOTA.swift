@@ -101,8 +101,23 @@ public actor OTAPeripheral {
     public init(config: OTAPeripheralConfig, events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
         self.config = config
         self.events = events
-        device = FaultyDevice(target: OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion),
-                              faults: config.faults)
+        var target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
+        // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
+        // beside D-Bus): hold it for the data rather than answer `gap` at once.
+        target.deferEarlyCheckpoints = true
+        device = FaultyDevice(target: target, faults: config.faults)
+    }
+
+    /// How long a CHECKPOINT waits for data that may have been reordered before it is answered `gap`.
+    public static let deferredCheckpointTimeout: Duration = .milliseconds(300)
+
+    /// Set while a disconnect fault is taking the link down: the device behaves as gone.
+    private var linkGoing = false
+
+    private func expireDeferredCheckpoint() async {
+        guard let reply = device.target.expireDeferredCheckpoint() else { return }
+        config.trace?("deferred CHECKPOINT answered gap after \(Self.deferredCheckpointTimeout)")
+        do { try await notifier?(reply) } catch { events(.note("notifying a reply failed: \(error)")) }
     }
 
     /// Connects the device to the link control and to the notification path of its application.
@@ -166,6 +181,7 @@ public actor OTAPeripheral {
     func command(_ bytes: [UInt8], _ request: GATTServerRequest) async throws {
         centralConnected(request.device)
         if isRebooting { throw GATTServerError.failed("the device is rebooting") }
+        if linkGoing { throw GATTServerError.failed("the link is going down") }
         let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
         let imageSize = Int(device.target.pending?.imageSize ?? 0)
         let outcome = device.receiveCommand(bytes, from: request.device)
@@ -188,6 +204,15 @@ public actor OTAPeripheral {
             report(opcode: opcode, status: status, response: response, central: request.device)
             if activated { activate(central: request.device) }
             if ready > now { try? await Task.sleep(until: ready, clock: .continuous) }
+            if response.isEmpty {
+                // A CHECKPOINT ahead of its data: answered when the data arrives, or after a while.
+                let timeout = Self.deferredCheckpointTimeout
+                Task { [weak self] in
+                    try? await Task.sleep(for: timeout)
+                    await self?.expireDeferredCheckpoint()
+                }
+                return
+            }
             if notify {
                 do {
                     try await notifier?(response)
@@ -202,8 +227,8 @@ public actor OTAPeripheral {
 
     func data(_ bytes: [UInt8], _ request: GATTServerRequest) async {
         centralConnected(request.device)
-        if isRebooting {
-            config.trace?("data write ignored while rebooting")
+        if isRebooting || linkGoing {
+            config.trace?("data write ignored while \(linkGoing ? "the link goes down" : "rebooting")")
             return
         }
         let outcome = device.receiveData(bytes, from: request.device)
@@ -222,6 +247,7 @@ public actor OTAPeripheral {
             break
         case .disconnect(let reason):
             events(.note("injected fault: \(reason)"))
+            linkGoing = true
             dropLink(request.device, reason: reason)
         case .reboot(let reason):
             events(.note("injected fault: \(reason); away for \(device.faults.rebootDuration)"))
@@ -291,6 +317,7 @@ public actor OTAPeripheral {
     }
 
     private func linkDropped(_ central: String?, reason: String, what: String) {
+        linkGoing = false
         if let central {
             centralDisconnected(central, reason: "\(reason) (\(what))")
         } else {

@@ -103,10 +103,39 @@ public struct OTATarget: Sendable {
         if let owner, let central, owner != central, state != .idle, request != .status {
             return ControlResponse(opcode: request.opcode, status: .busy).encoded
         }
-        return handle(request, from: central).encoded
+        return handle(request, from: central)?.encoded ?? []
     }
 
-    private mutating func handle(_ request: ControlRequest, from central: String?) -> ControlResponse {
+    /// Hold a CHECKPOINT that arrives before the data it covers, instead of answering `gap` at
+    /// once. For transports that can reorder writes; the transport must then call
+    /// `expireDeferredCheckpoint()` a little later (a few connection intervals).
+    public var deferEarlyCheckpoints = false
+
+    /// A CHECKPOINT held until its data arrives.
+    public private(set) var deferred: (offset: Int, crc: UInt32)?
+
+    /// Answers a deferred CHECKPOINT now (its data did not come in time); nil when none waits.
+    public mutating func expireDeferredCheckpoint() -> [UInt8]? {
+        guard deferred != nil else { return nil }
+        deferred = nil
+        gapReported = false
+        return ControlResponse(opcode: .checkpoint, status: .gap, payload: position).encoded
+    }
+
+    /// The reply to a deferred CHECKPOINT once `received` reaches it, or `gap` once the hole persists.
+    private mutating func answerDeferred() -> [UInt8]? {
+        guard let (offset, crc) = deferred else { return nil }
+        if offset <= received {
+            deferred = nil
+            return handle(.checkpoint(offset: UInt32(offset), crc: crc), from: owner)?.encoded
+        }
+        if aheadBytes > Self.gapAllowance { return expireDeferredCheckpoint() }
+        return nil
+    }
+
+    private mutating func handle(_ request: ControlRequest, from central: String?) -> ControlResponse? {
+        // A new command means the central stopped waiting for a deferred checkpoint's reply.
+        deferred = nil
         switch request {
         case .begin(let begin):
             return handleBegin(begin, from: central)
@@ -117,14 +146,23 @@ public struct OTATarget: Sendable {
             }
             let offset = Int(offset)
             if offset > received {
+                // Ahead of its data: on a stack that reorders (EATT bearers; a write socket beside
+                // D-Bus), the data may still be on its way. Answer once it arrives, or once the
+                // hole persists (handleData), or when the transport's timer expires.
+                if deferEarlyCheckpoints, aheadBytes <= Self.gapAllowance {
+                    deferred = (offset, crc)
+                    return nil
+                }
                 gapReported = false  // a handled checkpoint re-arms GAP reporting
                 return ControlResponse(opcode: .checkpoint, status: .gap, payload: position)
             }
             if prefixCRC(offset) == crc {
-                truncate(to: offset, crc: crc)
+                // Commit; data already held beyond the checkpoint stays (it may have overtaken
+                // the checkpoint on its way).
                 committed = offset
                 committedCRC = crc
-                return ControlResponse(opcode: .checkpoint, status: .success, payload: position)
+                gapReported = false
+                return ControlResponse(opcode: .checkpoint, status: .success, payload: .position(offset: UInt32(offset), crc: crc))
             }
             // What the central sent and what arrived differ somewhere: fall back to the last
             // checkpoint both sides agreed on.
@@ -214,7 +252,8 @@ public struct OTATarget: Sendable {
             flash.replaceSubrange(offset..<end, with: payload)
             rot(offset..<end)
             insertAhead(offset..<end)
-            guard !gapReported, aheadBytes > Self.gapAllowance else { return nil }
+            if let reply = answerDeferred() { return reply }
+            guard deferred == nil, !gapReported, aheadBytes > Self.gapAllowance else { return nil }
             gapReported = true
             return DeviceEvent.gap(expectedOffset: UInt32(received), crc: runningCRC.value).encoded
         }
@@ -226,7 +265,7 @@ public struct OTATarget: Sendable {
         received = end
         absorbAhead()
         gapReported = false
-        return nil
+        return answerDeferred()
     }
 
     /// Bytes held beyond a hole before the device reports the hole (docs/PROTOCOL.md, "Data
@@ -292,6 +331,7 @@ public struct OTATarget: Sendable {
         received = offset
         runningCRC = CRC32(value: crc)
         ahead.removeAll()
+        deferred = nil
         gapReported = false
     }
 
@@ -305,6 +345,7 @@ public struct OTATarget: Sendable {
         state = .idle
         owner = nil
         ahead.removeAll()
+        deferred = nil
         gapReported = false
     }
 }

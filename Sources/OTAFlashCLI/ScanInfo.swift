@@ -94,12 +94,14 @@ struct DeviceReport {
     static func read(from connection: any GATTConnection) async throws(GATTError) -> DeviceReport {
         var report = DeviceReport()
         let services = try await connection.discoverServices()
-        let dis = services.first { $0.uuid == DeviceInformationService.serviceUUID }
+        // A device may expose more than one DIS (bluetoothd adds its own, with only a PnP ID, beside
+        // an application's): take each characteristic from whichever instance has it.
+        let instances = services.filter { $0.uuid == DeviceInformationService.serviceUUID }
         for (key, uuid) in [("manufacturer", DeviceInformationService.manufacturerNameUUID),
                             ("model", DeviceInformationService.modelNumberUUID),
                             ("firmware_revision", DeviceInformationService.firmwareRevisionUUID)] {
             var value: String?
-            if let c = dis?.characteristic(uuid), c.properties.contains(.read) {
+            if let c = instances.lazy.compactMap({ $0.characteristic(uuid) }).first(where: { $0.properties.contains(.read) }) {
                 value = String(decoding: try await connection.read(c), as: UTF8.self)
             }
             report.fields.append((key, value))

@@ -439,7 +439,7 @@ struct Link {
                     replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
                 case .handled(let response, let notify, let didActivate):
                     replies.append(Reverse(time: ready, event: .writeCompleted(ticket, nil), size: 1))
-                    if notify, notifyCP {
+                    if notify, notifyCP, !response.isEmpty {
                         replies.append(Reverse(time: ready, event: .notification(characteristicID: id, value: response), size: response.count + 3))
                     }
                     if didActivate {

@@ -48,7 +48,7 @@ struct CentralTests {
             #expect(fake.log.contains("filter transport=le"))
             let started = Self.count("StartDiscovery", in: fake.log)
             #expect(started >= 1)
-            #expect(Self.count("StopDiscovery", in: fake.log) == started)
+            #expect(Self.count("StopDiscovery", in: fake.log) == started, "fake log:\n\(fake.log)")
         }
     }
 

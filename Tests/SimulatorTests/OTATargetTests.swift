@@ -183,10 +183,11 @@ struct OTATargetDataTests {
         bench.stream(0..<960)
         #expect(sendAheadUntilGap(&bench, from: 1200, limit: 10_000).event != nil)
         #expect(bench.checkpoint(960).status == .success)
-        // The checkpoint forgot what was held beyond the hole: the allowance counts afresh.
+        // The commit keeps what is held beyond the hole, which is still over the allowance: the
+        // next packet beyond the hole reports it again.
         let again = sendAheadUntilGap(&bench, from: 1200, limit: 10_000)
         #expect(again.event == DeviceEvent.gap(expectedOffset: 960, crc: bench.crc(upTo: 960)).encoded)
-        #expect(again.ahead > OTATarget.gapAllowance)
+        #expect(again.ahead == 240)
     }
 
     @Test func checkpointAnsweredWithGapRearmsGapReporting() {
@@ -288,14 +289,43 @@ struct OTATargetCommandTests {
         #expect(bench.target.committed == 4000)
     }
 
-    /// A checkpoint below `received` that matches moves `received` back to it and commits there.
-    @Test func matchingCheckpointBelowTheReceivedOffsetTruncatesToIt() {
+    /// A checkpoint below `received` that matches commits there and keeps what was received beyond
+    /// it: that data may simply have overtaken the checkpoint.
+    @Test func matchingCheckpointBelowTheReceivedOffsetCommitsAndKeepsTheRest() {
         var bench = Bench()
         _ = bench.begin()
         bench.stream(0..<4000)
         #expect(bench.checkpoint(2000) == ControlResponse(opcode: .checkpoint, status: .success, payload: bench.position(2000)))
-        #expect(bench.target.received == 2000)
         #expect(bench.target.committed == 2000)
+        #expect(bench.target.received == 4000)
+        #expect(bench.checkpoint(4000).status == .success)
+    }
+
+    /// With deferral on (transports that reorder), a checkpoint ahead of its data waits for it.
+    @Test func earlyCheckpointIsAnsweredWhenItsDataArrives() throws {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.target.deferEarlyCheckpoints = true
+        bench.stream(0..<960)
+        #expect(bench.target.handleControl(ControlRequest.checkpoint(offset: 1440, crc: bench.crc(upTo: 1440)).encoded) == [])
+        #expect(bench.send(1200..<1440) == nil)  // reordered: arrives before the hole is filled
+        let filled = bench.send(960..<1200)
+        let reply = try #require(filled)
+        #expect(try ControlResponse(decoding: reply) == ControlResponse(opcode: .checkpoint, status: .success, payload: bench.position(1440)))
+        #expect(bench.target.committed == 1440)
+        #expect(bench.target.deferred == nil)
+    }
+
+    @Test func earlyCheckpointExpiresAsAGapWhenItsDataNeverComes() throws {
+        var bench = Bench()
+        _ = bench.begin()
+        bench.target.deferEarlyCheckpoints = true
+        bench.stream(0..<960)
+        #expect(bench.target.handleControl(ControlRequest.checkpoint(offset: 1440, crc: bench.crc(upTo: 1440)).encoded) == [])
+        let expired = bench.target.expireDeferredCheckpoint()
+        let reply = try #require(expired)
+        #expect(try ControlResponse(decoding: reply) == ControlResponse(opcode: .checkpoint, status: .gap, payload: bench.position(960)))
+        #expect(bench.target.expireDeferredCheckpoint() == nil)
     }
 
     @Test func checkpointBeyondTheReceivedOffsetReportsAGap() {
