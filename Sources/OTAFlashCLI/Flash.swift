@@ -147,6 +147,8 @@ struct Flash: AsyncParsableCommand {
         do {
             try await flash(printer)
         } catch let failure as CLIFailure {
+            // A batch's outcome is its summary line, already printed: it stays the last line.
+            if failure.code == .someFailed || failure.code == .allFailed { throw failure }
             printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
                                   ("error", .string(failure.code.name)), ("message", .string(failure.message))])
             throw failure

@@ -33,6 +33,11 @@ struct BatchTests {
         #expect(done["C0:FF:EE:00:00:04"]?["error"] as? String == "connection")
         #expect(run.errorLines.count == 1)
         #expect(run.errorLines.first?.contains("3 of 5 devices failed") == true)
+        // The summary is the last line, with the exit code it ends with.
+        let last = try #require(run.jsonEvents.last)
+        #expect(last["event"] as? String == "summary")
+        #expect(last["failed"] as? Int == 3)
+        #expect(last["exit_code"] as? Int == 14)
     }
 
     @Test func aBatchWhereEveryDeviceFailsExits15() async {
