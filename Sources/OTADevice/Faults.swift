@@ -25,7 +25,8 @@ public struct FaultPlan: Sendable, Hashable {
     public var lostNotificationRate: Double
     /// Extra time the device's flash needs per KiB written or read back.
     public var slowFlashPerKiB: Duration
-    /// A byte of flash that rots after it was written: checkpoints pass, VERIFY must fail.
+    /// A byte of flash that rots at rest once the image is written: checkpoints pass, VERIFY (which
+    /// reads the image back) must fail.
     public var flashBitFlipAt: Int?
     /// After this many connections the device refuses every further connection attempt
     /// (a device that went away for good). Nil: always connectable.

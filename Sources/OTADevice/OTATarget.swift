@@ -32,8 +32,8 @@ public struct OTATarget: Sendable {
     /// CRC32 of the image running since the last activation; persists across reboots.
     public private(set) var activeImageCRC: UInt32?
 
-    /// Fault hook: flips a byte of flash after it is written, so that checkpoints (which use the
-    /// received bytes) pass and only VERIFY (which reads flash back) can catch it.
+    /// Fault hook: a byte of flash that rots at rest after the transfer (it flips when VERIFY
+    /// reads the image back), so checkpoints pass and only VERIFY can catch it. Fires once.
     public var flashBitFlipAt: Int?
 
     public struct Activation: Sendable, Hashable {
@@ -181,6 +181,10 @@ public struct OTATarget: Sendable {
             guard received == Int(pending.imageSize) else {
                 return ControlResponse(opcode: .verify, status: .incomplete, payload: .computedCRC(runningCRC.value))
             }
+            if let flip = flashBitFlipAt, flip < flash.count {
+                flash[flip] ^= 0x01
+                flashBitFlipAt = nil
+            }
             let computed = CRC32.checksum(flash)
             if computed == pending.imageCRC {
                 state = .verified
@@ -250,7 +254,6 @@ public struct OTATarget: Sendable {
             // Ahead of a hole: a reordered packet (EATT spreads write commands over several
             // bearers) or one after a lost packet. Keep it; report the hole only once it persists.
             flash.replaceSubrange(offset..<end, with: payload)
-            rot(offset..<end)
             insertAhead(offset..<end)
             if let reply = answerDeferred() { return reply }
             guard deferred == nil, !gapReported, aheadBytes > Self.gapAllowance else { return nil }
@@ -261,7 +264,6 @@ public struct OTATarget: Sendable {
         let fresh = payload.dropFirst(received - offset)
         flash.replaceSubrange(received..<end, with: fresh)
         runningCRC.update(fresh)
-        rot(received..<end)
         received = end
         absorbAhead()
         gapReported = false
@@ -295,14 +297,6 @@ public struct OTATarget: Sendable {
                 received = first.upperBound
             }
             ahead.removeFirst()
-        }
-    }
-
-    /// The flash bit-flip fault, when its byte was just written.
-    private mutating func rot(_ range: Range<Int>) {
-        if let flip = flashBitFlipAt, range.contains(flip) {
-            flash[flip] ^= 0x01
-            flashBitFlipAt = nil
         }
     }
 
