@@ -44,10 +44,10 @@ let package = Package(
         // Throughput and CPU figures on the link model (run in release mode).
         .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
         // Fault soak on the simulator (run in release mode).
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
-        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),

@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import OTADevice
 import OTAWire
 import Simulator
 

@@ -1,5 +1,5 @@
-@_exported import GATT
-@_exported import OTADevice
+import GATT
+import OTADevice
 import OTAWire
 import Synchronization
 

@@ -10,6 +10,7 @@
 import Foundation
 import GATT
 import OTA
+import OTADevice
 import OTAWire
 import Simulator
 

@@ -1,6 +1,7 @@
 import Foundation
 import GATT
 import OTA
+import OTADevice
 import OTAWire
 import Simulator
 import Testing
