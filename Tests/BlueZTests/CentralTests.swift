@@ -9,6 +9,7 @@ import Testing
 /// The BlueZ central against a fake `org.bluez` (Tests/BlueZTests/fake_bluez) on a private
 /// dbus-daemon. Serialized: the CLI tests point otaflash at the bus through the process-wide
 /// `OTAFLASH_DBUS_ADDRESS`.
+extension ProcessBusSuites {
 @Suite(.serialized)
 struct CentralTests {
     static let device = "C0:FF:EE:00:00:01"
@@ -348,4 +349,5 @@ struct CentralTests {
             for phrase in c.phrases { #expect(err.contains(phrase), "\(c.name): missing '\(phrase)' in \(err)") }
         }
     }
+}
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import TestSupport
+import Testing
 
 #if canImport(Glibc)
 import Glibc
@@ -128,6 +129,12 @@ final class FakeBlueZ: Sendable {
         bus.stop()
     }
 }
+
+/// The suites that point otaflash at a private bus through the process-wide
+/// `OTAFLASH_DBUS_ADDRESS`: they run one after another, never beside each other (Swift Testing runs
+/// separate suites in parallel).
+@Suite(.serialized)
+enum ProcessBusSuites {}
 
 /// Runs `body` with a fresh bus and fake, stopped afterwards; prints why and returns when the
 /// tests cannot run on this machine.

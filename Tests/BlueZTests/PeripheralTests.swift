@@ -12,6 +12,7 @@ import Testing
 /// Peripheral mode against a stand-in bluetoothd on a private dbus-daemon: the stand-in reads the
 /// exported application as BlueZ does and then reads, writes and subscribes to its
 /// characteristics as BlueZ does on behalf of centrals.
+extension ProcessBusSuites {
 @Suite(.serialized)
 struct PeripheralTests {
     static let centralA = "/org/bluez/hci0/dev_11_22_33_44_55_66"
@@ -388,8 +389,9 @@ struct PeripheralTests {
         #expect(throws: OTAPeripheral.StoreError.self) { try OTAPeripheral.store([1], crc: 1, in: "\(directory)/missing") }
     }
 }
+}
 
-extension PeripheralTests {
+extension ProcessBusSuites.PeripheralTests {
     /// bluetoothd sends the writes of a characteristic flagged write-without-response with
     /// NO_REPLY_EXPECTED set (gdbus `g_dbus_send_message`); such calls are handled like any other.
     @Test func dataWritesSentWithoutReplyReachTheDevice() async throws {
