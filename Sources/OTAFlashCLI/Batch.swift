@@ -276,10 +276,8 @@ final class DeviceLogs: Sendable {
     }
 
     func record(_ event: SessionEvent) {
-        let printer = EventPrinter(mode: .json, sink: LineCapture())
-        printer.session(event)
-        guard let line = (printer.sinkCapture)?.take(), let device = event.device else { return }
-        write(device, line)
+        guard let device = event.device else { return }
+        write(device, EventPrinter.jsonLine(event) + "\n")
     }
 
     func finish(_ device: String, _ line: String) {
@@ -297,19 +295,6 @@ final class DeviceLogs: Sendable {
             h[device]?.write(Data(text.utf8))
         }
     }
-}
-
-/// Captures what one printer call writes.
-final class LineCapture: OutputSink {
-    private let text = Mutex("")
-    let isTerminal = false
-    func out(_ s: String) { text.withLock { $0 += s } }
-    func err(_ s: String) {}
-    func take() -> String { text.withLock { t in defer { t = "" }; return t } }
-}
-
-extension EventPrinter {
-    var sinkCapture: LineCapture? { sinkForLogs as? LineCapture }
 }
 
 extension SessionEvent {

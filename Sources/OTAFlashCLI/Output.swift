@@ -99,8 +99,6 @@ public final class EventPrinter: Sendable {
         self.bars = bars
     }
 
-    var sinkForLogs: any OutputSink { sink }
-
     /// A table for people (human mode only), columns aligned, on stdout.
     public func table(_ rows: [[String]]) {
         guard mode == .human, let header = rows.first else { return }
@@ -129,40 +127,57 @@ public final class EventPrinter: Sendable {
     }
 
     public func session(_ event: SessionEvent) {
+        if mode == .json { sink.out(Self.jsonLine(event) + "\n") }
+        guard mode == .human else { return }
         // With several devices at once, say which one each line is about.
         let who = bars ? "" : "\(event.device ?? "?"): "
         func note(_ text: String) { self.note(who + text) }
         switch event {
         case .connecting(let device):
-            json("connecting", [("device", .string(device))])
             note("connecting to \(device)…")
-        case .connected(let device, let mtu, let chunk):
-            json("connected", [("device", .string(device)), ("mtu", .int(mtu)), ("chunk", .int(chunk))])
+        case .connected(_, let mtu, let chunk):
             note("connected: MTU \(mtu), \(chunk) image bytes per packet")
-        case .deviceInfo(let device, let info):
-            json("device_info", [("device", .string(device)), ("protocol", .int(Int(info.protocolVersion))),
-                                 ("state", .string(info.state.description)), ("slot_size", .int(Int(info.maxImageSize))),
-                                 ("firmware_version", .string(info.firmwareVersion.description))])
+        case .deviceInfo(_, let info):
             note("device firmware \(info.firmwareVersion), slot \(formatBytes(Int(info.maxImageSize))), state \(info.state)")
-        case .transferStarted(let device, let offset, let total):
-            json("transfer", [("device", .string(device)), ("resume_offset", .int(offset)), ("total", .int(total))])
+        case .transferStarted(_, let offset, let total):
             if offset > 0 { note("resuming at \(formatBytes(offset)) of \(formatBytes(total))") }
         case .progress(let p):
-            json("progress", [("device", .string(p.device)), ("bytes", .int(p.bytes)), ("confirmed", .int(p.confirmed)),
-                              ("total", .int(p.total)), ("rate", .double(p.rate)), ("eta", p.eta.map { .double($0) } ?? .null),
-                              ("elapsed", .double(p.elapsed))])
             bar(p)
-        case .verifying(let device):
-            json("verify", [("device", .string(device))])
+        case .verifying:
             note("verifying: the device computes the CRC32 of the whole image…")
-        case .activating(let device):
-            json("activate", [("device", .string(device))])
+        case .activating:
             note("image verified; activating")
-        case .reconnecting(let device, let attempt, let reason, let delay):
-            json("reconnect", [("device", .string(device)), ("attempt", .int(attempt)), ("reason", .string(reason)),
-                               ("delay", .double(delay.seconds))])
+        case .reconnecting(_, let attempt, let reason, let delay):
             note("\(reason); reconnecting in \(String(format: "%.1f", delay.seconds)) s (attempt \(attempt))")
         }
+    }
+
+    /// A session event as one JSON Lines object (stdout with --json, and the per-device logs).
+    public static func jsonLine(_ event: SessionEvent) -> String {
+        let (name, fields): (String, [(String, JSON)]) = switch event {
+        case .connecting(let device):
+            ("connecting", [("device", .string(device))])
+        case .connected(let device, let mtu, let chunk):
+            ("connected", [("device", .string(device)), ("mtu", .int(mtu)), ("chunk", .int(chunk))])
+        case .deviceInfo(let device, let info):
+            ("device_info", [("device", .string(device)), ("protocol", .int(Int(info.protocolVersion))),
+                             ("state", .string(info.state.description)), ("slot_size", .int(Int(info.maxImageSize))),
+                             ("firmware_version", .string(info.firmwareVersion.description))])
+        case .transferStarted(let device, let offset, let total):
+            ("transfer", [("device", .string(device)), ("resume_offset", .int(offset)), ("total", .int(total))])
+        case .progress(let p):
+            ("progress", [("device", .string(p.device)), ("bytes", .int(p.bytes)), ("confirmed", .int(p.confirmed)),
+                          ("total", .int(p.total)), ("rate", .double(p.rate)), ("eta", p.eta.map { .double($0) } ?? .null),
+                          ("elapsed", .double(p.elapsed))])
+        case .verifying(let device):
+            ("verify", [("device", .string(device))])
+        case .activating(let device):
+            ("activate", [("device", .string(device))])
+        case .reconnecting(let device, let attempt, let reason, let delay):
+            ("reconnect", [("device", .string(device)), ("attempt", .int(attempt)), ("reason", .string(reason)),
+                           ("delay", .double(delay.seconds))])
+        }
+        return JSON.object([("event", .string(name))] + fields).text
     }
 
     private func bar(_ p: TransferProgress) {
