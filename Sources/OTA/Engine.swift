@@ -142,12 +142,17 @@ public struct OTAEngine: Sendable {
     /// The checkpoint interval in use: halved after a CRC rollback (corruption is caught sooner
     /// and costs less), doubled back after each clean checkpoint, never above the configured one.
     public private(set) var currentInterval: Int
-    /// The furthest position the device reported with a CRC that matched the image.
-    private var furthestAgreed = 0
+    /// The furthest position the device reported with a CRC that matched the image: what the
+    /// session's stall timer watches.
+    public private(set) var furthestAgreed = 0
     /// The link dropped after ACTIVATE was sent and before its reply arrived.
     public private(set) var activationUnconfirmed = false
     /// Set when the device's info showed it already runs this image after an unconfirmed activation.
     public private(set) var activationConfirmedByInfo = false
+    /// VERIFY went unanswered; the STATUS that followed tells whether it passed.
+    private var verifyTimedOut = false
+    /// The phase the engine was in when it failed.
+    public private(set) var failedIn: Phase?
     /// Set on a reconnect until the first packet shows where streaming resumed.
     private var measureResume = false
     /// The stream position when the link was last lost.
@@ -310,12 +315,23 @@ public struct OTAEngine: Sendable {
                 return restartTransfer(because: "the device no longer holds this transfer (state \(s.state))")
             }
             holdForGap = false
+            if phase == .verifying {
+                let timedOut = verifyTimedOut
+                verifyTimedOut = false
+                // The device verified this image (it enters `verified` only when its CRC matched):
+                // only VERIFY's reply was lost.
+                if s.state == .verified { return verified() }
+                if Int(s.offset) == image.size {
+                    guard !timedOut else { return verifyTimeout() }
+                    return send(.verify)
+                }
+                // The device lost confirmed data (a reboot): send what it lacks, then verify again.
+                phase = .streaming
+            }
             return reconcile(offset: Int(s.offset), crc: s.crc, deviceRolledBack: false)
 
         case (.verify, .success, .computedCRC(let crc)) where crc == image.crc32:
-            guard config.activate else { return finish() }
-            phase = .activating
-            return send(.activate)
+            return verified()
 
         case (.verify, .success, .computedCRC(let crc)), (.verify, .crcMismatch, .computedCRC(let crc)):
             return fail(OTAError(.verifyFailed, "device rejected the image at verify: it computed CRC32 \(hex32(crc)), the image's is \(hex32(image.crc32)); nothing was activated. Run again with --restart to send the whole image anew"))
@@ -355,6 +371,10 @@ public struct OTAEngine: Sendable {
                 // The device holds more than ever before: progress, so earlier recoveries are forgiven.
                 furthestAgreed = offset
                 recoveries = 0
+            } else if offset < sent {
+                // Data was lost again below anything new: a rewind that confirms nothing counts, so a
+                // device that drops or refuses every packet ends in an error instead of a loop.
+                guard bumpRecoveries() else { return tooManyRecoveries() }
             }
             if offset != sent { stats.rewinds += offset < sent ? 1 : 0 }
             sent = offset
@@ -371,6 +391,18 @@ public struct OTAEngine: Sendable {
         guard bumpRecoveries() else { return tooManyRecoveries() }
         // Make the device compare against our CRC at its own offset: it rolls back on mismatch.
         return send(.checkpoint(offset: UInt32(offset), crc: local))
+    }
+
+    /// VERIFY passed: the device computed the image's own CRC.
+    private mutating func verified() -> [Action] {
+        guard config.activate else { return finish() }
+        phase = .activating
+        return send(.activate)
+    }
+
+    private mutating func verifyTimeout() -> [Action] {
+        fail(OTAError(.timeout, "the device did not finish verifying the image within \(config.verifyTimeout.seconds) s; nothing was activated",
+                      hint: "raise --verify-timeout for a slow flash, or run the same command again to resume", resumable: true))
     }
 
     private mutating func restartTransfer(because reason: String) -> [Action] {
@@ -392,7 +424,7 @@ public struct OTAEngine: Sendable {
     }
 
     private mutating func tooManyRecoveries() -> [Action] {
-        fail(OTAError(.protocolError, "the device kept disagreeing with the image: \(config.maxRecoveries) recoveries in a row confirmed no new data; check the link and the device's flash", resumable: false))
+        fail(OTAError(.protocolError, "the device confirmed no new data in \(config.maxRecoveries) recoveries in a row (\(stats.rewinds) rewinds after lost data, \(stats.rollbacks) rollbacks after corrupted data, \(stats.restarts) restarts); check the link and the device's flash", resumable: false))
     }
 
     /// After a confirmed position: verify when everything is confirmed.
@@ -406,6 +438,15 @@ public struct OTAEngine: Sendable {
 
     private mutating func handleTimeout() -> [Action] {
         guard let flight = inFlight else { return [] }
+        if case .verify = flight.request {
+            // The device is still reading its flash back, or its reply was lost. Asking again
+            // would start it over; STATUS (one reply timeout) tells which, so the phase ends
+            // within --verify-timeout plus one command's retries.
+            verifyTimedOut = true
+            stats.commandRetries += 1
+            inFlight = (.status, flight.attempts + 1)
+            return [.send(.status)]
+        }
         return retryCommand(after: "no reply to \(flight.request.opcode) within \(currentTimeout.seconds) s")
     }
 
@@ -415,6 +456,7 @@ public struct OTAEngine: Sendable {
         guard let flight = inFlight else { return [] }
         guard flight.attempts <= config.commandRetries else {
             inFlight = nil
+            if verifyTimedOut { return verifyTimeout() }
             // A fresh connection often clears a stuck link or peripheral: let the supervisor try.
             let kind: OTAError.Kind = reason.hasPrefix("no reply") ? .timeout : .connection
             return fail(OTAError(kind, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason)",
@@ -441,6 +483,7 @@ public struct OTAEngine: Sendable {
     }
 
     private mutating func fail(_ error: OTAError) -> [Action] {
+        failedIn = phase
         phase = .failed
         return [.failed(error)]
     }

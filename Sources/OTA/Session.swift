@@ -89,11 +89,54 @@ public struct OTAResult: Sendable, Hashable {
 public struct SessionTimeouts: Sendable, Hashable {
     public var connect: Duration
     public var discovery: Duration
+    /// Connected time without new confirmed data after which a transfer gives up: the bound on a
+    /// device that answers but never confirms (it drops, corrupts or ignores every packet).
+    /// Never shorter than the reply timeout; time spent reconnecting does not count.
+    public var stall: Duration
 
-    public init(connect: Duration = .seconds(20), discovery: Duration = .seconds(15)) {
+    public init(connect: Duration = .seconds(20), discovery: Duration = .seconds(15), stall: Duration = .seconds(30)) {
         self.connect = connect
         self.discovery = discovery
+        self.stall = stall
     }
+}
+
+/// How long a session may go on without progress, counted over connected time while data is
+/// being sent (not while reconnecting, verifying or activating, which have limits of their own):
+/// the budget is spent while no new data is confirmed, and refilled whenever the device confirms
+/// more of the image than ever before.
+struct StallBudget {
+    let limit: Duration
+    private(set) var left: Duration
+    private var mark = 0
+    private var since: Duration?
+
+    init(limit: Duration) {
+        self.limit = limit
+        self.left = limit
+    }
+
+    /// Spends from `now` on, unless already spending.
+    mutating func spend(at now: Duration) {
+        if since == nil { since = now }
+    }
+
+    /// Stops spending: the connection is gone, or a phase with its own deadline runs.
+    mutating func hold(at now: Duration) {
+        if let since { left -= now - since }
+        since = nil
+    }
+
+    /// Refills the budget when the device holds more than before.
+    mutating func observe(furthest: Int, at now: Duration) {
+        guard furthest > mark else { return }
+        mark = furthest
+        left = limit
+        since = since.map { _ in now }
+    }
+
+    /// When the budget runs out on the running connection.
+    var deadline: Duration? { since.map { $0 + left } }
 }
 
 /// Drives one `OTAEngine` over one `GATTConnection`: the thin layer that does the I/O.
@@ -163,6 +206,14 @@ public actor OTASession {
         return OTACharacteristics(controlPoint: cp, data: data, info: info)
     }
 
+    /// The longest a run goes on after the device last confirmed new data (or after it started),
+    /// whatever the device does: the stall budget, the reconnect window, one more connection's
+    /// connect and discovery, one VERIFY, and one command's retries (README, "Time limits").
+    public static func bound(config: EngineConfig, timeouts: SessionTimeouts, reconnect: ReconnectPolicy) -> Duration {
+        max(timeouts.stall, config.replyTimeout) + reconnect.window + timeouts.connect + timeouts.discovery
+            + config.verifyTimeout + max(config.replyTimeout, config.activateTimeout) * (config.commandRetries + 1)
+    }
+
     /// Runs the whole update, reconnecting after unexpected link losses as `reconnect` allows.
     /// Throws `OTAError` with a one-line message. Cancelling the task stops it between two writes,
     /// leaving the device resumable (`interrupted`).
@@ -175,6 +226,7 @@ public actor OTASession {
             logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
         }
         var rng = SeededGenerator(seed: reconnect.seed)
+        var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
         var attempt = 0
         var outageStart: Duration?
         let started = clock.now
@@ -186,7 +238,7 @@ public actor OTASession {
             do {
                 let connection = try await connectOrThrow()
                 do {
-                    var result = try await drive(&engine, on: connection, events: events)
+                    var result = try await drive(&engine, on: connection, stall: &stall, events: events)
                     await connection.disconnect()
                     journal?.remove(device: device, image: image)
                     result.seconds = (clock.now - started).seconds
@@ -200,7 +252,10 @@ public actor OTASession {
             }
             if Task.isCancelled { throw interrupted(engine) }
             if failure.kind == .verifyFailed { journal?.remove(device: device, image: image) }
-            guard failure.resumable, failure.kind == .connection || failure.kind == .timeout, reconnect.window > .zero else {
+            // A new connection helps a lost or stuck link; it cannot make a device confirm data it
+            // keeps losing (the stall budget is spent) or verify faster.
+            let exhausted = stall.left <= .zero || (failure.kind == .timeout && engine.failedIn == .verifying)
+            guard failure.resumable, failure.kind == .connection || failure.kind == .timeout, reconnect.window > .zero, !exhausted else {
                 throw failure
             }
             // A connection that moved the transfer forward ends the outage; a new one begins.
@@ -241,7 +296,7 @@ public actor OTASession {
                  hint: "the device keeps them: run the same command again to resume", resumable: true)
     }
 
-    private func drive(_ engine: inout OTAEngine, on connection: any GATTConnection,
+    private func drive(_ engine: inout OTAEngine, on connection: any GATTConnection, stall: inout StallBudget,
                        events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let clock = connection.clock
         let started = clock.now
@@ -267,6 +322,7 @@ public actor OTASession {
                              stats: engine.stats)
         }
         events(.connected(device: device, mtu: mtu, chunkSize: OTAProtocol.chunkSize(mtu: mtu)))
+        defer { stall.hold(at: clock.now) }
         var actions = engine.handle(.connected(info: info, mtu: mtu))
         logger.debug("connected", metadata: ["device": "\(device)", "mtu": "\(mtu)", "slot": "\(info.maxImageSize)"])
 
@@ -303,8 +359,28 @@ public actor OTASession {
             }
         }
 
+        /// The stall deadline while it applies: VERIFY and ACTIVATE have deadlines of their own.
+        func stallDeadline() -> Duration? {
+            let now = clock.now
+            stall.observe(furthest: engine.furthestAgreed, at: now)
+            guard engine.phase == .beginning || engine.phase == .streaming else {
+                stall.hold(at: now)
+                return nil
+            }
+            stall.spend(at: now)
+            return stall.deadline
+        }
+        func checkStall() throws(OTAError) {
+            guard let limit = stallDeadline(), clock.now >= limit else { return }
+            stall.hold(at: clock.now)
+            throw OTAError(.timeout, "\(device) confirmed no new data in \(stall.limit.seconds) s of connected time (\(engine.acked) of \(image.size) bytes confirmed, \(engine.stats.rewinds) rewinds, \(engine.stats.rollbacks) rollbacks)",
+                           hint: "the link loses or corrupts the data, or the device stopped answering: check the link and the device, then run the same command again to resume",
+                           resumable: true)
+        }
+
         while true {
             try checkCancelled(engine)
+            try checkStall()
             recordProgress()
             // Carry out what the engine asked for.
             for action in actions {
@@ -361,6 +437,8 @@ public actor OTASession {
                     if let event = connection.pollEvent(), let mapped = map(event, chars, &commandTicket) {
                         actions = engine.handle(mapped)
                         if !actions.isEmpty { break streaming }
+                        // A device that keeps answering with rewinds never lets the stream idle.
+                        try checkStall()
                         recordProgress()
                     }
                     report(force: false)
@@ -381,10 +459,11 @@ public actor OTASession {
             }
 
             // Wait for the reply, an event, or the deadline.
-            let wait = max(.zero, deadline - clock.now)
-            let next = await connection.nextEvent(timeout: wait)
+            let until = min(deadline, stallDeadline() ?? deadline)
+            let next = await connection.nextEvent(timeout: max(.zero, until - clock.now))
             try checkCancelled(engine)
             guard let event = next else {
+                if clock.now < deadline { continue }  // the stall deadline: checked at the loop's top
                 actions = engine.handle(.timeout)
                 if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
                 continue

@@ -31,11 +31,16 @@ public struct FaultPlan: Sendable, Hashable {
     /// After this many connections the device refuses every further connection attempt
     /// (a device that went away for good). Nil: always connectable.
     public var refuseConnectionsAfter: Int?
+    /// Once the device receives a data packet covering this offset it stops answering for good:
+    /// data is ignored and commands are acknowledged at the ATT level but never answered (a
+    /// firmware that hung). Nil: never.
+    public var stopAnsweringAt: Int?
 
     public init(seed: UInt64 = 1, dropRate: Double = 0, disconnectAt: [Int] = [], rebootAt: [Int] = [],
                 rebootDuration: Duration = .milliseconds(500), corruptRate: Double = 0, corruptAt: [Int] = [],
                 gattErrorRate: Double = 0, lostNotificationRate: Double = 0, slowFlashPerKiB: Duration = .zero,
-                flashBitFlipAt: Int? = nil, refuseConnectionsAfter: Int? = nil) {
+                flashBitFlipAt: Int? = nil, refuseConnectionsAfter: Int? = nil, stopAnsweringAt: Int? = nil) {
+        self.stopAnsweringAt = stopAnsweringAt
         self.seed = seed
         self.dropRate = dropRate
         self.disconnectAt = disconnectAt

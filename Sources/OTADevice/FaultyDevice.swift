@@ -8,6 +8,8 @@ public struct FaultyDevice: Sendable {
     public var target: OTATarget
     public private(set) var faults: FaultPlan
     private var rng: SeededGenerator
+    /// The device hung (`FaultPlan.stopAnsweringAt`): it ignores data and answers no command.
+    public private(set) var silent = false
 
     public init(target: OTATarget, faults: FaultPlan) {
         var target = target
@@ -50,6 +52,11 @@ public struct FaultyDevice: Sendable {
         guard let (offset32, payload) = DataPacket.decode(bytes) else { return .handled(notification: target.handleData(bytes, from: central)) }
         let offset = Int(offset32)
         let range = offset..<(offset + payload.count)
+        if silent { return .dropped }
+        if let at = faults.stopAnsweringAt, range.contains(at) {
+            silent = true
+            return .dropped
+        }
         if let i = faults.disconnectAt.firstIndex(where: range.contains) {
             faults.disconnectAt.remove(at: i)
             return .disconnect(reason: "disconnect fault at offset \(offset)")
@@ -73,6 +80,7 @@ public struct FaultyDevice: Sendable {
 
     /// Handles a control point write as the faults dictate.
     public mutating func receiveCommand(_ bytes: [UInt8], from central: String? = nil) -> CommandOutcome {
+        if silent { return .handled(response: [], notify: false, activated: false) }
         if rng.chance(faults.gattErrorRate) { return .attError }
         let response = target.handleControl(bytes, from: central)
         let activated = bytes.first == OTAOpcode.activate.rawValue && response.count >= 3

@@ -58,6 +58,8 @@ struct Scenario: CustomStringConvertible {
     var link: LinkModel
     var faults: FaultPlan
     var bitFlip: Bool
+    /// A device that never confirms: it drops or corrupts every packet, or stops answering.
+    var neverConfirms: String?
 
     init(seed: UInt64) {
         var rng = SeededGenerator(seed: seed)
@@ -81,12 +83,23 @@ struct Scenario: CustomStringConvertible {
             lostNotificationRate: rate(0.1),
             slowFlashPerKiB: .microseconds(Int64(rng.next() % 3000)),
             flashBitFlipAt: bitFlip ? Int(rng.next() % UInt64(size)) : nil)
+        // One run in ten: a device that never confirms, which must still end within the bound.
+        if rng.next() % 10 == 0 {
+            switch rng.next() % 3 {
+            case 0: faults.dropRate = 1; neverConfirms = "drops every packet"
+            case 1: faults.corruptRate = 1; neverConfirms = "corrupts every packet"
+            default:
+                faults.stopAnsweringAt = Int(rng.next() % UInt64(size))
+                neverConfirms = "stops answering at \(faults.stopAnsweringAt!)"
+            }
+        }
     }
 
     var description: String {
         "size \(size), \(link), drop \(faults.dropRate), disconnects \(faults.disconnectAt), reboots \(faults.rebootAt), "
             + "corrupt \(faults.corruptRate), gatt errors \(faults.gattErrorRate), lost notifications \(faults.lostNotificationRate), "
             + "slow flash \(faults.slowFlashPerKiB), bit flip \(faults.flashBitFlipAt.map(String.init) ?? "none")"
+            + (neverConfirms.map { ", never confirms: \($0)" } ?? "")
     }
 }
 
@@ -98,10 +111,17 @@ struct RunRecord {
     var bytesSent: Int
     var virtualSeconds: Double
     var wallSeconds: Double
+    /// Virtual seconds from the last newly confirmed data (or the start) to the end.
+    var afterProgress: Double
+    var neverConfirms: Bool
 }
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 let config = EngineConfig()
+let timeouts = SessionTimeouts()
+let reconnectWindow: Duration = .seconds(60)
+/// The documented bound after the last progress (README, "Time limits").
+let bound = OTASession.bound(config: config, timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow))
 /// Wall-clock limit of one run: every wait is virtual, so a run that takes this long is stuck.
 let hangLimit: Duration = .seconds(20)
 var records: [RunRecord] = []
@@ -116,13 +136,18 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
     let session = OTASession(central: central, address: device.config.address, image: image, config: config,
-                             reconnect: ReconnectPolicy(window: .seconds(60), seed: scenarioSeed))
+                             timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
     let reconnects = Counter()
+    let lastProgress = Counter()
     let t0 = ContinuousClock.now
     let work = Task { () async -> Result<OTAResult, OTAError> in
         do throws(OTAError) {
             return .success(try await session.run { event in
                 if case .reconnecting = event { reconnects.increment() }
+                if case .progress(let p) = event, p.confirmed > lastProgress.mark {
+                    lastProgress.mark = p.confirmed
+                    lastProgress.at = clock.now
+                }
                 if options.only != nil {
                     switch event {
                     case .progress: break
@@ -144,7 +169,8 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     let wall = (ContinuousClock.now - t0).seconds
 
     var record = RunRecord(outcome: "", violation: nil, reconnects: reconnects.value, resumeResends: [],
-                           bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall)
+                           bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall,
+                           afterProgress: (clock.now - lastProgress.at).seconds, neverConfirms: scenario.neverConfirms != nil)
     let activations = device.target.activations
     if activations.contains(where: { $0.image != image.bytes || $0.crc != image.crc32 }) {
         record.violation = "activated an image that differs from the one sent"
@@ -162,6 +188,12 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
         if record.outcome == "hang" { record.violation = "no end within \(hangLimit.seconds) s of wall time" }
         if !activations.isEmpty && e.kind != .connection { record.violation = record.violation ?? "failed (\(e.kind)) after activating" }
     }
+    if scenario.neverConfirms != nil, record.outcome == "ok" {
+        record.violation = record.violation ?? "a device that never confirms reported success"
+    }
+    if record.afterProgress > bound.seconds {
+        record.violation = record.violation ?? "ran \(record.afterProgress) s after its last progress, past the \(bound.seconds) s bound"
+    }
     if let worst = record.resumeResends.max(), worst > config.window {
         record.violation = record.violation ?? "re-sent \(worst) bytes after a resume, more than the \(config.window)-byte window"
     }
@@ -175,6 +207,8 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
 final class Counter: @unchecked Sendable {
     // Touched only from the session's own task, one run at a time.
     private(set) var value = 0
+    var mark = 0
+    var at: Duration = .zero
     func increment() { value += 1 }
 }
 
@@ -199,6 +233,11 @@ print(String(format: "virtual time per run: median %.2f s, p95 %.2f s, max %.2f 
 let mismatched = violations.filter { $0.violation?.contains("activated an image") == true }.count
 let hangs = records.filter { $0.outcome == "hang" }.count
 let overWindow = records.filter { ($0.resumeResends.max() ?? 0) > config.window }.count
+let never = records.filter(\.neverConfirms)
+let neverOutcomes = Dictionary(grouping: never, by: \.outcome).mapValues(\.count)
+let pastBound = records.filter { $0.afterProgress > bound.seconds }.count
+print("never-confirming devices: \(never.count) runs (" + neverOutcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+      + String(format: "), longest after the last progress %.1f s; bound %.0f s, runs past it: %d", never.map(\.afterProgress).max() ?? 0, bound.seconds, pastBound))
 print("violations: \(violations.count) (mismatched activations \(mismatched), hangs \(hangs), resumes over one window \(overWindow))")
 print("\(options.runs - violations.count) passed, \(violations.count) failed")
 
@@ -206,7 +245,7 @@ if let path = options.json {
     let object: [String: Any] = [
         "runs": options.runs, "seed": options.seed, "seconds": total, "outcomes": outcomes,
         "reconnects": reconnectTotal, "resumes": resumes.count, "max_resend_per_resume": maxResend, "window": config.window,
-        "mismatched_activations": mismatched, "hangs": hangs, "resumes_over_window": overWindow, "violations": violations.count,
+        "mismatched_activations": mismatched, "hangs": hangs, "never_confirming_runs": never.count, "past_bound": pastBound, "resumes_over_window": overWindow, "violations": violations.count,
     ]
     if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
         if !FileManager.default.createFile(atPath: path, contents: data) { fail("cannot write \(path)") }

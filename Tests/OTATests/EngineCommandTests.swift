@@ -55,10 +55,32 @@ struct EngineCommandTests {
         #expect(engine.phase == .failed)
     }
 
-    @Test func verifyWaitsForItsOwnLongerTimeoutAndIsResentAfterIt() {
+    @Test func verifyWaitsForItsOwnLongerTimeoutThenAsksForStatusInsteadOfStartingOver() throws {
         var engine = engineAtVerify(EngineConfig(replyTimeout: .seconds(2), verifyTimeout: .seconds(40)))
         #expect(engine.currentTimeout == .seconds(40))
-        #expect(engine.handle(.timeout) == [.send(.verify)])
+        // Sending VERIFY again would make a slow device start reading its flash over.
+        #expect(engine.handle(.timeout) == [.send(.status)])
+        #expect(engine.currentTimeout == .seconds(2))
+        // Still not verified: the phase ends, saying nothing was activated.
+        let actions = engine.handle(Device.status(offset: image.size, crc: image.crc32, image: image))
+        let failure = try #require(actions.first?.failure)
+        #expect(failure.kind == .timeout)
+        #expect(failure.resumable)
+        #expect(failure.message.contains("did not finish verifying the image within 40.0 s; nothing was activated"))
+        #expect(engine.failedIn == .verifying)
+    }
+
+    @Test func aLostVerifyReplyIsRecoveredByStatus() {
+        var engine = engineAtVerify()
+        #expect(engine.handle(.timeout) == [.send(.status)])
+        // The device verified the image; only its reply was lost.
+        #expect(engine.handle(Device.status(state: .verified, offset: image.size, crc: image.crc32, image: image)) == [.send(.activate)])
+        #expect(engine.phase == .activating)
+    }
+
+    @Test func failedVerifyWriteIsStillSentAgain() {
+        var engine = engineAtVerify(EngineConfig())
+        #expect(engine.handle(.commandFailed(.att(.unlikelyError, "writing the control point"))) == [.send(.verify)])
     }
 
     @Test func failedControlPointWriteIsRetried() {
@@ -130,7 +152,8 @@ struct EngineCommandTests {
         var engine = engineAtVerify(EngineConfig(checkpointInterval: 960))
         #expect(engine.handle(Device.verify(.incomplete, crc: crc(image, upTo: 1920))) == [.send(.status)])
         #expect(engine.handle(Device.status(offset: 1920, crc: crc(image, upTo: 1920), image: image)).isEmpty)
-        #expect(engine.phase == .verifying || engine.phase == .streaming)
+        #expect(engine.phase == .streaming)
+        #expect(engine.nextStreamStep() == .data(offset: 1920, count: 240))
     }
 
     @Test func refusedActivationFails() throws {
