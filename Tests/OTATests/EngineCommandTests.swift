@@ -50,7 +50,7 @@ struct EngineCommandTests {
         }
         #expect(sends == Array(repeating: beginRequest(image, restart: false), count: retries + 1))
         let failure = try #require(last.first?.failure)
-        #expect(failure.kind == .timeout)
+        #expect(failure.code == .timeout)
         #expect(failure.resumable)
         #expect(engine.phase == .failed)
     }
@@ -74,7 +74,7 @@ struct EngineCommandTests {
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         #expect(engine.handle(.commandFailed(GATTError(.notConnected, "not connected"))).isEmpty)
         let actions = engine.handle(.disconnected(.linkLost("supervision timeout")))
-        #expect(actions.first?.failure?.kind == .connection)
+        #expect(actions.first?.failure?.code == .connection)
         #expect(actions.first?.failure?.resumable == true)
     }
 
@@ -84,7 +84,7 @@ struct EngineCommandTests {
         _ = engine.streamUntilIdle()
         _ = engine.handle(Device.checkpoint(.success, offset: 960, crc: crc(image, upTo: 960)))
         let failure = try #require(engine.handle(.disconnected(.linkLost("peer reset"))).first?.failure)
-        #expect(failure.kind == .connection)
+        #expect(failure.code == .connection)
         #expect(failure.resumable)
         #expect(failure.message.contains("960"))
     }
@@ -113,7 +113,7 @@ struct EngineCommandTests {
         #expect(!actions.contains(.send(.activate)))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .verifyFailed)
+        #expect(failure.code == .verifyFailed)
         #expect(failure.message.contains(hex32(image.crc32)))
         #expect(engine.phase == .failed)
         // Nothing afterwards brings ACTIVATE back.
@@ -137,14 +137,14 @@ struct EngineCommandTests {
         var engine = engineAtVerify()
         _ = engine.handle(Device.verify(.success, crc: image.crc32))
         let failure = try #require(engine.handle(Device.activate(.notVerified)).first?.failure)
-        #expect(failure.kind == .protocolError)
+        #expect(failure.code == .protocolError)
     }
 
     @Test func linkLossWhileActivatingSaysTheImageWasVerified() throws {
         var engine = engineAtVerify()
         _ = engine.handle(Device.verify(.success, crc: image.crc32))
         let failure = try #require(engine.handle(.disconnected(.linkLost("device rebooted"))).first?.failure)
-        #expect(failure.kind == .connection)
+        #expect(failure.code == .connection)
         #expect(failure.message.contains("verified"))
     }
 
@@ -163,7 +163,7 @@ struct EngineCommandTests {
         let actions = engine.handle(.connected(info: Device.info(slot: image.size - 1), mtu: 247))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .imageTooLarge)
+        #expect(failure.code == .imageTooLarge)
         #expect(failure.message.contains("\(image.size)"))
     }
 
@@ -179,20 +179,20 @@ struct EngineCommandTests {
         let actions = engine.handle(.connected(info: Device.info(protocolVersion: version), mtu: 247))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .incompatibleDevice)
+        #expect(failure.code == .incompatibleDevice)
     }
 
-    static let refusals: [(OTAStatus, OTAError.Kind)] = [
+    static let refusals: [(OTAStatus, OTAError.Code)] = [
         (.busy, .protocolError), (.imageTooLarge, .imageTooLarge), (.unsupportedProtocol, .incompatibleDevice),
         (.invalidImage, .protocolError), (OTAStatus(rawValue: 0x77), .protocolError),
     ]
 
     @Test(arguments: refusals)
-    func refusedBeginFailsWithTheMatchingKind(status: OTAStatus, kind: OTAError.Kind) throws {
+    func refusedBeginFailsWithTheMatchingCode(status: OTAStatus, code: OTAError.Code) throws {
         var engine = OTAEngine(image: image)
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         let failure = try #require(engine.handle(Device.beginRefused(status)).first?.failure)
-        #expect(failure.kind == kind)
+        #expect(failure.code == code)
         #expect(failure.message.contains(status.description))
     }
 }
