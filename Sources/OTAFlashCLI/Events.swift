@@ -322,8 +322,8 @@ public enum InfoEvents {
 
 // MARK: simulate
 
-/// The events of `otaflash simulate` (peripheral mode). `central` is the connected central's
-/// address, null when BlueZ did not say which central made a request.
+/// The events of `otaflash simulate` (peripheral mode). `central` is the central's address; in the
+/// transfer events it is null when BlueZ did not say which central made the request.
 public enum SimulateEvents {
     public struct Serving: JSONEvent {
         public static let name = "serving"
@@ -337,12 +337,12 @@ public enum SimulateEvents {
 
     public struct Connected: JSONEvent {
         public static let name = "connected"
-        public var central: String?
+        public var central: String
     }
 
     public struct Disconnected: JSONEvent {
         public static let name = "disconnected"
-        public var central: String?
+        public var central: String
         public var reason: String
     }
 
@@ -378,8 +378,8 @@ public enum SimulateEvents {
 
     public struct Busy: JSONEvent {
         public static let name = "busy"
-        public var central: String?
-        public var owner: String?
+        public var central: String
+        public var owner: String
     }
 
     public struct Note: JSONEvent {
@@ -443,7 +443,7 @@ public enum EventCatalog {
             SimulateEvents.Progress(central: central, bytes: 2048, total: 4096),
             SimulateEvents.Verified(central: central, crc32: "a1206a16"),
             SimulateEvents.Activated(central: central, size: 4096, crc32: "a1206a16", firmwareVersion: "2.0.0", stored: nil),
-            SimulateEvents.Busy(central: central, owner: nil),
+            SimulateEvents.Busy(central: "AA:BB:CC:DD:EE:02", owner: central),
             SimulateEvents.Note(message: "a note"),
             SimulateEvents.Done(activations: 1),
         ]

@@ -176,10 +176,10 @@ struct Simulate: AsyncParsableCommand {
         func name(_ central: String?) -> String { central.map { OTAPeripheralEvent.address(of: $0) } ?? "a central" }
         switch event {
         case .connected(let central):
-            printer.json(SimulateEvents.Connected(central: who(central)))
+            printer.json(SimulateEvents.Connected(central: name(central)))
             printer.note("\(name(central)) connected")
         case .disconnected(let central, let reason):
-            printer.json(SimulateEvents.Disconnected(central: who(central), reason: reason))
+            printer.json(SimulateEvents.Disconnected(central: name(central), reason: reason))
             printer.note("\(name(central)) disconnected: \(reason)")
         case .begin(let central, let size, let crc, let offset):
             printer.json(SimulateEvents.Begin(central: who(central), size: size, crc32: hex32(crc), offset: offset))
@@ -198,7 +198,7 @@ struct Simulate: AsyncParsableCommand {
             printer.note("activated \(formatBytes(size)) image \(hex32(crc)) (firmware \(version))"
                          + (stored.map { "; stored as \($0)" } ?? "") + "; rebooting into it")
         case .busy(let central, let owner):
-            printer.json(SimulateEvents.Busy(central: who(central), owner: who(owner)))
+            printer.json(SimulateEvents.Busy(central: name(central), owner: name(owner)))
             printer.note("\(name(central)) was told busy: \(name(owner)) owns the transfer in progress")
         case .note(let text):
             printer.json(SimulateEvents.Note(message: text))

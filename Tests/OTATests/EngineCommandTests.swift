@@ -69,6 +69,27 @@ struct EngineCommandTests {
         #expect(engine.stats.commandRetries == 1)
     }
 
+    /// The caller says which code a spent retry fails with: a failed write is a connection
+    /// failure carrying the write's error as its cause, whatever that error's text says.
+    @Test func controlPointWritesThatKeepFailingFailAsAConnectionErrorWithTheirCause() throws {
+        var engine = OTAEngine(image: image, config: EngineConfig(commandRetries: 1))
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        let writeError = GATTError.att(.unlikelyError, "no reply from the controller's queue")
+        #expect(engine.handle(.commandFailed(writeError)) == [.send(beginRequest(image, restart: false))])
+        let failure = try #require(engine.handle(.commandFailed(writeError)).first?.failure)
+        #expect(failure.code == .connection)
+        #expect(failure.cause as? GATTError == writeError)
+        #expect(failure.resumable)
+    }
+
+    @Test func anUnansweredCommandFailsAsATimeoutWithoutACause() throws {
+        var engine = OTAEngine(image: image, config: EngineConfig(commandRetries: 0))
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        let failure = try #require(engine.handle(.timeout).first?.failure)
+        #expect(failure.code == .timeout)
+        #expect(failure.cause == nil)
+    }
+
     @Test func writeFailingBecauseTheLinkIsGoneWaitsForTheDisconnect() {
         var engine = OTAEngine(image: image)
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
