@@ -31,6 +31,27 @@ public enum EventResult: String, Encodable, Sendable {
     case error
 }
 
+/// The `done` event of a command: how it ended, with the command's own keys before the error's.
+public protocol CommandDone: JSONEvent {
+    /// A successful ending, every optional key null.
+    init()
+    var result: EventResult { get set }
+    var exitCode: Int { get set }
+    var error: String? { get set }
+    var message: String? { get set }
+}
+
+extension CommandDone {
+    /// A command that failed: its exit code, the code's name and the one line that explains it.
+    public init(failure: CLIFailure) {
+        self.init()
+        result = .error
+        exitCode = Int(failure.code.rawValue)
+        error = failure.code.name
+        message = failure.message
+    }
+}
+
 /// Printed by every command when its command line is rejected and `--json` is among the arguments.
 public struct UsageErrorEvent: JSONEvent {
     public static let name = "error"
@@ -137,9 +158,9 @@ public enum FlashEvents {
     }
 
     /// How one device ended, the same for a single device and for each device of a batch.
-    public struct Done: JSONEvent {
+    public struct Done: CommandDone {
         public static let name = "done"
-        public var result: EventResult
+        public var result = EventResult.ok
         public var device: String?
         public var adapter: String?
         public var bytes: Int?
@@ -155,22 +176,23 @@ public enum FlashEvents {
         public var attempts: Int?
         public var firmwareBefore: String?
         public var firmwareAfter: String?
-        public var exitCode: Int
+        public var exitCode = 0
         public var error: String?
         public var message: String?
 
+        public init() {}
+
         /// A device's outcome, from a single-device run or a batch.
         public init(_ outcome: BatchOutcome) {
+            if case .failed(let e) = outcome.result { self.init(failure: CLIFailure(e)) } else { self.init() }
             device = outcome.device
             adapter = outcome.adapter
             seconds = outcome.seconds
             attempts = outcome.attempts
             firmwareBefore = outcome.firmwareBefore?.description
             firmwareAfter = outcome.firmwareAfter?.description
-            exitCode = 0
             switch outcome.result {
             case .ok(let r):
-                result = .ok
                 bytes = r.bytes
                 crc32 = hex32(r.crc32)
                 throughput = r.throughput
@@ -183,23 +205,16 @@ public enum FlashEvents {
             case .skipped:
                 result = .skipped
                 activated = false
-            case .failed(let e):
-                result = .error
-                let code = ExitCode(e.code)
-                exitCode = Int(code.rawValue)
-                error = code.name
-                message = e.description
+            case .failed:
+                break
             }
         }
 
         /// A run that failed outside a device's session: bad image, bad output path, no device given.
         public init(failure: CLIFailure, device: String?, adapter: String?) {
-            result = .error
+            self.init(failure: failure)
             self.device = device
             self.adapter = adapter
-            exitCode = Int(failure.code.rawValue)
-            error = failure.code.name
-            message = failure.message
         }
     }
 
@@ -259,26 +274,16 @@ public enum ScanEvents {
         public var ota: Bool
     }
 
-    public struct Done: JSONEvent {
+    public struct Done: CommandDone {
         public static let name = "done"
-        public var result: EventResult
+        public var result = EventResult.ok
         public var count: Int?
-        public var exitCode: Int
+        public var exitCode = 0
         public var error: String?
         public var message: String?
 
-        public init(count: Int) {
-            result = .ok
-            self.count = count
-            exitCode = 0
-        }
-
-        public init(failure: CLIFailure) {
-            result = .error
-            exitCode = Int(failure.code.rawValue)
-            error = failure.code.name
-            message = failure.message
-        }
+        public init() {}
+        public init(count: Int) { self.count = count }
     }
 }
 
@@ -298,25 +303,14 @@ public enum InfoEvents {
         public var otaReceived: String?
     }
 
-    public struct Done: JSONEvent {
+    public struct Done: CommandDone {
         public static let name = "done"
-        public var result: EventResult
-        public var exitCode: Int
+        public var result = EventResult.ok
+        public var exitCode = 0
         public var error: String?
         public var message: String?
 
-        public static let ok = Done(result: .ok, exitCode: 0)
-
-        public init(failure: CLIFailure) {
-            self.init(result: .error, exitCode: Int(failure.code.rawValue), error: failure.code.name, message: failure.message)
-        }
-
-        init(result: EventResult, exitCode: Int, error: String? = nil, message: String? = nil) {
-            self.result = result
-            self.exitCode = exitCode
-            self.error = error
-            self.message = message
-        }
+        public init() {}
     }
 }
 
@@ -387,26 +381,16 @@ public enum SimulateEvents {
         public var message: String
     }
 
-    public struct Done: JSONEvent {
+    public struct Done: CommandDone {
         public static let name = "done"
-        public var result: EventResult
+        public var result = EventResult.ok
         public var activations: Int?
-        public var exitCode: Int
+        public var exitCode = 0
         public var error: String?
         public var message: String?
 
-        public init(activations: Int) {
-            result = .ok
-            self.activations = activations
-            exitCode = 0
-        }
-
-        public init(failure: CLIFailure) {
-            result = .error
-            exitCode = Int(failure.code.rawValue)
-            error = failure.code.name
-            message = failure.message
-        }
+        public init() {}
+        public init(activations: Int) { self.activations = activations }
     }
 }
 
@@ -453,7 +437,7 @@ public enum EventCatalog {
                ("otaflash info", InfoEvents.Info(device: device, manufacturer: "otaflash", model: nil, firmwareRevision: "1.0.0",
                                                  otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",
                                                  otaFirmwareVersion: "1.0.0", otaReceived: "0")),
-               ("otaflash info", InfoEvents.Done.ok)]
+               ("otaflash info", InfoEvents.Done())]
             + simulate.map { ("otaflash simulate", $0) }
             + [("any command", UsageErrorEvent(message: "unknown option '--bogus'"))]
     }()

@@ -81,7 +81,7 @@ struct Info: AsyncParsableCommand {
             printer.json(InfoEvents.Done(failure: failure))
             throw failure
         }
-        printer.json(InfoEvents.Done.ok)
+        printer.json(InfoEvents.Done())
     }
 
     private func info(_ printer: EventPrinter) async throws {
