@@ -463,13 +463,15 @@ struct EventEncoder {
 
         func field(_ key: some CodingKey) -> Node {
             let child = Node()
-            fields = (fields ?? []) + [(EventEncoder.snakeCase(key.stringValue), child)]
+            fields = fields ?? []
+            fields!.append((EventEncoder.snakeCase(key.stringValue), child))
             return child
         }
 
         func item() -> Node {
             let child = Node()
-            items = (items ?? []) + [child]
+            items = items ?? []
+            items!.append(child)
             return child
         }
     }
