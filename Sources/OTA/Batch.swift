@@ -45,7 +45,7 @@ public struct BatchOptions: Sendable {
     }
 }
 
-/// What happened to one device.
+/// What happened to one device, in a batch or alone: the CLI reports both the same way.
 public struct BatchOutcome: Sendable {
     public enum Result: Sendable {
         case ok(OTAResult)
@@ -61,6 +61,25 @@ public struct BatchOutcome: Sendable {
     public let seconds: Double
     public let firmwareBefore: FirmwareVersion?
     public let firmwareAfter: FirmwareVersion?
+
+    public init(device: String, adapter: String?, result: Result, attempts: Int, seconds: Double,
+                firmwareBefore: FirmwareVersion?, firmwareAfter: FirmwareVersion?) {
+        self.device = device
+        self.adapter = adapter
+        self.result = result
+        self.attempts = attempts
+        self.seconds = seconds
+        self.firmwareBefore = firmwareBefore
+        self.firmwareAfter = firmwareAfter
+    }
+
+    /// The outcome of a session that returned: `skipped` when the device already ran the version
+    /// (it still runs it afterwards), otherwise `ok`.
+    public init(_ result: OTAResult, adapter: String?, attempts: Int, seconds: Double, firmwareAfter: FirmwareVersion?) {
+        self.init(device: result.device, adapter: adapter, result: result.skipped ? .skipped(result.firmwareBefore) : .ok(result),
+                  attempts: attempts, seconds: seconds, firmwareBefore: result.firmwareBefore,
+                  firmwareAfter: result.skipped ? result.firmwareBefore : firmwareAfter)
+    }
 
     public var succeeded: Bool {
         switch result {
@@ -126,20 +145,14 @@ public struct BatchRunner: Sendable {
             do {
                 let result = try await session.run(events: events)
                 before = result.firmwareBefore
-                if result.skipped {
-                    return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .skipped(result.firmwareBefore),
-                                        attempts: attempt, seconds: (clock.now - started).seconds,
-                                        firmwareBefore: result.firmwareBefore, firmwareAfter: result.firmwareBefore)
-                }
-                let after = result.activated && options.readBackVersion ? await readVersion(target) : nil
-                return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .ok(result),
-                                    attempts: attempt, seconds: (clock.now - started).seconds,
-                                    firmwareBefore: result.firmwareBefore, firmwareAfter: after)
+                let after = !result.skipped && result.activated && options.readBackVersion ? await readVersion(target) : nil
+                return BatchOutcome(result, adapter: target.adapter, attempts: attempt, seconds: (clock.now - started).seconds,
+                                    firmwareAfter: after)
             } catch {
                 lastError = error
                 logger.debug("attempt failed", metadata: ["device": "\(target.address)", "attempt": "\(attempt)", "error": "\(error)"])
                 // Only failures a new session can overcome are worth another attempt.
-                guard error.resumable, error.kind != .interrupted else { break }
+                guard error.resumable, error.code != .interrupted else { break }
             }
         }
         let error = lastError ?? OTAError(.interrupted, "stopped before \(target.address) was flashed", resumable: true)

@@ -207,14 +207,14 @@ public struct OTAEngine: Sendable {
             if error.attError == ATTError(rawValue: 0x89) {
                 inFlight = nil
                 return fail(OTAError(.protocolError, "the device is busy with another central's transfer",
-                                     hint: "wait for it to finish, then run the same command again", resumable: true))
+                                     hint: "wait for it to finish, then run the same command again", resumable: true, cause: error))
             }
             // The device wants pairing: sending again cannot help.
             if error.code == .notAuthorized || error.code == .permissionDenied {
                 inFlight = nil
                 return fail(OTAError.from(error, device: "the device"))
             }
-            return retryCommand(after: "\(error)")
+            return retryCommand(after: "\(error)", failingWith: .connection, cause: error)
         case .timeout:
             return handleTimeout()
         case .disconnected(let reason):
@@ -447,20 +447,21 @@ public struct OTAEngine: Sendable {
             inFlight = (.status, flight.attempts + 1)
             return [.send(.status)]
         }
-        return retryCommand(after: "no reply to \(flight.request.opcode) within \(currentTimeout.seconds) s")
+        return retryCommand(after: "no reply to \(flight.request.opcode) within \(currentTimeout.seconds) s", failingWith: .timeout)
     }
 
     /// The command in flight failed or went unanswered: send it again, or ask for STATUS (which
-    /// changes nothing on the device) when resending could move its position.
-    private mutating func retryCommand(after reason: String) -> [Action] {
+    /// changes nothing on the device) when resending could move its position. When the retries are
+    /// used up, fails with `code` (the caller knows whether a reply was missing or a write failed).
+    private mutating func retryCommand(after reason: String, failingWith code: OTAError.Code, cause: (any Error)? = nil) -> [Action] {
         guard let flight = inFlight else { return [] }
         guard flight.attempts <= config.commandRetries else {
             inFlight = nil
             if verifyTimedOut { return verifyTimeout() }
             // A fresh connection often clears a stuck link or peripheral: let the supervisor try.
-            let kind: OTAError.Kind = reason.hasPrefix("no reply") ? .timeout : .connection
-            return fail(OTAError(kind, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason)",
-                                 hint: "the device may be stalled: power-cycle it and run the same command again to resume", resumable: true))
+            return fail(OTAError(code, "\(flight.request.opcode) failed \(flight.attempts) times, last: \(reason)",
+                                 hint: "the device may be stalled: power-cycle it and run the same command again to resume",
+                                 resumable: true, cause: cause))
         }
         stats.commandRetries += 1
         let request: ControlRequest

@@ -1,74 +1,115 @@
 import GATT
 import OTAWire
 
-/// A failed update: what failed and what to do next, in one line, plus a kind that decides the
-/// exit code.
+/// A failed update: a code that decides the exit code, what failed and what to do next in one
+/// line, and the error it came from.
+///
+/// Shaped like swift-nio's `FileSystemError`: the code is a struct wrapping a private enum, so a
+/// new code can be added without breaking anyone's `switch` (match codes with `==` or `case .x:`
+/// plus a `default`).
 public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// Failure classes. Each has its own documented exit code (README, "Exit codes").
-    public enum Kind: String, Sendable, Hashable, CaseIterable {
+    /// A failure class. Each has its own documented exit code (README, "Exit codes").
+    public struct Code: Hashable, Sendable, CustomStringConvertible, CaseIterable {
+        private enum Wrapped: String, Hashable, Sendable, CaseIterable {
+            case image, imageTooLarge, deviceNotFound, connection, incompatibleDevice, verifyFailed
+            case protocolError, timeout, bluetoothUnavailable, permission, interrupted, internalError
+        }
+
+        private let wrapped: Wrapped
+
+        private init(_ wrapped: Wrapped) { self.wrapped = wrapped }
+
         /// The image file cannot be used.
-        case image
+        public static var image: Self { Self(.image) }
         /// The image does not fit the device's slot.
-        case imageTooLarge
-        case deviceNotFound
+        public static var imageTooLarge: Self { Self(.imageTooLarge) }
+        public static var deviceNotFound: Self { Self(.deviceNotFound) }
         /// Connecting failed, or the link was lost and not recovered. The transfer can resume.
-        case connection
+        public static var connection: Self { Self(.connection) }
         /// The device lacks the OTA service, a characteristic or a property the protocol needs.
-        case incompatibleDevice
+        public static var incompatibleDevice: Self { Self(.incompatibleDevice) }
         /// The device's whole-image CRC did not match at VERIFY. Nothing was activated.
-        case verifyFailed
+        public static var verifyFailed: Self { Self(.verifyFailed) }
         /// The device refused a command or broke the protocol.
-        case protocolError
-        case timeout
+        public static var protocolError: Self { Self(.protocolError) }
+        /// A reply, a phase or a connection attempt took longer than its limit.
+        public static var timeout: Self { Self(.timeout) }
         /// bluetoothd not running, no adapter, adapter off.
-        case bluetoothUnavailable
+        public static var bluetoothUnavailable: Self { Self(.bluetoothUnavailable) }
         /// D-Bus permission denied, or the device wants pairing.
-        case permission
+        public static var permission: Self { Self(.permission) }
         /// SIGINT/SIGTERM; the transfer can resume.
-        case interrupted
-        case internalError
+        public static var interrupted: Self { Self(.interrupted) }
+        public static var internalError: Self { Self(.internalError) }
+
+        /// Every code this version knows; later versions may add more.
+        public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }
+
+        /// The code's name, e.g. `verifyFailed`.
+        public var description: String { wrapped.rawValue }
     }
 
-    public var kind: Kind
+    public var code: Code
     /// What failed.
     public var message: String
     /// What to do next, when there is something better than reading the message.
     public var hint: String?
     /// True when running the same command again continues where this one stopped.
     public var resumable: Bool
+    /// The error this one came from, when there is one: the transport's `GATTError`, an errno, an
+    /// undecodable value's error. For logs and programs; the message already says it for people.
+    public var cause: (any Error)?
 
-    public init(_ kind: Kind, _ message: String, hint: String? = nil, resumable: Bool = false) {
-        self.kind = kind
+    public init(_ code: Code, _ message: String, hint: String? = nil, resumable: Bool = false, cause: (any Error)? = nil) {
+        self.code = code
         self.message = message
         self.hint = hint
         self.resumable = resumable
+        self.cause = cause
     }
 
     /// The one line a person reads: what failed, then what to do.
     public var description: String { hint.map { "\(message); \($0)" } ?? message }
 
-    /// Maps a transport error to the failure class a user acts on.
+    /// Two errors are equal when they say the same thing and came from equal-looking causes.
+    public static func == (a: OTAError, b: OTAError) -> Bool {
+        a.code == b.code && a.message == b.message && a.hint == b.hint && a.resumable == b.resumable
+            && a.causeText == b.causeText
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(code)
+        hasher.combine(message)
+        hasher.combine(hint)
+        hasher.combine(resumable)
+        hasher.combine(causeText)
+    }
+
+    private var causeText: String? { cause.map { String(reflecting: $0) } }
+
+    /// Maps a transport error to the failure class a user acts on; the transport error is the cause.
     public static func from(_ error: GATTError, device: String) -> OTAError {
         switch error.code {
         case .serviceNotFound, .characteristicNotFound, .notPermitted:
-            OTAError(.incompatibleDevice, "\(error.message); is \(device) running an OTA-capable firmware?")
+            OTAError(.incompatibleDevice, "\(error.message); is \(device) running an OTA-capable firmware?", cause: error)
         case .notAuthorized:
             OTAError(.permission, "\(device) refused access: \(error.message)",
-                     hint: "pair it first (`bluetoothctl pair \(device)`), then retry")
+                     hint: "pair it first (`bluetoothctl pair \(device)`), then retry", cause: error)
         case .permissionDenied:
-            OTAError(.permission, "\(error.message)")
+            OTAError(.permission, "\(error.message)", cause: error)
         case .deviceNotFound:
-            OTAError(.deviceNotFound, "\(error.message); is it powered, advertising and in range?")
+            OTAError(.deviceNotFound, "\(error.message); is it powered, advertising and in range?", cause: error)
         case .connectFailed:
-            OTAError(.connection, error.message, hint: "move it closer or power-cycle it, then retry", resumable: true)
+            OTAError(.connection, error.message, hint: "move it closer or power-cycle it, then retry", resumable: true, cause: error)
         case .notConnected:
-            OTAError(.connection, "link to \(device) lost (\(error.message))", hint: "run the same command again to resume", resumable: true)
+            OTAError(.connection, "link to \(device) lost (\(error.message))", hint: "run the same command again to resume",
+                     resumable: true, cause: error)
         case .timeout:
-            OTAError(.timeout, "\(error.message)", resumable: true)
+            OTAError(.timeout, "\(error.message)", resumable: true, cause: error)
         case .adapterUnavailable, .stackUnavailable:
-            OTAError(.bluetoothUnavailable, error.message)
+            OTAError(.bluetoothUnavailable, error.message, cause: error)
         default:
-            OTAError(.protocolError, "\(device): \(error.message)")
+            OTAError(.protocolError, "\(device): \(error.message)", cause: error)
         }
     }
 }

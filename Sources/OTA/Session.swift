@@ -251,11 +251,11 @@ public actor OTASession {
                 failure = error
             }
             if Task.isCancelled { throw interrupted(engine) }
-            if failure.kind == .verifyFailed { journal?.remove(device: device, image: image) }
+            if failure.code == .verifyFailed { journal?.remove(device: device, image: image) }
             // A new connection helps a lost or stuck link; it cannot make a device confirm data it
             // keeps losing (the stall budget is spent) or verify faster.
-            let exhausted = stall.left <= .zero || (failure.kind == .timeout && engine.failedIn == .verifying)
-            guard failure.resumable, failure.kind == .connection || failure.kind == .timeout, reconnect.window > .zero, !exhausted else {
+            let exhausted = stall.left <= .zero || (failure.code == .timeout && engine.failedIn == .verifying)
+            guard failure.resumable, failure.code == .connection || failure.code == .timeout, reconnect.window > .zero, !exhausted else {
                 throw failure
             }
             // A connection that moved the transfer forward ends the outage; a new one begins.
@@ -266,8 +266,9 @@ public actor OTASession {
             attempt += 1
             let delay = reconnect.delay(attempt: attempt, using: &rng)
             guard clock.now + delay - outageStart! <= reconnect.window else {
-                throw OTAError(failure.kind, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(reconnect.window.seconds)) s)",
-                               hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true)
+                throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(reconnect.window.seconds)) s)",
+                               hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
+                               cause: failure.cause)
             }
             logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(attempt)", "reason": "\(failure.message)"])
             events(.reconnecting(device: device, attempt: attempt, reason: failure.message, delay: delay))
@@ -313,7 +314,7 @@ public actor OTASession {
         } catch let error as GATTError {
             throw OTAError.from(error, device: device)
         } catch {
-            throw OTAError(.protocolError, "\(device) sent an info value otaflash cannot read: \(error)")
+            throw OTAError(.protocolError, "\(device) sent an info value otaflash cannot read: \(error)", cause: error)
         }
         events(.deviceInfo(device: device, info: info))
         if let skip = config.skipIfVersion, info.firmwareVersion == skip {
@@ -337,7 +338,8 @@ public actor OTASession {
 
         func report(force: Bool) {
             let now = clock.now
-            guard force || now - lastProgress >= Self.progressInterval else { return }
+            // Progress belongs to a transfer: none before its `transferStarted` event.
+            guard announcedStart, force || now - lastProgress >= Self.progressInterval else { return }
             lastProgress = now
             meter.sample(bytes: engine.highWater, at: now)
             let rate = meter.rate

@@ -174,8 +174,8 @@ extension Flash {
                                    reconnect: ReconnectPolicy(window: seconds(reconnectWindow), seed: target.simulator.seed),
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory))
         let logs = try batch.logDir.map { try DeviceLogs(directory: $0) }
-        printer.json("batch", [("devices", .int(targets.count)), ("parallel", .int(batch.parallel)),
-                               ("adapters", .array(Set(targets.map { $0.adapter ?? "default" }).sorted().map { .string($0) }))])
+        printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
+                                       adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
         printer.note("flashing \(targets.count) devices, \(batch.parallel) at a time")
         let runner = BatchRunner(image: firmware, options: options, logger: output.logger("otaflash.batch"))
         let work = Task {
@@ -191,40 +191,23 @@ extension Flash {
         let outcomes = await work.value
         interrupts.cancel()
         for outcome in outcomes {
-            let fields = outcomeFields(outcome)
-            printer.json("done", fields)
-            logs?.finish(outcome.device, JSON.object([("event", .string("done"))] + fields).text)
+            let done = FlashEvents.Done(outcome)
+            printer.json(done)
+            logs?.finish(outcome.device, done.line)
         }
         let ok = outcomes.filter { if case .ok = $0.result { true } else { false } }.count
         let skipped = outcomes.filter { if case .skipped = $0.result { true } else { false } }.count
         let failed = outcomes.count - ok - skipped
         let code: ExitCode = failed == 0 ? .success : (failed == outcomes.count ? .allFailed : .someFailed)
-        printer.json("summary", [("devices", .int(outcomes.count)), ("ok", .int(ok)), ("skipped", .int(skipped)),
-                                 ("failed", .int(failed)), ("exit_code", .int(Int(code.rawValue))),
-                                 ("seconds", .double(outcomes.map(\.seconds).max() ?? 0))])
+        printer.json(FlashEvents.Summary(devices: outcomes.count, ok: ok, skipped: skipped, failed: failed, exitCode: code,
+                                         seconds: outcomes.map(\.seconds).max() ?? 0))
         printer.table(summaryTable(outcomes))
         if let path = batch.report { try writeReport(outcomes, to: path) }
         if code != .success {
             throw CLIFailure(code, failed == outcomes.count ? "all \(failed) devices failed (see the table above, or --log-dir)"
                                                              : "\(failed) of \(outcomes.count) devices failed (see the table above, or --log-dir)")
+                .markedReported()
         }
-    }
-
-    private func outcomeFields(_ o: BatchOutcome) -> [(String, JSON)] {
-        var fields: [(String, JSON)] = [("device", .string(o.device)), ("adapter", o.adapter.map { .string($0) } ?? .null)]
-        switch o.result {
-        case .ok(let r):
-            fields += [("result", .string("ok")), ("bytes", .int(r.bytes)), ("crc32", .string(hex32(r.crc32))),
-                       ("throughput", .double(r.throughput)), ("bytes_sent", .int(r.stats.bytesSent))]
-        case .skipped:
-            fields += [("result", .string("skipped"))]
-        case .failed(let e):
-            fields += [("result", .string("error")), ("error", .string(ExitCode(e.kind).name)), ("message", .string(e.description))]
-        }
-        fields += [("attempts", .int(o.attempts)), ("seconds", .double(o.seconds)),
-                   ("firmware_before", o.firmwareBefore.map { .string($0.description) } ?? .null),
-                   ("firmware_after", o.firmwareAfter.map { .string($0.description) } ?? .null)]
-        return fields
     }
 
     private func summaryRow(_ o: BatchOutcome) -> [String] {

@@ -47,8 +47,10 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         }
     }
 
-    public init(_ kind: OTAError.Kind) {
-        switch kind {
+    /// The exit code of an `OTAError` code: one exit code per error code. A code this table does
+    /// not know yet is an internal error until it gets its own row (a test checks every code has one).
+    public init(_ code: OTAError.Code) {
+        switch code {
         case .image: self = .imageFile
         case .imageTooLarge: self = .imageTooLarge
         case .deviceNotFound: self = .deviceNotFound
@@ -60,7 +62,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .bluetoothUnavailable: self = .bluetoothUnavailable
         case .permission: self = .permission
         case .interrupted: self = .interrupted
-        case .internalError: self = .internalError
+        default: self = .internalError
         }
     }
 }
@@ -69,6 +71,8 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
 public struct CLIFailure: Error, Sendable {
     public let code: ExitCode
     public let message: String
+    /// The command already printed its closing JSON event (`done` or `summary`) for this failure.
+    public var reported = false
 
     public init(_ code: ExitCode, _ message: String) {
         self.code = code
@@ -76,6 +80,13 @@ public struct CLIFailure: Error, Sendable {
     }
 
     public init(_ error: OTAError) {
-        self.init(ExitCode(error.kind), error.description)
+        self.init(ExitCode(error.code), error.description)
+    }
+
+    /// The same failure, marked as already reported in JSON.
+    func markedReported() -> CLIFailure {
+        var copy = self
+        copy.reported = true
+        return copy
     }
 }

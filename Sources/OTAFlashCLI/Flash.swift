@@ -147,10 +147,10 @@ struct Flash: AsyncParsableCommand {
         do {
             try await flash(printer)
         } catch let failure as CLIFailure {
-            // A batch's outcome is its summary line, already printed: it stays the last line.
-            if failure.code == .someFailed || failure.code == .allFailed { throw failure }
-            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
-                                  ("error", .string(failure.code.name)), ("message", .string(failure.message))])
+            // A device's `done` or a batch's `summary`, once printed, stays the last line.
+            if failure.reported { throw failure }
+            let single = batch.isBatch(devices: target.device) ? nil : try? target.address()
+            printer.json(FlashEvents.Done(failure: failure, device: single?.description, adapter: target.adapter))
             throw failure
         }
     }
@@ -163,16 +163,15 @@ struct Flash: AsyncParsableCommand {
             throw CLIFailure(.imageFile, "\(error)")
         }
         if batch.isBatch(devices: target.device) {
-            printer.json("start", [("image", .string(image)), ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
-                                   ("simulator", .bool(target.simulator.enabled))])
+            printer.json(FlashEvents.Start(device: nil, image: image, size: firmware.size, crc32: firmware.crc32,
+                                           simulator: target.simulator.enabled))
             let targets = try await batchTargets(printer: printer)
             try await runBatch(targets, image: firmware, config: engineConfig, printer: printer)
             return
         }
         let address = try target.address()
-        printer.json("start", [("device", .string(address.description)), ("image", .string(image)),
-                               ("size", .int(firmware.size)), ("crc32", .string(hex32(firmware.crc32))),
-                               ("simulator", .bool(target.simulator.enabled))])
+        printer.json(FlashEvents.Start(device: address.description, image: image, size: firmware.size, crc32: firmware.crc32,
+                                       simulator: target.simulator.enabled))
         printer.note("\(image): \(formatBytes(firmware.size)), CRC32 \(hex32(firmware.crc32))")
         let central: any GATTCentral
         var simulated: SimulatedDevice?
@@ -192,6 +191,7 @@ struct Flash: AsyncParsableCommand {
                                  reconnect: ReconnectPolicy(window: seconds(reconnectWindow), seed: target.simulator.seed),
                                  journal: journal,
                                  logger: output.logger("otaflash.session"))
+        let started = central.clock.now
         let work = Task { () async throws(OTAError) -> OTAResult in
             try await session.run { printer.session($0) }
         }
@@ -206,18 +206,17 @@ struct Flash: AsyncParsableCommand {
         do {
             result = try outcome.get()
         } catch let error as OTAError {
-            throw CLIFailure(error)
+            // The same `done` line a batch prints for a failed device.
+            printer.json(FlashEvents.Done(BatchOutcome(device: address.description, adapter: target.adapter, result: .failed(error),
+                                                       attempts: 1, seconds: (central.clock.now - started).seconds,
+                                                       firmwareBefore: nil, firmwareAfter: nil)))
+            throw CLIFailure(error).markedReported()
         } catch {
             throw CLIFailure(.internalError, "\(error)")
         }
-        printer.json("done", [
-            ("result", .string("ok")), ("device", .string(result.device)), ("bytes", .int(result.bytes)),
-            ("crc32", .string(hex32(result.crc32))), ("seconds", .double(result.seconds)),
-            ("throughput", .double(result.throughput)), ("mtu", .int(result.mtu)), ("chunk", .int(result.chunkSize)),
-            ("activated", .bool(result.activated)), ("bytes_sent", .int(result.stats.bytesSent)),
-            ("bytes_resent", .int(result.stats.bytesResent)), ("checkpoints", .int(result.stats.checkpoints)),
-            ("firmware_before", result.firmwareBefore.map { .string($0.description) } ?? .null),
-        ])
+        // A single device is not reconnected to read its new version back (a batch does that).
+        printer.json(FlashEvents.Done(BatchOutcome(result, adapter: target.adapter, attempts: 1, seconds: result.seconds,
+                                                   firmwareAfter: nil)))
         let what = result.activated ? "verified and activated" : "verified (not activated)"
         printer.result("\(result.device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                        + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))

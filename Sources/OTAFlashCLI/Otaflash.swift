@@ -56,6 +56,10 @@ public func runOtaflash(_ arguments: [String], output: any OutputSink = Standard
             }
             var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
             if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
+            // A script that asked for JSON gets its failure as JSON too.
+            if arguments.prefix(while: { $0 != "--" }).contains("--json") {
+                output.out(UsageErrorEvent(message: line).line + "\n")
+            }
             output.err("otaflash: error: \(line)\n"
                        + "Run 'otaflash --help' for usage.\n")
             return ExitCode.usage.rawValue

@@ -35,7 +35,7 @@ public enum CLIContext {
     @TaskLocal public static var output: any OutputSink = StandardOutput()
 }
 
-/// A JSON value for event lines; keys keep their order so `"event"` comes first.
+/// A JSON value for event lines (`JSONEvent` encodes into it); keys keep their order so `"event"` comes first.
 public enum JSON: Sendable, Equatable {
     case string(String)
     case int(Int)
@@ -114,9 +114,9 @@ public final class EventPrinter: Sendable {
     }
 
     /// Emits one JSON Lines event (JSON mode only).
-    public func json(_ event: String, _ fields: [(String, JSON)]) {
+    public func json(_ event: some JSONEvent) {
         guard mode == .json else { return }
-        sink.out(JSON.object([("event", .string(event))] + fields).text + "\n")
+        sink.out(event.line + "\n")
     }
 
     /// A line for people (human mode only), on stderr so stdout stays clean for results.
@@ -154,30 +154,7 @@ public final class EventPrinter: Sendable {
 
     /// A session event as one JSON Lines object (stdout with --json, and the per-device logs).
     public static func jsonLine(_ event: SessionEvent) -> String {
-        let (name, fields): (String, [(String, JSON)]) = switch event {
-        case .connecting(let device):
-            ("connecting", [("device", .string(device))])
-        case .connected(let device, let mtu, let chunk):
-            ("connected", [("device", .string(device)), ("mtu", .int(mtu)), ("chunk", .int(chunk))])
-        case .deviceInfo(let device, let info):
-            ("device_info", [("device", .string(device)), ("protocol", .int(Int(info.protocolVersion))),
-                             ("state", .string(info.state.description)), ("slot_size", .int(Int(info.maxImageSize))),
-                             ("firmware_version", .string(info.firmwareVersion.description))])
-        case .transferStarted(let device, let offset, let total):
-            ("transfer", [("device", .string(device)), ("resume_offset", .int(offset)), ("total", .int(total))])
-        case .progress(let p):
-            ("progress", [("device", .string(p.device)), ("bytes", .int(p.bytes)), ("confirmed", .int(p.confirmed)),
-                          ("total", .int(p.total)), ("rate", .double(p.rate)), ("eta", p.eta.map { .double($0) } ?? .null),
-                          ("elapsed", .double(p.elapsed))])
-        case .verifying(let device):
-            ("verify", [("device", .string(device))])
-        case .activating(let device):
-            ("activate", [("device", .string(device))])
-        case .reconnecting(let device, let attempt, let reason, let delay):
-            ("reconnect", [("device", .string(device)), ("attempt", .int(attempt)), ("reason", .string(reason)),
-                           ("delay", .double(delay.seconds))])
-        }
-        return JSON.object([("event", .string(name))] + fields).text
+        FlashEvents.event(event).line
     }
 
     private func bar(_ p: TransferProgress) {

@@ -34,23 +34,29 @@ struct Scan: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
+        do {
+            try await scan(printer)
+        } catch let failure as CLIFailure {
+            printer.json(ScanEvents.Done(failure: failure))
+            throw failure
+        }
+    }
+
+    private func scan(_ printer: EventPrinter) async throws {
         let central = try target.central(address: target.simulator.enabled ? (try target.address()) : SimulatorOptions.defaultAddress)
         let filter = ScanFilter(serviceUUIDs: otaOnly ? [OTAProtocol.serviceUUID] : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
         let found: [Advertisement]
         do {
             found = try await central.scan(filter: filter, timeout: seconds(timeout))
         } catch {
-            let failure = CLIFailure(OTAError.from(error, device: target.adapter ?? "the adapter"))
-            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))), ("message", .string(failure.message))])
-            throw failure
+            throw CLIFailure(OTAError.from(error, device: target.adapter ?? "the adapter"))
         }
         for ad in found {
             let ota = ad.serviceUUIDs.contains(OTAProtocol.serviceUUID)
-            printer.json("device", [("address", .string(ad.address.description)), ("name", ad.name.map { .string($0) } ?? .null),
-                                    ("rssi", ad.rssi.map { .int($0) } ?? .null), ("ota", .bool(ota))])
+            printer.json(ScanEvents.Device(address: ad.address.description, name: ad.name, rssi: ad.rssi, ota: ota))
             printer.result("\(ad.address)  \(ad.rssi.map { String(format: "%4d dBm", $0) } ?? "   ? dBm")  \(ota ? "OTA" : "   ")  \(ad.name ?? "")")
         }
-        printer.json("done", [("result", .string("ok")), ("count", .int(found.count))])
+        printer.json(ScanEvents.Done(count: found.count))
         if found.isEmpty { printer.note("no devices found in \(timeout) s") }
     }
 }
@@ -69,15 +75,23 @@ struct Info: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
+        do {
+            try await info(printer)
+        } catch let failure as CLIFailure {
+            printer.json(InfoEvents.Done(failure: failure))
+            throw failure
+        }
+        printer.json(InfoEvents.Done())
+    }
+
+    private func info(_ printer: EventPrinter) async throws {
         let address = try target.address()
         let central = try target.central(address: address)
         do {
             let connection = try await central.connect(to: address, timeout: seconds(target.connectTimeout))
             defer { Task { await connection.disconnect() } }
             let report = try await DeviceReport.read(from: connection)
-            var fields: [(String, JSON)] = [("device", .string(address.description))]
-            for (key, value) in report.fields { fields.append((key, value.map { .string($0) } ?? .null)) }
-            printer.json("info", fields)
+            printer.json(report.event(device: address.description))
             for (key, value) in report.fields { printer.result("\(key): \(value ?? "-")") }
             await connection.disconnect()
         } catch {
@@ -116,5 +130,14 @@ struct DeviceReport {
             report.fields.append(("ota_protocol", nil))
         }
         return report
+    }
+
+    /// The `info` JSON event: every key, null for what the device did not report.
+    func event(device: String) -> InfoEvents.Info {
+        func value(_ key: String) -> String? { fields.first { $0.0 == key }?.1 }
+        return InfoEvents.Info(device: device, manufacturer: value("manufacturer"), model: value("model"),
+                               firmwareRevision: value("firmware_revision"), otaProtocol: value("ota_protocol"),
+                               otaState: value("ota_state"), otaSlotSize: value("ota_slot_size"),
+                               otaFirmwareVersion: value("ota_firmware_version"), otaReceived: value("ota_received"))
     }
 }

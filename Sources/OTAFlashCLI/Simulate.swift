@@ -60,8 +60,7 @@ struct Simulate: AsyncParsableCommand {
         do {
             try await serve(printer)
         } catch let failure as CLIFailure {
-            printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
-                                  ("error", .string(failure.code.name)), ("message", .string(failure.message))])
+            printer.json(SimulateEvents.Done(failure: failure))
             throw failure
         }
     }
@@ -123,10 +122,8 @@ struct Simulate: AsyncParsableCommand {
             } catch {
                 throw Self.failure(error, "registering the advertisement on \(host.adapter) (LEAdvertisingManager1.RegisterAdvertisement)")
             }
-            printer.json("serving", [("adapter", .string(host.adapter)), ("address", host.address.map { .string($0) } ?? .null),
-                                     ("name", .string(name)), ("slot_size", .int(slotSize)),
-                                     ("firmware_version", .string(config.firmwareVersion.description)),
-                                     ("store", store.map { .string($0) } ?? .null)])
+            printer.json(SimulateEvents.Serving(adapter: host.adapter, address: host.address, name: name, slotSize: slotSize,
+                                                firmwareVersion: config.firmwareVersion.description, store: store))
             printer.note("serving OTA target \"\(name)\" on \(host.adapter)\(host.address.map { " (\($0))" } ?? ""): "
                          + "slot \(formatBytes(slotSize)), firmware \(config.firmwareVersion); Ctrl-C to stop")
             switch await stop.wait() {
@@ -149,7 +146,7 @@ struct Simulate: AsyncParsableCommand {
         await host.close()
         if let failure { throw failure }
         let activated = await peripheral.device.target.activations.count
-        printer.json("done", [("result", .string("ok")), ("activations", .int(activated))])
+        printer.json(SimulateEvents.Done(activations: activated))
     }
 
     static func failure(_ error: any Error, _ operation: String) -> CLIFailure {
@@ -175,38 +172,36 @@ struct Simulate: AsyncParsableCommand {
     }
 
     static func print(_ event: OTAPeripheralEvent, _ printer: EventPrinter) {
-        func who(_ central: String?) -> JSON { central.map { .string(OTAPeripheralEvent.address(of: $0)) } ?? .null }
+        func who(_ central: String?) -> String? { central.map { OTAPeripheralEvent.address(of: $0) } }
         func name(_ central: String?) -> String { central.map { OTAPeripheralEvent.address(of: $0) } ?? "a central" }
         switch event {
         case .connected(let central):
-            printer.json("connected", [("central", who(central))])
+            printer.json(SimulateEvents.Connected(central: name(central)))
             printer.note("\(name(central)) connected")
         case .disconnected(let central, let reason):
-            printer.json("disconnected", [("central", who(central)), ("reason", .string(reason))])
+            printer.json(SimulateEvents.Disconnected(central: name(central), reason: reason))
             printer.note("\(name(central)) disconnected: \(reason)")
         case .begin(let central, let size, let crc, let offset):
-            printer.json("begin", [("central", who(central)), ("size", .int(size)), ("crc32", .string(hex32(crc))),
-                                   ("offset", .int(offset))])
+            printer.json(SimulateEvents.Begin(central: who(central), size: size, crc32: hex32(crc), offset: offset))
             printer.note("\(name(central)) begins a \(formatBytes(size)) image, CRC32 \(hex32(crc))"
                          + (offset > 0 ? ", resuming at \(formatBytes(offset))" : ""))
         case .progress(let central, let received, let total):
-            printer.json("progress", [("central", who(central)), ("bytes", .int(received)), ("total", .int(total))])
+            printer.json(SimulateEvents.Progress(central: who(central), bytes: received, total: total))
             printer.note(String(format: "received %@ of %@ (%.0f%%)", formatBytes(received), formatBytes(total),
                                 Double(received) * 100 / Double(max(total, 1))))
         case .verified(let central, let crc):
-            printer.json("verified", [("central", who(central)), ("crc32", .string(hex32(crc)))])
+            printer.json(SimulateEvents.Verified(central: who(central), crc32: hex32(crc)))
             printer.note("image verified: CRC32 \(hex32(crc))")
         case .activated(let central, let size, let crc, let version, let stored):
-            printer.json("activated", [("central", who(central)), ("size", .int(size)), ("crc32", .string(hex32(crc))),
-                                       ("firmware_version", .string(version.description)),
-                                       ("stored", stored.map { .string($0) } ?? .null)])
+            printer.json(SimulateEvents.Activated(central: who(central), size: size, crc32: hex32(crc),
+                                                  firmwareVersion: version.description, stored: stored))
             printer.note("activated \(formatBytes(size)) image \(hex32(crc)) (firmware \(version))"
                          + (stored.map { "; stored as \($0)" } ?? "") + "; rebooting into it")
         case .busy(let central, let owner):
-            printer.json("busy", [("central", who(central)), ("owner", who(owner))])
+            printer.json(SimulateEvents.Busy(central: name(central), owner: name(owner)))
             printer.note("\(name(central)) was told busy: \(name(owner)) owns the transfer in progress")
         case .note(let text):
-            printer.json("note", [("message", .string(text))])
+            printer.json(SimulateEvents.Note(message: text))
             printer.note(text)
         }
     }

@@ -183,10 +183,10 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
         record.bytesSent = r.stats.bytesSent
         if activations.last?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
     case .failure(let e):
-        record.outcome = e.kind == .interrupted && wall >= hangLimit.seconds ? "hang" : e.kind.rawValue
+        record.outcome = e.code == .interrupted && wall >= hangLimit.seconds ? "hang" : e.code.description
         if options.verbose { print("run \(run): \(e)") }
         if record.outcome == "hang" { record.violation = "no end within \(hangLimit.seconds) s of wall time" }
-        if !activations.isEmpty && e.kind != .connection { record.violation = record.violation ?? "failed (\(e.kind)) after activating" }
+        if !activations.isEmpty && e.code != .connection { record.violation = record.violation ?? "failed (\(e.code)) after activating" }
     }
     if scenario.neverConfirms != nil, record.outcome == "ok" {
         record.violation = record.violation ?? "a device that never confirms reported success"

@@ -50,7 +50,7 @@ struct EngineCommandTests {
         }
         #expect(sends == Array(repeating: beginRequest(image, restart: false), count: retries + 1))
         let failure = try #require(last.first?.failure)
-        #expect(failure.kind == .timeout)
+        #expect(failure.code == .timeout)
         #expect(failure.resumable)
         #expect(engine.phase == .failed)
     }
@@ -64,7 +64,7 @@ struct EngineCommandTests {
         // Still not verified: the phase ends, saying nothing was activated.
         let actions = engine.handle(Device.status(offset: image.size, crc: image.crc32, image: image))
         let failure = try #require(actions.first?.failure)
-        #expect(failure.kind == .timeout)
+        #expect(failure.code == .timeout)
         #expect(failure.resumable)
         #expect(failure.message.contains("did not finish verifying the image within 40.0 s; nothing was activated"))
         #expect(engine.failedIn == .verifying)
@@ -91,12 +91,33 @@ struct EngineCommandTests {
         #expect(engine.stats.commandRetries == 1)
     }
 
+    /// The caller says which code a spent retry fails with: a failed write is a connection
+    /// failure carrying the write's error as its cause, whatever that error's text says.
+    @Test func controlPointWritesThatKeepFailingFailAsAConnectionErrorWithTheirCause() throws {
+        var engine = OTAEngine(image: image, config: EngineConfig(commandRetries: 1))
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        let writeError = GATTError.att(.unlikelyError, "no reply from the controller's queue")
+        #expect(engine.handle(.commandFailed(writeError)) == [.send(beginRequest(image, restart: false))])
+        let failure = try #require(engine.handle(.commandFailed(writeError)).first?.failure)
+        #expect(failure.code == .connection)
+        #expect(failure.cause as? GATTError == writeError)
+        #expect(failure.resumable)
+    }
+
+    @Test func anUnansweredCommandFailsAsATimeoutWithoutACause() throws {
+        var engine = OTAEngine(image: image, config: EngineConfig(commandRetries: 0))
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        let failure = try #require(engine.handle(.timeout).first?.failure)
+        #expect(failure.code == .timeout)
+        #expect(failure.cause == nil)
+    }
+
     @Test func writeFailingBecauseTheLinkIsGoneWaitsForTheDisconnect() {
         var engine = OTAEngine(image: image)
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         #expect(engine.handle(.commandFailed(GATTError(.notConnected, "not connected"))).isEmpty)
         let actions = engine.handle(.disconnected(.linkLost("supervision timeout")))
-        #expect(actions.first?.failure?.kind == .connection)
+        #expect(actions.first?.failure?.code == .connection)
         #expect(actions.first?.failure?.resumable == true)
     }
 
@@ -106,7 +127,7 @@ struct EngineCommandTests {
         _ = engine.streamUntilIdle()
         _ = engine.handle(Device.checkpoint(.success, offset: 960, crc: crc(image, upTo: 960)))
         let failure = try #require(engine.handle(.disconnected(.linkLost("peer reset"))).first?.failure)
-        #expect(failure.kind == .connection)
+        #expect(failure.code == .connection)
         #expect(failure.resumable)
         #expect(failure.message.contains("960"))
     }
@@ -135,7 +156,7 @@ struct EngineCommandTests {
         #expect(!actions.contains(.send(.activate)))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .verifyFailed)
+        #expect(failure.code == .verifyFailed)
         #expect(failure.message.contains(hex32(image.crc32)))
         #expect(engine.phase == .failed)
         // Nothing afterwards brings ACTIVATE back.
@@ -160,14 +181,14 @@ struct EngineCommandTests {
         var engine = engineAtVerify()
         _ = engine.handle(Device.verify(.success, crc: image.crc32))
         let failure = try #require(engine.handle(Device.activate(.notVerified)).first?.failure)
-        #expect(failure.kind == .protocolError)
+        #expect(failure.code == .protocolError)
     }
 
     @Test func linkLossWhileActivatingSaysTheImageWasVerified() throws {
         var engine = engineAtVerify()
         _ = engine.handle(Device.verify(.success, crc: image.crc32))
         let failure = try #require(engine.handle(.disconnected(.linkLost("device rebooted"))).first?.failure)
-        #expect(failure.kind == .connection)
+        #expect(failure.code == .connection)
         #expect(failure.message.contains("verified"))
     }
 
@@ -186,7 +207,7 @@ struct EngineCommandTests {
         let actions = engine.handle(.connected(info: Device.info(slot: image.size - 1), mtu: 247))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .imageTooLarge)
+        #expect(failure.code == .imageTooLarge)
         #expect(failure.message.contains("\(image.size)"))
     }
 
@@ -202,20 +223,20 @@ struct EngineCommandTests {
         let actions = engine.handle(.connected(info: Device.info(protocolVersion: version), mtu: 247))
         let failure = try #require(actions.first?.failure)
         #expect(actions.count == 1)
-        #expect(failure.kind == .incompatibleDevice)
+        #expect(failure.code == .incompatibleDevice)
     }
 
-    static let refusals: [(OTAStatus, OTAError.Kind)] = [
+    static let refusals: [(OTAStatus, OTAError.Code)] = [
         (.busy, .protocolError), (.imageTooLarge, .imageTooLarge), (.unsupportedProtocol, .incompatibleDevice),
         (.invalidImage, .protocolError), (OTAStatus(rawValue: 0x77), .protocolError),
     ]
 
     @Test(arguments: refusals)
-    func refusedBeginFailsWithTheMatchingKind(status: OTAStatus, kind: OTAError.Kind) throws {
+    func refusedBeginFailsWithTheMatchingCode(status: OTAStatus, code: OTAError.Code) throws {
         var engine = OTAEngine(image: image)
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         let failure = try #require(engine.handle(Device.beginRefused(status)).first?.failure)
-        #expect(failure.kind == kind)
+        #expect(failure.code == code)
         #expect(failure.message.contains(status.description))
     }
 }

@@ -209,7 +209,7 @@ struct EngineRecoveryTests {
             if engine.isFinished { break }
         }
         let failure = try #require(last.first?.failure)
-        #expect(failure.kind == .protocolError)
+        #expect(failure.code == .protocolError)
         #expect(engine.stats.restarts == 3)
     }
 

@@ -64,7 +64,7 @@ struct EngineStreamingTests {
         let actions = engine.handle(.connected(info: Device.info(), mtu: mtu))
         let failure = try #require(actions.first?.failure, "MTU \(mtu) was accepted: \(actions)")
         #expect(actions.count == 1)
-        #expect(failure.kind == .incompatibleDevice)
+        #expect(failure.code == .incompatibleDevice)
         #expect(failure.message.contains("MTU"))
         #expect(engine.phase == .failed)
     }

@@ -104,7 +104,7 @@ struct SimulatedSessionTests {
         case .success(let result):
             #expect(result.stats.commandRetries > 0)
         case .failure(let error):
-            #expect(error.kind == .connection && error.message.contains("activat"), "\(error)")
+            #expect(error.code == .connection && error.message.contains("activat"), "\(error)")
         }
         #expect(device.activatedImage == Self.image.bytes)
     }
@@ -123,7 +123,7 @@ struct SimulatedSessionTests {
             Issue.record("a rotten flash byte was activated")
             return
         }
-        #expect(error.kind == .verifyFailed)
+        #expect(error.code == .verifyFailed)
         #expect(device.activatedImage == nil)
         #expect(device.target.activations.isEmpty)
         #expect(device.firmwareVersion == FirmwareVersion(major: 1, minor: 0, patch: 0))
@@ -168,7 +168,7 @@ struct SimulatedSessionTests {
             Issue.record("\(name): the first session did not fail")
             return
         }
-        #expect(error.kind == .connection)
+        #expect(error.code == .connection)
         #expect(error.resumable)
         #expect(device.activatedImage == nil)
         let held = device.target.received
@@ -247,7 +247,7 @@ struct SimulatedSessionTests {
             Issue.record("an image larger than the slot was accepted")
             return
         }
-        #expect(error.kind == .imageTooLarge)
+        #expect(error.code == .imageTooLarge)
         #expect(device.target.pending == nil)
     }
 
@@ -256,7 +256,7 @@ struct SimulatedSessionTests {
             Issue.record("a device without the OTA service was flashed")
             return
         }
-        #expect(error.kind == .incompatibleDevice)
+        #expect(error.code == .incompatibleDevice)
         #expect(error.message.contains(OTAProtocol.serviceUUID.description))
     }
 
@@ -265,7 +265,7 @@ struct SimulatedSessionTests {
             Issue.record("a device without write-without-response was flashed")
             return
         }
-        #expect(error.kind == .incompatibleDevice)
+        #expect(error.code == .incompatibleDevice)
         #expect(error.message.contains("write-without-response"))
     }
 
@@ -277,7 +277,7 @@ struct SimulatedSessionTests {
             _ = try await session.run()
             Issue.record("flashed a device that does not exist")
         } catch {
-            #expect(error.kind == .deviceNotFound)
+            #expect(error.code == .deviceNotFound)
         }
     }
 }

@@ -1,0 +1,645 @@
+import OTA
+import OTAWire
+
+/// One line of `--json` output. docs/EVENTS.md documents every conforming type, key by key; a test
+/// checks that the two agree.
+///
+/// A line is the type's stored properties in declaration order, after `"event": name`. Property
+/// names become snake_case keys (`resumeOffset` → `resume_offset`), and a nil optional is written
+/// as `null`, so every line of an event has the same keys.
+public protocol JSONEvent: Encodable, Sendable {
+    /// The value of the line's `"event"` key.
+    static var name: String { get }
+}
+
+extension JSONEvent {
+    /// The event as an ordered JSON object, `"event"` first.
+    public var json: JSON {
+        guard case .object(let fields) = EventEncoder.encode(self) else { return .object([("event", .string(Self.name))]) }
+        return .object([("event", .string(Self.name))] + fields)
+    }
+
+    /// The event as one JSON Lines line (without the newline).
+    public var line: String { json.text }
+}
+
+/// How a run or one device of it ended.
+public enum EventResult: String, Encodable, Sendable {
+    case ok
+    /// `--skip-if-version`: the device already ran that version; nothing was sent.
+    case skipped
+    case error
+}
+
+/// The `done` event of a command: how it ended, with the command's own keys before the error's.
+public protocol CommandDone: JSONEvent {
+    /// A successful ending, every optional key null.
+    init()
+    var result: EventResult { get set }
+    var exitCode: Int { get set }
+    var error: String? { get set }
+    var message: String? { get set }
+}
+
+extension CommandDone {
+    /// A command that failed: its exit code, the code's name and the one line that explains it.
+    public init(failure: CLIFailure) {
+        self.init()
+        result = .error
+        exitCode = Int(failure.code.rawValue)
+        error = failure.code.name
+        message = failure.message
+    }
+}
+
+/// Printed by every command when its command line is rejected and `--json` is among the arguments.
+public struct UsageErrorEvent: JSONEvent {
+    public static let name = "error"
+    public var exitCode: Int
+    public var error: String
+    public var message: String
+
+    public init(message: String) {
+        exitCode = Int(ExitCode.usage.rawValue)
+        error = ExitCode.usage.name
+        self.message = message
+    }
+}
+
+// MARK: flash
+
+/// The events of `otaflash flash` (the default command), for one device or a batch.
+public enum FlashEvents {
+    public struct Start: JSONEvent {
+        public static let name = "start"
+        public var device: String?
+        public var image: String
+        public var size: Int
+        public var crc32: String
+        public var simulator: Bool
+
+        public init(device: String?, image: String, size: Int, crc32: UInt32, simulator: Bool) {
+            self.device = device
+            self.image = image
+            self.size = size
+            self.crc32 = hex32(crc32)
+            self.simulator = simulator
+        }
+    }
+
+    public struct Batch: JSONEvent {
+        public static let name = "batch"
+        public var devices: Int
+        public var parallel: Int
+        public var adapters: [String]
+
+        public init(devices: Int, parallel: Int, adapters: [String]) {
+            self.devices = devices
+            self.parallel = parallel
+            self.adapters = adapters
+        }
+    }
+
+    public struct Connecting: JSONEvent {
+        public static let name = "connecting"
+        public var device: String
+    }
+
+    public struct DeviceInfo: JSONEvent {
+        public static let name = "device_info"
+        public var device: String
+        public var `protocol`: Int
+        public var state: String
+        public var slotSize: Int
+        public var firmwareVersion: String
+    }
+
+    public struct Connected: JSONEvent {
+        public static let name = "connected"
+        public var device: String
+        public var mtu: Int
+        public var chunk: Int
+    }
+
+    public struct Transfer: JSONEvent {
+        public static let name = "transfer"
+        public var device: String
+        public var resumeOffset: Int
+        public var total: Int
+    }
+
+    public struct Progress: JSONEvent {
+        public static let name = "progress"
+        public var device: String
+        public var bytes: Int
+        public var confirmed: Int
+        public var total: Int
+        public var rate: Double
+        public var eta: Double?
+        public var elapsed: Double
+    }
+
+    public struct Verify: JSONEvent {
+        public static let name = "verify"
+        public var device: String
+    }
+
+    public struct Activate: JSONEvent {
+        public static let name = "activate"
+        public var device: String
+    }
+
+    public struct Reconnect: JSONEvent {
+        public static let name = "reconnect"
+        public var device: String
+        public var attempt: Int
+        public var reason: String
+        public var delay: Double
+    }
+
+    /// How one device ended, the same for a single device and for each device of a batch.
+    public struct Done: CommandDone {
+        public static let name = "done"
+        public var result = EventResult.ok
+        public var device: String?
+        public var adapter: String?
+        public var bytes: Int?
+        public var crc32: String?
+        public var seconds: Double?
+        public var throughput: Double?
+        public var mtu: Int?
+        public var chunk: Int?
+        public var activated: Bool?
+        public var bytesSent: Int?
+        public var bytesResent: Int?
+        public var checkpoints: Int?
+        public var attempts: Int?
+        public var firmwareBefore: String?
+        public var firmwareAfter: String?
+        public var exitCode = 0
+        public var error: String?
+        public var message: String?
+
+        public init() {}
+
+        /// A device's outcome, from a single-device run or a batch.
+        public init(_ outcome: BatchOutcome) {
+            if case .failed(let e) = outcome.result { self.init(failure: CLIFailure(e)) } else { self.init() }
+            device = outcome.device
+            adapter = outcome.adapter
+            seconds = outcome.seconds
+            attempts = outcome.attempts
+            firmwareBefore = outcome.firmwareBefore?.description
+            firmwareAfter = outcome.firmwareAfter?.description
+            switch outcome.result {
+            case .ok(let r):
+                bytes = r.bytes
+                crc32 = hex32(r.crc32)
+                throughput = r.throughput
+                mtu = r.mtu
+                chunk = r.chunkSize
+                activated = r.activated
+                bytesSent = r.stats.bytesSent
+                bytesResent = r.stats.bytesResent
+                checkpoints = r.stats.checkpoints
+            case .skipped:
+                result = .skipped
+                activated = false
+            case .failed:
+                break
+            }
+        }
+
+        /// A run that failed outside a device's session: bad image, bad output path, no device given.
+        public init(failure: CLIFailure, device: String?, adapter: String?) {
+            self.init(failure: failure)
+            self.device = device
+            self.adapter = adapter
+        }
+    }
+
+    /// The last line of a batch.
+    public struct Summary: JSONEvent {
+        public static let name = "summary"
+        public var devices: Int
+        public var ok: Int
+        public var skipped: Int
+        public var failed: Int
+        public var exitCode: Int
+        public var seconds: Double
+
+        public init(devices: Int, ok: Int, skipped: Int, failed: Int, exitCode: ExitCode, seconds: Double) {
+            self.devices = devices
+            self.ok = ok
+            self.skipped = skipped
+            self.failed = failed
+            self.exitCode = Int(exitCode.rawValue)
+            self.seconds = seconds
+        }
+    }
+
+    /// A session event as the line that reports it (stdout with `--json`, and the per-device logs).
+    public static func event(_ event: SessionEvent) -> any JSONEvent {
+        switch event {
+        case .connecting(let device):
+            Connecting(device: device)
+        case .connected(let device, let mtu, let chunk):
+            Connected(device: device, mtu: mtu, chunk: chunk)
+        case .deviceInfo(let device, let info):
+            DeviceInfo(device: device, protocol: Int(info.protocolVersion), state: info.state.description,
+                       slotSize: Int(info.maxImageSize), firmwareVersion: info.firmwareVersion.description)
+        case .transferStarted(let device, let offset, let total):
+            Transfer(device: device, resumeOffset: offset, total: total)
+        case .progress(let p):
+            Progress(device: p.device, bytes: p.bytes, confirmed: p.confirmed, total: p.total, rate: p.rate, eta: p.eta,
+                     elapsed: p.elapsed)
+        case .verifying(let device):
+            Verify(device: device)
+        case .activating(let device):
+            Activate(device: device)
+        case .reconnecting(let device, let attempt, let reason, let delay):
+            Reconnect(device: device, attempt: attempt, reason: reason, delay: delay.seconds)
+        }
+    }
+}
+
+// MARK: scan and info
+
+public enum ScanEvents {
+    public struct Device: JSONEvent {
+        public static let name = "device"
+        public var address: String
+        public var name: String?
+        public var rssi: Int?
+        public var ota: Bool
+    }
+
+    public struct Done: CommandDone {
+        public static let name = "done"
+        public var result = EventResult.ok
+        public var count: Int?
+        public var exitCode = 0
+        public var error: String?
+        public var message: String?
+
+        public init() {}
+        public init(count: Int) { self.count = count }
+    }
+}
+
+public enum InfoEvents {
+    /// What `otaflash info` read. Values are text, as the device reports them; null when the device
+    /// lacks the characteristic (the `ota_` keys: when it lacks the OTA service).
+    public struct Info: JSONEvent {
+        public static let name = "info"
+        public var device: String
+        public var manufacturer: String?
+        public var model: String?
+        public var firmwareRevision: String?
+        public var otaProtocol: String?
+        public var otaState: String?
+        public var otaSlotSize: String?
+        public var otaFirmwareVersion: String?
+        public var otaReceived: String?
+    }
+
+    public struct Done: CommandDone {
+        public static let name = "done"
+        public var result = EventResult.ok
+        public var exitCode = 0
+        public var error: String?
+        public var message: String?
+
+        public init() {}
+    }
+}
+
+// MARK: simulate
+
+/// The events of `otaflash simulate` (peripheral mode). `central` is the central's address; in the
+/// transfer events it is null when BlueZ did not say which central made the request.
+public enum SimulateEvents {
+    public struct Serving: JSONEvent {
+        public static let name = "serving"
+        public var adapter: String
+        public var address: String?
+        public var name: String
+        public var slotSize: Int
+        public var firmwareVersion: String
+        public var store: String?
+    }
+
+    public struct Connected: JSONEvent {
+        public static let name = "connected"
+        public var central: String
+    }
+
+    public struct Disconnected: JSONEvent {
+        public static let name = "disconnected"
+        public var central: String
+        public var reason: String
+    }
+
+    public struct Begin: JSONEvent {
+        public static let name = "begin"
+        public var central: String?
+        public var size: Int
+        public var crc32: String
+        public var offset: Int
+    }
+
+    public struct Progress: JSONEvent {
+        public static let name = "progress"
+        public var central: String?
+        public var bytes: Int
+        public var total: Int
+    }
+
+    public struct Verified: JSONEvent {
+        public static let name = "verified"
+        public var central: String?
+        public var crc32: String
+    }
+
+    public struct Activated: JSONEvent {
+        public static let name = "activated"
+        public var central: String?
+        public var size: Int
+        public var crc32: String
+        public var firmwareVersion: String
+        public var stored: String?
+    }
+
+    public struct Busy: JSONEvent {
+        public static let name = "busy"
+        public var central: String
+        public var owner: String
+    }
+
+    public struct Note: JSONEvent {
+        public static let name = "note"
+        public var message: String
+    }
+
+    public struct Done: CommandDone {
+        public static let name = "done"
+        public var result = EventResult.ok
+        public var activations: Int?
+        public var exitCode = 0
+        public var error: String?
+        public var message: String?
+
+        public init() {}
+        public init(activations: Int) { self.activations = activations }
+    }
+}
+
+// MARK: catalog
+
+/// One example of every event, with the section of docs/EVENTS.md that documents it (the command
+/// that prints it). The tests compare each example's keys with the docs' tables.
+public enum EventCatalog {
+    public static let examples: [(section: String, event: any JSONEvent)] = {
+        let device = "C0:FF:EE:00:00:01"
+        let central = "AA:BB:CC:DD:EE:01"
+        let ok = BatchOutcome(device: device, adapter: nil, result: .skipped(nil), attempts: 1, seconds: 0.1,
+                              firmwareBefore: FirmwareVersion("1.0.0"), firmwareAfter: FirmwareVersion("1.0.0"))
+        let flash: [any JSONEvent] = [
+            FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true),
+            FlashEvents.Batch(devices: 3, parallel: 4, adapters: ["default"]),
+            FlashEvents.Connecting(device: device),
+            FlashEvents.DeviceInfo(device: device, protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
+            FlashEvents.Connected(device: device, mtu: 247, chunk: 240),
+            FlashEvents.Transfer(device: device, resumeOffset: 0, total: 4096),
+            FlashEvents.Progress(device: device, bytes: 2048, confirmed: 1024, total: 4096, rate: 20_000, eta: 0.1, elapsed: 0.1),
+            FlashEvents.Verify(device: device),
+            FlashEvents.Activate(device: device),
+            FlashEvents.Reconnect(device: device, attempt: 1, reason: "link lost", delay: 0.25),
+            FlashEvents.Done(ok),
+            FlashEvents.Summary(devices: 3, ok: 2, skipped: 0, failed: 1, exitCode: .someFailed, seconds: 2.5),
+        ]
+        let simulate: [any JSONEvent] = [
+            SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", slotSize: 1 << 20,
+                                   firmwareVersion: "1.0.0", store: nil),
+            SimulateEvents.Connected(central: central),
+            SimulateEvents.Disconnected(central: central, reason: "the central disconnected"),
+            SimulateEvents.Begin(central: central, size: 4096, crc32: "a1206a16", offset: 0),
+            SimulateEvents.Progress(central: central, bytes: 2048, total: 4096),
+            SimulateEvents.Verified(central: central, crc32: "a1206a16"),
+            SimulateEvents.Activated(central: central, size: 4096, crc32: "a1206a16", firmwareVersion: "2.0.0", stored: nil),
+            SimulateEvents.Busy(central: "AA:BB:CC:DD:EE:02", owner: central),
+            SimulateEvents.Note(message: "a note"),
+            SimulateEvents.Done(activations: 1),
+        ]
+        return flash.map { ("otaflash flash", $0) }
+            + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true)),
+               ("otaflash scan", ScanEvents.Done(count: 1)),
+               ("otaflash info", InfoEvents.Info(device: device, manufacturer: "otaflash", model: nil, firmwareRevision: "1.0.0",
+                                                 otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",
+                                                 otaFirmwareVersion: "1.0.0", otaReceived: "0")),
+               ("otaflash info", InfoEvents.Done())]
+            + simulate.map { ("otaflash simulate", $0) }
+            + [("any command", UsageErrorEvent(message: "unknown option '--bogus'"))]
+    }()
+}
+
+// MARK: encoding
+
+/// Encodes a value into an ordered `JSON` object: keys in the order the value encodes them (for
+/// synthesized conformances, declaration order), camelCase names as snake_case keys, and nil
+/// optionals as `null` rather than left out.
+struct EventEncoder {
+    /// A value being built; containers write into it, `json` reads the result.
+    final class Node {
+        var value: JSON = .null
+        var fields: [(String, Node)]?
+        var items: [Node]?
+
+        var json: JSON {
+            if let fields { return .object(fields.map { ($0.0, $0.1.json) }) }
+            if let items { return .array(items.map(\.json)) }
+            return value
+        }
+
+        func field(_ key: some CodingKey) -> Node {
+            let child = Node()
+            fields = fields ?? []
+            fields!.append((EventEncoder.snakeCase(key.stringValue), child))
+            return child
+        }
+
+        func item() -> Node {
+            let child = Node()
+            items = items ?? []
+            items!.append(child)
+            return child
+        }
+    }
+
+    /// The JSON of `value`. Events are plain structs of numbers, strings and optionals, which
+    /// cannot fail to encode; a value that does throws is written as `null`.
+    static func encode(_ value: some Encodable) -> JSON {
+        let node = Node()
+        do {
+            try value.encode(to: NodeEncoder(node: node))
+        } catch {
+            return .null
+        }
+        return node.json
+    }
+
+    static func snakeCase(_ name: String) -> String {
+        var out = ""
+        for character in name {
+            if character.isUppercase {
+                out += "_" + character.lowercased()
+            } else {
+                out.append(character)
+            }
+        }
+        return out
+    }
+
+    struct NodeEncoder: Encoder {
+        let node: Node
+        var codingPath: [any CodingKey] { [] }
+        var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+        func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
+            if node.fields == nil { node.fields = [] }
+            return KeyedEncodingContainer(Keyed(node: node))
+        }
+
+        func unkeyedContainer() -> any UnkeyedEncodingContainer {
+            if node.items == nil { node.items = [] }
+            return Unkeyed(node: node)
+        }
+
+        func singleValueContainer() -> any SingleValueEncodingContainer { Single(node: node) }
+    }
+
+    /// Numbers and strings land here, whatever container they were encoded through.
+    struct Single: SingleValueEncodingContainer {
+        let node: Node
+        var codingPath: [any CodingKey] { [] }
+
+        private func integer(_ value: some BinaryInteger) {
+            node.value = Int(exactly: value).map { .int($0) } ?? .double(Double(value))
+        }
+
+        mutating func encodeNil() { node.value = .null }
+        mutating func encode(_ value: Bool) { node.value = .bool(value) }
+        mutating func encode(_ value: String) { node.value = .string(value) }
+        mutating func encode(_ value: Double) { node.value = .double(value) }
+        mutating func encode(_ value: Float) { node.value = .double(Double(value)) }
+        mutating func encode(_ value: Int) { node.value = .int(value) }
+        mutating func encode(_ value: Int8) { integer(value) }
+        mutating func encode(_ value: Int16) { integer(value) }
+        mutating func encode(_ value: Int32) { integer(value) }
+        mutating func encode(_ value: Int64) { integer(value) }
+        mutating func encode(_ value: UInt) { integer(value) }
+        mutating func encode(_ value: UInt8) { integer(value) }
+        mutating func encode(_ value: UInt16) { integer(value) }
+        mutating func encode(_ value: UInt32) { integer(value) }
+        mutating func encode(_ value: UInt64) { integer(value) }
+        mutating func encode<T: Encodable>(_ value: T) throws { try value.encode(to: NodeEncoder(node: node)) }
+    }
+
+    struct Keyed<Key: CodingKey>: KeyedEncodingContainerProtocol {
+        let node: Node
+        var codingPath: [any CodingKey] { [] }
+
+        private func put(_ value: some Encodable, _ key: Key) throws {
+            try value.encode(to: NodeEncoder(node: node.field(key)))
+        }
+
+        /// A nil optional is written as null: every line of an event has the same keys.
+        private func putOptional(_ value: (some Encodable)?, _ key: Key) throws {
+            if let value { try put(value, key) } else { node.field(key).value = .null }
+        }
+
+        mutating func encodeNil(forKey key: Key) { node.field(key).value = .null }
+        mutating func encode(_ value: Bool, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: String, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Double, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Float, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Int, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Int8, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Int16, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Int32, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: Int64, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: UInt, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: UInt8, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: UInt16, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: UInt32, forKey key: Key) throws { try put(value, key) }
+        mutating func encode(_ value: UInt64, forKey key: Key) throws { try put(value, key) }
+        mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws { try put(value, key) }
+
+        mutating func encodeIfPresent(_ value: Bool?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: String?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Double?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Float?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Int?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Int8?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Int16?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Int32?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: Int64?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: UInt?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: UInt8?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: UInt16?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: UInt32?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent(_ value: UInt64?, forKey key: Key) throws { try putOptional(value, key) }
+        mutating func encodeIfPresent<T: Encodable>(_ value: T?, forKey key: Key) throws { try putOptional(value, key) }
+
+        mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type, forKey key: Key) -> KeyedEncodingContainer<NestedKey> {
+            NodeEncoder(node: node.field(key)).container(keyedBy: keyType)
+        }
+
+        mutating func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
+            NodeEncoder(node: node.field(key)).unkeyedContainer()
+        }
+
+        mutating func superEncoder() -> any Encoder { NodeEncoder(node: node.field(Named("super"))) }
+        mutating func superEncoder(forKey key: Key) -> any Encoder { NodeEncoder(node: node.field(key)) }
+    }
+
+    struct Unkeyed: UnkeyedEncodingContainer {
+        let node: Node
+        var codingPath: [any CodingKey] { [] }
+        var count: Int { node.items?.count ?? 0 }
+
+        private func put(_ value: some Encodable) throws { try value.encode(to: NodeEncoder(node: node.item())) }
+
+        mutating func encodeNil() { node.item().value = .null }
+        mutating func encode(_ value: Bool) throws { try put(value) }
+        mutating func encode(_ value: String) throws { try put(value) }
+        mutating func encode(_ value: Double) throws { try put(value) }
+        mutating func encode(_ value: Float) throws { try put(value) }
+        mutating func encode(_ value: Int) throws { try put(value) }
+        mutating func encode(_ value: Int8) throws { try put(value) }
+        mutating func encode(_ value: Int16) throws { try put(value) }
+        mutating func encode(_ value: Int32) throws { try put(value) }
+        mutating func encode(_ value: Int64) throws { try put(value) }
+        mutating func encode(_ value: UInt) throws { try put(value) }
+        mutating func encode(_ value: UInt8) throws { try put(value) }
+        mutating func encode(_ value: UInt16) throws { try put(value) }
+        mutating func encode(_ value: UInt32) throws { try put(value) }
+        mutating func encode(_ value: UInt64) throws { try put(value) }
+        mutating func encode<T: Encodable>(_ value: T) throws { try put(value) }
+
+        mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type) -> KeyedEncodingContainer<NestedKey> {
+            NodeEncoder(node: node.item()).container(keyedBy: keyType)
+        }
+
+        mutating func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer { NodeEncoder(node: node.item()).unkeyedContainer() }
+        mutating func superEncoder() -> any Encoder { NodeEncoder(node: node.item()) }
+    }
+
+    struct Named: CodingKey {
+        let stringValue: String
+        init(_ name: String) { stringValue = name }
+        init?(stringValue: String) { self.stringValue = stringValue }
+        var intValue: Int? { nil }
+        init?(intValue: Int) { nil }
+    }
+}
