@@ -92,21 +92,12 @@ struct Simulate: AsyncParsableCommand {
                                                 services: peripheral.services)
         let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
                                                     localName: name, serviceUUIDs: [OTAProtocol.serviceUUID])
-        await peripheral.attach(link: host, application: application)
 
         var failure: CLIFailure?
         do {
             try await application.export()
             try await advertisement.export()
-            try await host.watchConnections { path, connected in
-                Task {
-                    if connected {
-                        await peripheral.centralConnected(path)
-                    } else {
-                        await peripheral.centralDisconnected(path)
-                    }
-                }
-            }
+            try await peripheral.attach(link: host, application: application, advertisement: advertisement)
             // bluetoothd going away ends the service with the bluetooth_unavailable code.
             try await host.connection.subscribe(DBusMatchRule(
                 sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
@@ -142,13 +133,14 @@ struct Simulate: AsyncParsableCommand {
         }
 
         // Teardown, each step bounded by its own call timeout.
+        await peripheral.stop()
         try? await advertisement.unregister()
         try? await application.unregister()
         await advertisement.unexport()
         await application.unexport()
         await host.close()
         if let failure { throw failure }
-        let activated = await peripheral.device.target.activations.count
+        let activated = await peripheral.model.target.activationCount
         printer.json("done", [("result", .string("ok")), ("activations", .int(activated))])
     }
 

@@ -145,8 +145,8 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
 
     var record = RunRecord(outcome: "", violation: nil, reconnects: reconnects.value, resumeResends: [],
                            bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall)
-    let activations = device.target.activations
-    if activations.contains(where: { $0.image != image.bytes || $0.crc != image.crc32 }) {
+    let activation = device.target.lastActivation
+    if let activation, activation.image != image.bytes || activation.crc != image.crc32 {
         record.violation = "activated an image that differs from the one sent"
     }
     switch result {
@@ -155,12 +155,12 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
         record.outcome = "ok"
         record.resumeResends = r.stats.resumeResends
         record.bytesSent = r.stats.bytesSent
-        if activations.last?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
+        if activation?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
     case .failure(let e):
         record.outcome = e.kind == .interrupted && wall >= hangLimit.seconds ? "hang" : e.kind.rawValue
         if options.verbose { print("run \(run): \(e)") }
         if record.outcome == "hang" { record.violation = "no end within \(hangLimit.seconds) s of wall time" }
-        if !activations.isEmpty && e.kind != .connection { record.violation = record.violation ?? "failed (\(e.kind)) after activating" }
+        if activation != nil && e.kind != .connection { record.violation = record.violation ?? "failed (\(e.kind)) after activating" }
     }
     if let worst = record.resumeResends.max(), worst > config.window {
         record.violation = record.violation ?? "re-sent \(worst) bytes after a resume, more than the \(config.window)-byte window"

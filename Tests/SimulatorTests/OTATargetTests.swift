@@ -425,7 +425,7 @@ struct OTATargetCommandTests {
         #expect(bench.target.state == .idle)
         #expect(bench.target.pending == nil)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.isEmpty)
+        #expect(bench.target.activationCount == 0)
     }
 
     @Test func activateIsRefusedUnlessVerified() {
@@ -434,7 +434,7 @@ struct OTATargetCommandTests {
         _ = bench.begin()
         bench.stream(0..<10_000)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.isEmpty)
+        #expect(bench.target.activationCount == 0)
     }
 
     /// BEGIN for the same image after VERIFY puts the device back into receiving: it must verify again.
@@ -456,13 +456,13 @@ struct OTATargetCommandTests {
         bench.stream(0..<10_000)
         _ = bench.command(.verify)
         #expect(bench.command(.activate) == ControlResponse(opcode: .activate, status: .success))
-        let activation = try #require(bench.target.activations.last)
+        let activation = try #require(bench.target.lastActivation)
         #expect(activation.image == bench.image)
         #expect(activation.crc == CRC32.checksum(bench.image))
         #expect(bench.target.firmwareVersion == bench.version)
         #expect(bench.target.state == .idle)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.count == 1)
+        #expect(bench.target.activationCount == 1)
     }
 
     @Test func abortDiscardsTheTransfer() {
