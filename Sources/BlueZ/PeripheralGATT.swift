@@ -112,11 +112,6 @@ public struct PeripheralCharacteristic: Sendable {
         self.write = write
         self.notifyChanged = notifyChanged
     }
-
-    /// A read-only characteristic whose value is computed on every read.
-    public static func readOnly(_ uuid: BluetoothUUID, _ value: @escaping @Sendable () async -> [UInt8]) -> Self {
-        PeripheralCharacteristic(uuid: uuid, flags: ["read"], read: { _ in await value() })
-    }
 }
 
 /// One service of a GATT application (BlueZ doc/org.bluez.GattService.rst: `UUID`, `Primary`).

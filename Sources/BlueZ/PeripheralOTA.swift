@@ -31,8 +31,10 @@ public struct OTAPeripheralConfig: Sendable {
     public var model: String
     /// Where verified-and-activated images are written as `<crc32>.bin`; nil keeps none.
     public var storeDirectory: String?
-    /// How long after a successful ACTIVATE the device drops the link to boot the new image.
+    /// How long after its ACTIVATE reply the device drops the link to boot the new image.
     public var bootDelay: Duration
+    /// How long a CHECKPOINT that overtook its data is held for it before it is answered `gap`.
+    public var holdEarlyCheckpoint: Duration
     /// Called with one line per read and write and what became of it (debugging).
     public var trace: (@Sendable (String) -> Void)?
 
@@ -40,7 +42,7 @@ public struct OTAPeripheralConfig: Sendable {
                 firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 faults: FaultPlan = .none, manufacturer: String = "otaflash", model: String = "otaflash simulate",
                 storeDirectory: String? = nil, bootDelay: Duration = .milliseconds(300),
-                trace: (@Sendable (String) -> Void)? = nil) {
+                holdEarlyCheckpoint: Duration = .milliseconds(300), trace: (@Sendable (String) -> Void)? = nil) {
         self.name = name
         self.slotSize = slotSize
         self.firmwareVersion = firmwareVersion
@@ -49,6 +51,7 @@ public struct OTAPeripheralConfig: Sendable {
         self.model = model
         self.storeDirectory = storeDirectory
         self.bootDelay = bootDelay
+        self.holdEarlyCheckpoint = holdEarlyCheckpoint
         self.trace = trace
     }
 }
@@ -104,6 +107,9 @@ public actor OTAPeripheral {
     private var centrals: Set<String> = []
     /// Centrals whose link is being dropped: their writes are ignored until it is down.
     private var dropping: Set<String> = []
+    /// `Device1.Disconnect` calls in flight, by central: a request that arrives meanwhile fails
+    /// only once the link is down.
+    private var linkDrops: [String: Task<String, Never>] = [:]
     private var lastProgress = 0
     /// Due outputs, in time order (ties in the order they were decided).
     private var queue: [Job] = []
@@ -112,6 +118,7 @@ public actor OTAPeripheral {
     /// The time the runner sleeps until, while it sleeps; an earlier job wakes it.
     private var runnerWakesAt: Duration?
     private var stopped = false
+    private var watcher: Task<Void, Never>?
 
     private struct Job {
         var at: Duration
@@ -127,9 +134,6 @@ public actor OTAPeripheral {
     /// The ATT application error a second central's command gets: 0x80 + `busy` (0x09).
     public static let busyATTError: UInt8 = 0x80 | OTAStatus.busy.rawValue
 
-    /// How long a CHECKPOINT waits for data that may have been reordered before it is answered `gap`.
-    public static let deferredCheckpointTimeout: Duration = .milliseconds(300)
-
     /// - Parameter clock: the time the device model runs on; real time unless a test injects one.
     public init(config: OTAPeripheralConfig, clock: any MonotonicClock = SystemClock(),
                 events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
@@ -139,7 +143,7 @@ public actor OTAPeripheral {
         let target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
         // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
         // beside D-Bus): hold it for the data rather than answer `gap` at once.
-        let timing = DeviceModel.Timing(holdEarlyCheckpoint: Self.deferredCheckpointTimeout, bootDelay: config.bootDelay)
+        let timing = DeviceModel.Timing(holdEarlyCheckpoint: config.holdEarlyCheckpoint, bootDelay: config.bootDelay)
         model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: timing)
     }
 
@@ -153,8 +157,12 @@ public actor OTAPeripheral {
         self.link = link
         self.advertisement = advertisement
         notifier = { [application] value in try await application.notify(OTAProtocol.controlPointUUID, value) }
-        try await link?.watchConnections { [weak self] path, connected in
-            Task {
+        guard let link else { return }
+        // One consumer, so connects and disconnects reach the device in the order bluetoothd sent them.
+        let (changes, continuation) = AsyncStream.makeStream(of: (String, Bool).self)
+        try await link.watchConnections { path, connected in continuation.yield((path, connected)) }
+        watcher = Task { [weak self] in
+            for await (path, connected) in changes {
                 if connected {
                     await self?.centralConnected(path)
                 } else {
@@ -168,6 +176,8 @@ public actor OTAPeripheral {
     /// service is being torn down.
     public func stop() {
         stopped = true
+        watcher?.cancel()
+        watcher = nil
         runner?.cancel()
         runner = nil
         queue.removeAll()
@@ -218,13 +228,23 @@ public actor OTAPeripheral {
         events(.disconnected(central: central, reason: reason))
     }
 
-    /// A rebooting device has no link: drop the one a central has, once.
+    /// A rebooting device has no link: drop the one a central has.
     private func refuse(_ central: String) async {
-        guard let link, dropping.insert(central).inserted else { return }
-        events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting"))
-        let what = await link.dropLink(device: central)
-        dropping.remove(central)
-        linkDropped(central, reason: "the device is rebooting", what: what)
+        let first = linkDrops[central] == nil
+        if first { events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting")) }
+        let what = await dropLinkOnce(central)
+        if first { linkDropped(central, reason: "the device is rebooting", what: what) }
+    }
+
+    /// Drops the link to `central`, or waits for the drop already under way.
+    private func dropLinkOnce(_ central: String) async -> String {
+        if let running = linkDrops[central] { return await running.value }
+        guard let link else { return "no link control" }
+        let drop = Task { await link.dropLink(device: central) }
+        linkDrops[central] = drop
+        let what = await drop.value
+        linkDrops[central] = nil
+        return what
     }
 
     /// What a read or write that reached a rebooting device fails with, once its link is dropped:
@@ -240,7 +260,10 @@ public actor OTAPeripheral {
 
     func command(_ bytes: [UInt8], _ request: GATTServerRequest) async throws {
         guard await admit(request.device) else { throw Self.rebooting }
-        if let central = request.device, dropping.contains(central) { throw GATTServerError.failed("the link is going down") }
+        if let central = request.device, dropping.contains(central) {
+            _ = await linkDrops[central]?.value
+            throw GATTServerError.failed("the link is going down")
+        }
         let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
         let result = model.receiveCommand(bytes, from: request.device, at: clock.now)
         config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(result.reply)")
@@ -338,7 +361,7 @@ public actor OTAPeripheral {
             do { try await notifier?(value) } catch { events(.note("notifying a reply failed: \(error)")) }
         case .output(.wake(let token), let central):
             if model.target.deferred != nil {
-                config.trace?("held CHECKPOINT not reached by its data within \(Self.deferredCheckpointTimeout)")
+                config.trace?("held CHECKPOINT not reached by its data within \(config.holdEarlyCheckpoint)")
             }
             schedule(model.wake(token, at: clock.now), central: central)
         case .output(.dropLink(let reason), let central):
@@ -360,9 +383,14 @@ public actor OTAPeripheral {
 
     private func dropLink(_ central: String?, reason: String) async {
         guard let link else { return }
-        if let central { dropping.insert(central) }
-        let what = await link.dropLink(device: central)
-        if let central { dropping.remove(central) }
+        let what: String
+        if let central {
+            dropping.insert(central)
+            what = await dropLinkOnce(central)
+            dropping.remove(central)
+        } else {
+            what = await link.dropLink(device: nil)
+        }
         linkDropped(central, reason: reason, what: what)
     }
 

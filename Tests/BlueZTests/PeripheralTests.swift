@@ -2,6 +2,7 @@ import BlueZ
 import DBus
 import Foundation
 import GATT
+import OTA
 import OTADevice
 import OTAFlashCLI
 import OTAWire
@@ -414,6 +415,167 @@ extension ProcessBusSuites.PeripheralTests {
             #expect(process.terminationStatus == 0)
             try await served.events.waitFor(.progress(central: Self.centralA, received: 4, total: 16))
             #expect(await served.peripheral.device.target.received == 4)
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
+}
+
+/// One device model, one behaviour: each scenario runs through the simulator and through peripheral
+/// mode and must end the same way.
+extension ProcessBusSuites.PeripheralTests {
+    static let scenarioImage = testImage(4096)
+    static let scenarioVersion = FirmwareVersion(major: 3, minor: 0, patch: 1)
+
+    static func testImage(_ count: Int) -> [UInt8] {
+        var generator = SeededGenerator(seed: 7)
+        return (0..<count).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
+    }
+
+    static func reply(_ happening: Happening?) throws -> ControlResponse {
+        guard case .notification(let bytes)? = happening else {
+            throw HarnessError("expected a reply notification, got \(happening.map { "\($0)" } ?? "nothing")")
+        }
+        return try response(bytes)
+    }
+
+    static func position(_ offset: Int) -> ControlResponse.Payload {
+        .position(offset: UInt32(offset), crc: CRC32.checksum(scenarioImage[0..<offset]))
+    }
+
+    /// BEGIN, then `image[0..<end]` in 240-byte packets.
+    static func beginAndSend(_ device: any DeviceUnderTest, upTo end: Int) async throws {
+        let image = scenarioImage
+        try await device.command(.begin(.init(imageSize: UInt32(image.count), imageCRC: CRC32.checksum(image),
+                                              version: scenarioVersion, restart: false)))
+        #expect(try reply(await device.next(within: .seconds(5))).status == .success)
+        for offset in stride(from: 0, to: end, by: 240) {
+            try await device.data(offset: offset, image[offset..<min(offset + 240, end)])
+        }
+    }
+
+    /// Whether a central gives up on `error` or resumes (OTAError's classification).
+    static func isResumableConnectionError(_ error: any Error) -> Bool {
+        guard let error = error as? GATTError else { return false }
+        let mapped = OTAError.from(error, device: "the device")
+        return mapped.kind == .connection && mapped.resumable
+    }
+
+    /// Slow flash makes VERIFY and ACTIVATE take 400 ms each. The ACTIVATE reply still goes out
+    /// before the link drops for the reboot; while the device reboots a connection attempt and a
+    /// read fail as lost connections (which a central resumes from), and afterwards the device
+    /// runs the new image.
+    @Test(arguments: DeviceTransport.allCases)
+    func activateReplyComesBeforeTheRebootAndTheRebootRefusesConnections(_ transport: DeviceTransport) async throws {
+        let faults = FaultPlan(rebootDuration: .milliseconds(1500), slowFlashPerKiB: .milliseconds(100))
+        try await Self.withDevice(transport, faults: faults) { device in
+            let image = Self.scenarioImage
+            let crc = CRC32.checksum(image)
+            try await device.connect(timeout: .seconds(2))
+            try await Self.beginAndSend(device, upTo: image.count)
+            try await device.command(.checkpoint(offset: UInt32(image.count), crc: crc))
+            #expect(try Self.reply(await device.next(within: .seconds(5))).status == .success)
+            try await device.command(.verify)
+            #expect(try Self.reply(await device.next(within: .seconds(5))) == ControlResponse(opcode: .verify, status: .success, payload: .computedCRC(crc)))
+
+            try await device.command(.activate)
+            #expect(try Self.reply(await device.next(within: .seconds(5))) == ControlResponse(opcode: .activate, status: .success))
+            #expect(await device.next(within: .seconds(5)) == .linkDropped)
+
+            // Rebooting: a read on the old link fails as a lost link, not as a protocol error...
+            do {
+                _ = try await device.readInfo()
+                Issue.record("a read during the reboot succeeded")
+            } catch {
+                #expect(Self.isResumableConnectionError(error), "\(error)")
+            }
+            // ...and a connection attempt fails as a connection error.
+            do {
+                try await device.connect(timeout: .milliseconds(300))
+                Issue.record("a connection during the reboot was accepted")
+            } catch {
+                #expect(Self.isResumableConnectionError(error), "\(error)")
+            }
+            if let peripheral = device as? PeripheralUnderTest {
+                // A central that gets connected anyway is dropped, and its read fails as a lost link.
+                try await peripheral.announceConnection()
+                do {
+                    _ = try await device.readInfo()
+                    Issue.record("a read from a central connected during the reboot succeeded")
+                } catch {
+                    #expect(Self.isResumableConnectionError(error), "\(error)")
+                }
+                #expect(await device.next(within: .seconds(5)) == .linkDropped)
+            }
+
+            try await device.connect(timeout: .seconds(5))
+            let info = try await device.readInfo()
+            #expect(info.firmwareVersion == Self.scenarioVersion)
+            #expect(info.activeImageCRC == crc)
+        }
+    }
+
+    /// Two CHECKPOINTs ahead of their data, the second sent while the first is held: the first's
+    /// deadline passes without a word, the second is answered `gap` at its own deadline, and
+    /// nothing else follows. A CHECKPOINT held when the central disconnects is never answered.
+    @Test(arguments: DeviceTransport.allCases)
+    func anOldHeldCheckpointNeverAnswersANewerOne(_ transport: DeviceTransport) async throws {
+        try await Self.withDevice(transport, faults: .none, holdEarlyCheckpoint: .seconds(1)) { device in
+            try await device.connect(timeout: .seconds(2))
+            try await Self.beginAndSend(device, upTo: 240)
+            try await device.command(.checkpoint(offset: 720, crc: CRC32.checksum(Self.scenarioImage[0..<720])))
+            #expect(await device.next(within: .milliseconds(500)) == nil)
+            try await device.command(.checkpoint(offset: 960, crc: CRC32.checksum(Self.scenarioImage[0..<960])))
+            // The first CHECKPOINT's deadline falls in here.
+            #expect(await device.next(within: .milliseconds(800)) == nil)
+            #expect(try Self.reply(await device.next(within: .seconds(3)))
+                    == ControlResponse(opcode: .checkpoint, status: .gap, payload: Self.position(240)))
+            #expect(await device.next(within: .milliseconds(1500)) == nil)
+
+            try await device.command(.checkpoint(offset: 1200, crc: CRC32.checksum(Self.scenarioImage[0..<1200])))
+            try await device.disconnect()
+            try await device.connect(timeout: .seconds(2))
+            #expect(await device.next(within: .milliseconds(1500)) == nil)
+            try await device.command(.status)
+            let status = try Self.reply(await device.next(within: .seconds(5)))
+            #expect(status.opcode == .status)
+            #expect(status.payload == .status(.init(state: .receiving, offset: 240, crc: CRC32.checksum(Self.scenarioImage[0..<240]),
+                                                    imageSize: 4096, imageCRC: CRC32.checksum(Self.scenarioImage))))
+        }
+    }
+
+    // MARK: Malformed requests from bluetoothd
+
+    /// An `offset` option that is negative, beyond 16 bits, past the value, or on a write is
+    /// answered with org.bluez.Error.InvalidOffset (ATT 0x07), and the device keeps serving.
+    @Test(arguments: [
+        ("ReadValue", DBusValue.int32(-1)),
+        ("ReadValue", .int64(Int64.min)),
+        ("ReadValue", .uint64(UInt64.max)),
+        ("ReadValue", .uint32(70_000)),
+        ("ReadValue", .uint16(25)),
+        ("ReadValue", .string("4")),
+        ("WriteValue", .uint16(4)),
+        ("WriteValue", .int16(-4)),
+    ])
+    func badOffsetsAreRefusedWithInvalidOffset(method: String, offset: DBusValue) async throws {
+        try await Self.withBus { bus in
+            let fake = try await FakeBlueZPeripheralSide.start(on: bus)
+            let served = try await Self.serve(bus, config: OTAPeripheralConfig())
+            let uuid = method == "ReadValue" ? OTAProtocol.infoUUID : OTAProtocol.controlPointUUID
+            let options = DBusValue.vardict(["device": .objectPath(Self.centralA), "offset": .variant(offset)])
+            let arguments = method == "ReadValue" ? [options] : [DBusValue.bytes(ControlRequest.status.encoded), options]
+            var refusal: DBusError?
+            do {
+                _ = try await fake.connection.call(destination: fake.applicationOwner!, path: fake.characteristicPath(uuid)!,
+                                                   interface: "org.bluez.GattCharacteristic1", member: method,
+                                                   arguments: arguments, timeout: .seconds(5))
+            } catch let error as DBusError {
+                refusal = error
+            }
+            #expect(refusal?.name == "org.bluez.Error.InvalidOffset", "\(String(describing: refusal))")
+            // Still serving: the info value reads whole.
+            #expect(try DeviceInfo(decoding: try await fake.read(OTAProtocol.infoUUID, device: Self.centralA)).state == .idle)
             await served.host.close()
             await fake.connection.close()
         }
