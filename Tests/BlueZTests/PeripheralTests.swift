@@ -209,11 +209,13 @@ struct PeripheralTests {
             #expect(events.contains(.verified(central: Self.centralA, crc: crc)))
             #expect(events.contains(.activated(central: Self.centralA, size: 4096, crc: crc, version: version, stored: path)))
 
-            // While it reboots, commands fail; afterwards it runs the new version.
+            // While it reboots, it does not advertise and commands fail; afterwards it advertises
+            // again and runs the new version.
+            #expect(fake.calls.contains("UnregisterAdvertisement /org/otaflash/test/advertisement0"))
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await Task.sleep(for: .milliseconds(600))
+            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
             #expect(served.events.all.contains { if case .disconnected(Self.centralA, _) = $0 { true } else { false } })
             #expect(String(decoding: try await fake.read(DeviceInformationService.firmwareRevisionUUID, device: nil), as: UTF8.self) == "2.1.7")
 
@@ -289,7 +291,7 @@ struct PeripheralTests {
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await Task.sleep(for: .milliseconds(400))
+            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
             // Back: nothing was committed, so it holds nothing.
             try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             let status = try Self.response(try await peripheralNext(notifications))
