@@ -15,8 +15,10 @@ struct Simulate: AsyncParsableCommand {
             Registers a GATT application (the OTA service and the Device Information Service) with bluetoothd \
             and advertises the OTA service, so `otaflash scan --ota-only` on another adapter or machine lists this \
             one and `otaflash --device <its address> image.bin` updates it. The device side is the same code as the \
-            built-in simulator's, with the same fault options. One central's transfer at a time: a second central's \
-            commands fail with ATT error 0x89 (busy). Serves until SIGINT or SIGTERM, then unregisters and exits 0.
+            built-in simulator's, with the same fault options and timing: after an ACTIVATE it answers, then reboots \
+            into the image and stops advertising for the reboot time. One central's transfer at a time: a second \
+            central's commands fail with ATT error 0x89 (busy). Serves until SIGINT or SIGTERM, then unregisters and \
+            exits 0.
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
