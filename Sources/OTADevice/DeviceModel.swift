@@ -136,12 +136,13 @@ public struct DeviceModel: Sendable {
     }
 
     /// A data packet written *with* response (what a naive central does): handled as data, without
-    /// faults; returns when its write response goes out.
-    public mutating func receiveAcknowledgedData(_ bytes: [UInt8], at now: Duration) -> Duration {
+    /// faults. Its write response goes out at `acknowledged`.
+    public mutating func receiveAcknowledgedData(_ bytes: [UInt8], at now: Duration) -> (acknowledged: Duration, outputs: [Timed]) {
+        guard !isAway(at: now) else { return (now, []) }
         busyUntil = max(busyUntil, now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
-        _ = device.target.handleData(bytes)
+        let notification = device.target.handleData(bytes)
         if target.deferred == nil { held = nil }
-        return busyUntil
+        return (busyUntil, notification.map { [Timed(at: busyUntil, .notify($0))] } ?? [])
     }
 
     /// A control point write reached the device at `now`.

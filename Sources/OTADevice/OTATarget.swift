@@ -111,8 +111,8 @@ public struct OTATarget: Sendable {
     }
 
     /// Hold a CHECKPOINT that arrives before the data it covers, instead of answering `gap` at
-    /// once. For transports that can reorder writes; the transport must then call
-    /// `expireDeferredCheckpoint()` a little later (a few connection intervals).
+    /// once. For transports that can reorder writes; `DeviceModel` sets it from its timing and
+    /// calls `expireDeferredCheckpoint()` at the hold's deadline.
     public var deferEarlyCheckpoints = false
 
     /// A CHECKPOINT held until its data arrives.

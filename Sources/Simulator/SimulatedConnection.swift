@@ -293,8 +293,11 @@ struct Link {
     /// `packetsPerEvent` runs out; a packet queued after the event closed waits for the next one.
     /// So the central can refill its queue during an event, as hosts do.
     mutating func run(until now: Duration, device: SimulatedDevice) {
-        runWakes(until: now, device: device)
-        guard model.timed else { return }
+        guard model.timed else {
+            runWakes(until: now, device: device)
+            return
+        }
+        defer { runWakes(until: now, device: device) }
         while up {
             if let at = scheduledDrop?.at, at <= now, at <= slotTime {
                 dropForBoot(device: device)
@@ -330,6 +333,7 @@ struct Link {
                 if headFragmentsSent == model.fragments(attBytes: pdu.bytes.count + 3).count {
                     headFragmentsSent = 0
                     forwardHead += 1
+                    runWakes(until: done, device: device)  // deadlines before this packet come first
                     deliver(pdu, at: done, device: device)
                 }
             }
@@ -411,8 +415,9 @@ struct Link {
                 outputs = d.model.receiveData(bytes, at: t)
 
             case .request(let id, let bytes, let ticket) where id == SimulatedDevice.Handle.data:
-                let acknowledged = d.model.receiveAcknowledgedData(bytes, at: t)
+                let (acknowledged, notifications) = d.model.receiveAcknowledgedData(bytes, at: t)
                 replies.append(Reverse(time: acknowledged, event: .writeCompleted(ticket, nil), size: 1))
+                outputs = notifications
 
             case .request(let id, let bytes, let ticket):
                 guard id == SimulatedDevice.Handle.controlPoint else {
