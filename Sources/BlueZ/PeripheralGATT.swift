@@ -27,12 +27,23 @@ public struct GATTServerRequest: Sendable, Hashable {
     }
 
     /// Reads the options dictionary; unknown keys are ignored.
-    public init(options: DBusValue?) {
+    ///
+    /// - Throws: `org.bluez.Error.InvalidOffset` when `offset` is not an integer in 0...65535
+    ///   (ATT offsets are 16-bit; BlueZ sends a `q`), so a malformed request is refused instead of
+    ///   reaching a value with it.
+    public init(options: DBusValue?) throws(DBusError) {
         let dict = options?.vardict ?? [:]
         device = dict["device"]?.objectPath ?? dict["device"]?.string
         mtu = dict["mtu"]?.integer
-        offset = dict["offset"]?.integer ?? 0
         link = dict["link"]?.string
+        if let given = dict["offset"] {
+            guard let value = given.integer, (0...Int(UInt16.max)).contains(value) else {
+                throw GATTServerError.invalidOffset("offset \(given.unwrapped) is not an ATT offset (0-65535)")
+            }
+            offset = value
+        } else {
+            offset = 0
+        }
     }
 
     /// The options as BlueZ sends them (for tests that stand in for bluetoothd).
@@ -100,11 +111,6 @@ public struct PeripheralCharacteristic: Sendable {
         self.read = read
         self.write = write
         self.notifyChanged = notifyChanged
-    }
-
-    /// A read-only characteristic whose value is computed on every read.
-    public static func readOnly(_ uuid: BluetoothUUID, _ value: @escaping @Sendable () async -> [UInt8]) -> Self {
-        PeripheralCharacteristic(uuid: uuid, flags: ["read"], read: { _ in await value() })
     }
 }
 
@@ -184,7 +190,7 @@ public actor PeripheralApplication {
         if let read = c.read {
             // ReadValue(a{sv} options) -> ay
             methods["ReadValue"] = { call in
-                let request = GATTServerRequest(options: call.arguments.first)
+                let request = try GATTServerRequest(options: call.arguments.first)
                 let value = try await read(request)
                 guard request.offset <= value.count else {
                     throw GATTServerError.invalidOffset("offset \(request.offset) is beyond the \(value.count)-byte value of \(uuid)")
@@ -198,7 +204,13 @@ public actor PeripheralApplication {
                 guard let bytes = call.arguments.first?.bytes else {
                     throw DBusError(name: DBusError.Name.invalidArgs, message: "WriteValue expects (ay, a{sv})")
                 }
-                try await write(bytes, GATTServerRequest(options: call.arguments.dropFirst().first))
+                let request = try GATTServerRequest(options: call.arguments.dropFirst().first)
+                // Values here are written whole; a part at an offset (a prepared write) would be
+                // taken for a whole value.
+                guard request.offset == 0 else {
+                    throw GATTServerError.invalidOffset("\(uuid) takes whole values only, not a part at offset \(request.offset)")
+                }
+                try await write(bytes, request)
                 return []
             }
         }

@@ -1,3 +1,4 @@
+import DBus
 import GATT
 import OTADevice
 import OTAWire
@@ -7,11 +8,14 @@ import Glibc
 import Musl
 #endif
 
-/// What drops a central's link: BlueZ's `Device1.Disconnect`, or a power cycle of the adapter.
+/// The link operations a served device needs from the stack: drop a central's link, and hear of
+/// centrals connecting and disconnecting. `PeripheralHost` implements them with BlueZ.
 public protocol PeripheralLinkControl: Sendable {
     /// Drops the link to the central at `device` (a `Device1` path), or every link when nil.
     /// Returns a line saying what was done.
     func dropLink(device: String?) async -> String
+    /// Calls `handler(devicePath, connected)` whenever a central connects or disconnects.
+    func watchConnections(_ handler: @escaping @Sendable (String, Bool) -> Void) async throws
 }
 
 extension PeripheralHost: PeripheralLinkControl {}
@@ -27,8 +31,10 @@ public struct OTAPeripheralConfig: Sendable {
     public var model: String
     /// Where verified-and-activated images are written as `<crc32>.bin`; nil keeps none.
     public var storeDirectory: String?
-    /// How long after a successful ACTIVATE the device drops the link to boot the new image.
+    /// How long after its ACTIVATE reply the device drops the link to boot the new image.
     public var bootDelay: Duration
+    /// How long a CHECKPOINT that overtook its data is held for it before it is answered `gap`.
+    public var holdEarlyCheckpoint: Duration
     /// Called with one line per read and write and what became of it (debugging).
     public var trace: (@Sendable (String) -> Void)?
 
@@ -36,7 +42,7 @@ public struct OTAPeripheralConfig: Sendable {
                 firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 faults: FaultPlan = .none, manufacturer: String = "otaflash", model: String = "otaflash simulate",
                 storeDirectory: String? = nil, bootDelay: Duration = .milliseconds(300),
-                trace: (@Sendable (String) -> Void)? = nil) {
+                holdEarlyCheckpoint: Duration = .milliseconds(300), trace: (@Sendable (String) -> Void)? = nil) {
         self.name = name
         self.slotSize = slotSize
         self.firmwareVersion = firmwareVersion
@@ -45,6 +51,7 @@ public struct OTAPeripheralConfig: Sendable {
         self.model = model
         self.storeDirectory = storeDirectory
         self.bootDelay = bootDelay
+        self.holdEarlyCheckpoint = holdEarlyCheckpoint
         self.trace = trace
     }
 }
@@ -64,204 +71,344 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
     case note(String)
 }
 
-/// The OTA target of docs/PROTOCOL.md served through BlueZ: the device logic is `FaultyDevice`
-/// (an `OTATarget` behind a `FaultPlan`), this actor only carries its writes, reads and outcomes
-/// between BlueZ's GATT server API and the device.
+/// The OTA target of docs/PROTOCOL.md served through BlueZ. The device is a `DeviceModel` (an
+/// `OTATarget` behind a `FaultPlan`, with its timing), the same one the in-process simulator runs;
+/// this actor only carries writes and reads from BlueZ's GATT server API to the model and does
+/// what the model decides, when it says:
 ///
-/// - Control point writes go to `receiveCommand`; the reply is notified (unless a lost-notification
-///   fault swallows it); an injected GATT error becomes `org.bluez.Error.Failed` (ATT 0x80).
-/// - Data writes go to `receiveData`; a GAP event is notified; disconnect and reboot faults drop
-///   the link (`Device1.Disconnect`, or a power cycle of the adapter when that fails), and for
-///   `FaultPlan.rebootDuration` after a reboot every write is ignored and commands fail.
-/// - Slow flash: each data packet keeps the device busy for `flashTime`; a command's write reply
-///   waits until the device is idle (plus a whole-image read for VERIFY and ACTIVATE), as the
-///   in-process simulator does. Data writes are not held back: bluetoothd sends write commands to
-///   the application without waiting for a reply (src/gatt-database.c, `chrc_write_cb` passes no
-///   owner queue for characteristics flagged write-without-response).
-/// - One transfer at a time (docs/PROTOCOL.md): a command from a central other than the one that
-///   began the pending transfer is answered with ATT application error 0x89 (0x80 + status
-///   `busy`) on that central's write, and nothing is notified — a notification would reach every
+/// - Control point writes: the write's D-Bus reply waits until the model's reply time (slow
+///   flash); the reply is notified unless a lost-notification fault swallows it. An injected GATT
+///   error is `org.bluez.Error.Failed` (ATT 0x80). A command from a central other than the one
+///   that began the pending transfer fails with ATT application error 0x89 (0x80 + status
+///   `busy`) on that central's write, and nothing is notified: a notification would reach every
 ///   subscribed central, the owner included.
+/// - Data writes: a GAP event is notified when the model says. Data writes are not held back:
+///   bluetoothd sends write commands to the application without waiting for a reply
+///   (src/gatt-database.c, `chrc_write_cb` passes no owner queue for characteristics flagged
+///   write-without-response).
+/// - Link drops (disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
+///   that fails. A reboot (fault, or booting an activated image after its reply went out) drops
+///   the links and stops advertising for `FaultPlan.rebootDuration`: a central's connection
+///   attempt fails as a connection error. A central that shows up anyway is disconnected before
+///   its read or write is failed, so it sees a lost link, never a protocol error.
+/// - A held CHECKPOINT's deadline wakes the model, which answers `gap` only if that very
+///   CHECKPOINT is still held.
+///
+/// Outputs run one at a time in time order, so an ACTIVATE reply is always sent before the link
+/// drop that follows it.
 public actor OTAPeripheral {
     public nonisolated let config: OTAPeripheralConfig
-    public private(set) var device: FaultyDevice
+    public private(set) var model: DeviceModel
+    private let clock: any MonotonicClock
     private let events: @Sendable (OTAPeripheralEvent) -> Void
     private var link: (any PeripheralLinkControl)?
+    private var advertisement: PeripheralAdvertisement?
     private var notifier: (@Sendable ([UInt8]) async throws -> Void)?
-    private var rebootingUntil: ContinuousClock.Instant?
-    private var busyUntil = ContinuousClock.now
     private var centrals: Set<String> = []
+    /// Centrals whose link is being dropped: their writes are ignored until it is down.
+    private var dropping: Set<String> = []
+    /// `Device1.Disconnect` calls in flight, by central: a request that arrives meanwhile fails
+    /// only once the link is down.
+    private var linkDrops: [String: Task<String, Never>] = [:]
     private var lastProgress = 0
-    /// Files written to the store, newest last.
-    public private(set) var stored: [String] = []
+    /// Due outputs, in time order (ties in the order they were decided).
+    private var queue: [Job] = []
+    private var sequence = 0
+    private var runner: Task<Void, Never>?
+    /// The time the runner sleeps until, while it sleeps; an earlier job wakes it.
+    private var runnerWakesAt: Duration?
+    private var stopped = false
+    private var watcher: Task<Void, Never>?
+
+    private struct Job {
+        var at: Duration
+        var sequence: Int
+        var work: Work
+    }
+
+    private enum Work {
+        case output(DeviceModel.Output, central: String?)
+        case advertise
+    }
 
     /// The ATT application error a second central's command gets: 0x80 + `busy` (0x09).
     public static let busyATTError: UInt8 = 0x80 | OTAStatus.busy.rawValue
 
-    public init(config: OTAPeripheralConfig, events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
+    /// - Parameter clock: the time the device model runs on; real time unless a test injects one.
+    public init(config: OTAPeripheralConfig, clock: any MonotonicClock = SystemClock(),
+                events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
         self.config = config
+        self.clock = clock
         self.events = events
-        var target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
+        let target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
         // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
         // beside D-Bus): hold it for the data rather than answer `gap` at once.
-        target.deferEarlyCheckpoints = true
-        device = FaultyDevice(target: target, faults: config.faults)
+        let timing = DeviceModel.Timing(holdEarlyCheckpoint: config.holdEarlyCheckpoint, bootDelay: config.bootDelay)
+        model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: timing)
     }
 
-    /// How long a CHECKPOINT waits for data that may have been reordered before it is answered `gap`.
-    public static let deferredCheckpointTimeout: Duration = .milliseconds(300)
+    /// The device: its OTA state machine and faults.
+    public var device: FaultyDevice { model.device }
 
-    /// Set while a disconnect fault is taking the link down: the device behaves as gone.
-    private var linkGoing = false
-
-    private func expireDeferredCheckpoint() async {
-        guard let reply = device.target.expireDeferredCheckpoint() else { return }
-        config.trace?("deferred CHECKPOINT answered gap after \(Self.deferredCheckpointTimeout)")
-        do { try await notifier?(reply) } catch { events(.note("notifying a reply failed: \(error)")) }
-    }
-
-    /// Connects the device to the link control and to the notification path of its application.
-    public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication) {
+    /// Connects the device to the link operations, the notification path of its application, and
+    /// the advertisement it withdraws while it reboots; starts watching connections.
+    public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication,
+                       advertisement: PeripheralAdvertisement? = nil) async throws {
         self.link = link
+        self.advertisement = advertisement
         notifier = { [application] value in try await application.notify(OTAProtocol.controlPointUUID, value) }
+        guard let link else { return }
+        // One consumer, so connects and disconnects reach the device in the order bluetoothd sent them.
+        let (changes, continuation) = AsyncStream.makeStream(of: (String, Bool).self)
+        try await link.watchConnections { path, connected in continuation.yield((path, connected)) }
+        watcher = Task { [weak self] in
+            for await (path, connected) in changes {
+                if connected {
+                    await self?.centralConnected(path)
+                } else {
+                    await self?.centralDisconnected(path)
+                }
+            }
+        }
+    }
+
+    /// Stops carrying out outputs (a pending link drop, re-advertising after a reboot): the
+    /// service is being torn down.
+    public func stop() {
+        stopped = true
+        watcher?.cancel()
+        watcher = nil
+        runner?.cancel()
+        runner = nil
+        queue.removeAll()
     }
 
     /// The OTA service and the Device Information Service, wired to this device.
     public nonisolated var services: [PeripheralService] {
         let ota = PeripheralService(uuid: OTAProtocol.serviceUUID, characteristics: [
             PeripheralCharacteristic(uuid: OTAProtocol.controlPointUUID, flags: ["write", "notify"],
-                                     write: { [self] bytes, request in try await self.command(bytes, request) },
-                                     notifyChanged: { [self] on in await self.notifyChanged(on) }),
+                                     write: { [self] bytes, request in try await self.command(bytes, request) }),
             PeripheralCharacteristic(uuid: OTAProtocol.dataUUID, flags: ["write-without-response"],
                                      write: { [self] bytes, request in await self.data(bytes, request) }),
             PeripheralCharacteristic(uuid: OTAProtocol.infoUUID, flags: ["read"],
-                                     read: { [self] request in try await self.info(request) }),
+                                     read: { [self] request in try await self.read(request) { $0.info.encoded } }),
         ])
-        let dis = PeripheralService(uuid: DeviceInformationService.serviceUUID, characteristics: [
-            .readOnly(DeviceInformationService.manufacturerNameUUID) { [config] in Array(config.manufacturer.utf8) },
-            .readOnly(DeviceInformationService.modelNumberUUID) { [config] in Array(config.model.utf8) },
-            .readOnly(DeviceInformationService.firmwareRevisionUUID) { [self] in
-                Array(await self.device.target.firmwareVersion.description.utf8)
-            },
-        ])
+        let values: [(BluetoothUUID, @Sendable (OTATarget) -> [UInt8])] = [
+            (DeviceInformationService.manufacturerNameUUID, { [config] _ in Array(config.manufacturer.utf8) }),
+            (DeviceInformationService.modelNumberUUID, { [config] _ in Array(config.model.utf8) }),
+            (DeviceInformationService.firmwareRevisionUUID, { target in Array(target.firmwareVersion.description.utf8) }),
+        ]
+        let dis = PeripheralService(uuid: DeviceInformationService.serviceUUID, characteristics: values.map { uuid, value in
+            PeripheralCharacteristic(uuid: uuid, flags: ["read"], read: { [self] request in try await self.read(request, value) })
+        })
         return [ota, dis]
     }
 
     // MARK: Connections
 
     /// A central showed up: by a read or write carrying its `device`, or by bluetoothd's
-    /// `Connected` = true.
-    public func centralConnected(_ central: String?) {
-        guard let central, centrals.insert(central).inserted else { return }
-        events(.connected(central: central))
+    /// `Connected` = true. While the device reboots it is refused: its link is dropped.
+    public func centralConnected(_ central: String?) async {
+        _ = await admit(central)
+    }
+
+    /// Whether a central may talk to the device now; a rebooting device refuses it.
+    private func admit(_ central: String?) async -> Bool {
+        if model.isAway(at: clock.now) {
+            if let central { await refuse(central) }
+            return false
+        }
+        if let central, centrals.insert(central).inserted { events(.connected(central: central)) }
+        return true
     }
 
     public func centralDisconnected(_ central: String, reason: String = "the central disconnected") {
+        model.linkDropped(central: central)
         guard centrals.remove(central) != nil else { return }
         events(.disconnected(central: central, reason: reason))
     }
 
-    private var isRebooting: Bool {
-        guard let until = rebootingUntil else { return false }
-        if ContinuousClock.now < until { return true }
-        rebootingUntil = nil
-        return false
+    /// A rebooting device has no link: drop the one a central has.
+    private func refuse(_ central: String) async {
+        let first = linkDrops[central] == nil
+        if first { events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting")) }
+        let what = await dropLinkOnce(central)
+        if first { linkDropped(central, reason: "the device is rebooting", what: what) }
     }
 
-    private func notifyChanged(_ on: Bool) {}
+    /// Drops the link to `central`, or waits for the drop already under way.
+    private func dropLinkOnce(_ central: String) async -> String {
+        if let running = linkDrops[central] { return await running.value }
+        guard let link else { return "no link control" }
+        let drop = Task { await link.dropLink(device: central) }
+        linkDrops[central] = drop
+        let what = await drop.value
+        linkDrops[central] = nil
+        return what
+    }
+
+    /// What a read or write that reached a rebooting device fails with, once its link is dropped:
+    /// the central sees a lost connection and reconnects when the device is back.
+    private static let rebooting = GATTServerError.failed("the device is rebooting")
 
     // MARK: Characteristics
 
-    func info(_ request: GATTServerRequest) throws -> [UInt8] {
-        centralConnected(request.device)
-        if isRebooting { throw GATTServerError.failed("the device is rebooting") }
-        return device.target.info.encoded
+    func read(_ request: GATTServerRequest, _ value: @Sendable (OTATarget) -> [UInt8]) async throws -> [UInt8] {
+        guard await admit(request.device) else { throw Self.rebooting }
+        return value(model.target)
     }
 
     func command(_ bytes: [UInt8], _ request: GATTServerRequest) async throws {
-        centralConnected(request.device)
-        if isRebooting { throw GATTServerError.failed("the device is rebooting") }
-        if linkGoing { throw GATTServerError.failed("the link is going down") }
+        guard await admit(request.device) else { throw Self.rebooting }
+        if let central = request.device, dropping.contains(central) {
+            _ = await linkDrops[central]?.value
+            throw GATTServerError.failed("the link is going down")
+        }
         let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
-        let imageSize = Int(device.target.pending?.imageSize ?? 0)
-        let outcome = device.receiveCommand(bytes, from: request.device)
-        config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(outcome)")
-        switch outcome {
-        case .attError:
+        let result = model.receiveCommand(bytes, from: request.device, at: clock.now)
+        config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(result.reply)")
+        switch result.reply {
+        case .away:
+            if let central = request.device { await refuse(central) }
+            throw Self.rebooting
+        case .injectedError:
             events(.note("injected fault: control point write answered with an ATT error"))
             throw GATTServerError.failed("injected GATT error")
-
-        case .handled(let response, let notify, let activated):
-            let status = response.count >= 3 ? OTAStatus(rawValue: response[2]) : nil
-            if status == .busy, let writer = request.device, let owner = device.target.owner, owner != writer {
-                events(.busy(central: writer, owner: owner))
-                throw GATTServerError.application(Self.busyATTError)
-            }
-            let now = ContinuousClock.now
-            var ready = max(busyUntil, now)
-            if opcode == .verify || opcode == .activate { ready += device.flashTime(bytes: imageSize) }
-            busyUntil = ready
-            report(opcode: opcode, status: status, response: response, central: request.device)
-            if activated { activate(central: request.device) }
-            if ready > now { try? await Task.sleep(until: ready, clock: .continuous) }
-            if response.isEmpty {
-                // A CHECKPOINT ahead of its data: answered when the data arrives, or after a while.
-                let timeout = Self.deferredCheckpointTimeout
-                Task { [weak self] in
-                    try? await Task.sleep(for: timeout)
-                    await self?.expireDeferredCheckpoint()
-                }
-                return
-            }
-            if notify {
-                do {
-                    try await notifier?(response)
-                } catch {
-                    events(.note("notifying the reply failed: \(error)"))
-                }
-            } else {
+        case .busy(let owner):
+            if let writer = request.device { events(.busy(central: writer, owner: owner)) }
+            throw GATTServerError.application(Self.busyATTError)
+        case .success(let at):
+            let status = result.response.count >= 3 ? OTAStatus(rawValue: result.response[2]) : nil
+            report(opcode: opcode, status: status, central: request.device)
+            if result.activated { activated(central: request.device) }
+            if result.notificationLost {
                 events(.note("injected fault: the reply to \(opcode.map { "\($0)" } ?? "a command") is not notified"))
             }
+            schedule(result.outputs, central: request.device)
+            if at > clock.now { try? await clock.sleep(until: at) }
         }
     }
 
     func data(_ bytes: [UInt8], _ request: GATTServerRequest) async {
-        centralConnected(request.device)
-        if isRebooting || linkGoing {
-            config.trace?("data write ignored while \(linkGoing ? "the link goes down" : "rebooting")")
+        guard await admit(request.device) else { return }
+        if let central = request.device, dropping.contains(central) {
+            config.trace?("data write ignored while the link goes down")
             return
         }
-        let outcome = device.receiveData(bytes, from: request.device)
+        let outputs = model.receiveData(bytes, from: request.device, at: clock.now)
         if let trace = config.trace {
             let offset = DataPacket.decode(bytes).map { "offset \($0.offset) +\($0.payload.count)" } ?? "\(bytes.count) B, malformed"
-            trace("data write \(offset) from \(request.device ?? "?"): \(outcome), received \(device.target.received)")
+            trace("data write \(offset) from \(request.device ?? "?"): \(outputs), received \(model.target.received)")
         }
-        switch outcome {
-        case .handled(let event):
-            busyUntil = max(busyUntil, .now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
-            if let event {
-                do { try await notifier?(event) } catch { events(.note("notifying a GAP event failed: \(error)")) }
+        for timed in outputs {
+            switch timed.output {
+            case .dropLink(let reason):
+                events(.note("injected fault: \(reason)"))
+                // Writes that follow on this link are lost with it.
+                if let central = request.device { dropping.insert(central) }
+            case .reboot(_, let reason):
+                events(.note("injected fault: \(reason); away for \(model.device.faults.rebootDuration)"))
+                lastProgress = model.target.received
+            case .notify, .wake:
+                break
             }
-            reportProgress(central: request.device)
-        case .dropped:
-            break
-        case .disconnect(let reason):
-            events(.note("injected fault: \(reason)"))
-            linkGoing = true
-            dropLink(request.device, reason: reason)
-        case .reboot(let reason):
-            events(.note("injected fault: \(reason); away for \(device.faults.rebootDuration)"))
-            rebootingUntil = .now + device.faults.rebootDuration
-            lastProgress = device.target.received
-            dropLink(request.device, reason: reason)
+        }
+        schedule(outputs, central: request.device)
+        reportProgress(central: request.device)
+    }
+
+    // MARK: Carrying out the model's outputs
+
+    private func schedule(_ outputs: [DeviceModel.Timed], central: String?) {
+        guard !stopped, !outputs.isEmpty else { return }
+        for timed in outputs { enqueue(Job(at: timed.at, sequence: 0, work: .output(timed.output, central: central))) }
+    }
+
+    private func enqueue(_ job: Job) {
+        var job = job
+        sequence += 1
+        job.sequence = sequence
+        let i = queue.firstIndex { ($0.at, $0.sequence) > (job.at, job.sequence) } ?? queue.count
+        queue.insert(job, at: i)
+        if runner == nil {
+            runner = Task { await self.runQueue() }
+        } else if let wakesAt = runnerWakesAt, job.at < wakesAt {
+            // The runner sleeps past this job: start one that does not.
+            runner?.cancel()
+            runnerWakesAt = nil
+            runner = Task { await self.runQueue() }
         }
     }
 
-    // MARK: Outcomes
+    private func runQueue() async {
+        while !Task.isCancelled, let next = queue.first {
+            if next.at > clock.now {
+                runnerWakesAt = next.at
+                do { try await clock.sleep(until: next.at) } catch { return }
+                if Task.isCancelled { return }  // replaced by a runner for an earlier job, or stopped
+                runnerWakesAt = nil
+                continue
+            }
+            queue.removeFirst()
+            await perform(next.work)
+        }
+        if !Task.isCancelled { runner = nil }
+    }
 
-    private func report(opcode: OTAOpcode?, status: OTAStatus?, response: [UInt8], central: String?) {
+    private func perform(_ work: Work) async {
+        switch work {
+        case .output(.notify(let value), _):
+            do { try await notifier?(value) } catch { events(.note("notifying a reply failed: \(error)")) }
+        case .output(.wake(let token), let central):
+            if model.target.deferred != nil {
+                config.trace?("held CHECKPOINT not reached by its data within \(config.holdEarlyCheckpoint)")
+            }
+            schedule(model.wake(token, at: clock.now), central: central)
+        case .output(.dropLink(let reason), let central):
+            await dropLink(central, reason: reason)
+        case .output(.reboot(let until, let reason), let central):
+            // Not connectable while away: stop advertising first, then drop every link.
+            do { try await advertisement?.pause() } catch { events(.note("withdrawing the advertisement failed: \(error)")) }
+            let links = central.map { centrals.union([$0]) } ?? centrals
+            if links.isEmpty {
+                await dropLink(nil, reason: reason)
+            } else {
+                for c in links.sorted() { await dropLink(c, reason: reason) }
+            }
+            enqueue(Job(at: until, sequence: 0, work: .advertise))
+        case .advertise:
+            do { try await advertisement?.resume() } catch { events(.note("advertising again after the reboot failed: \(error)")) }
+        }
+    }
+
+    private func dropLink(_ central: String?, reason: String) async {
+        guard let link else { return }
+        let what: String
+        if let central {
+            dropping.insert(central)
+            what = await dropLinkOnce(central)
+            dropping.remove(central)
+        } else {
+            what = await link.dropLink(device: nil)
+        }
+        linkDropped(central, reason: reason, what: what)
+    }
+
+    private func linkDropped(_ central: String?, reason: String, what: String) {
+        if let central {
+            centralDisconnected(central, reason: "\(reason) (\(what))")
+        } else {
+            events(.note("\(reason): \(what)"))
+            model.linkDropped()
+            for c in centrals { centralDisconnected(c, reason: reason) }
+        }
+    }
+
+    // MARK: Reporting
+
+    private func report(opcode: OTAOpcode?, status: OTAStatus?, central: String?) {
         guard status == .success else { return }
-        let target = device.target
+        let target = model.target
         switch opcode {
         case .begin?:
             lastProgress = target.received
@@ -275,8 +422,8 @@ public actor OTAPeripheral {
     }
 
     private func reportProgress(central: String?) {
-        guard let total = device.target.pending.map({ Int($0.imageSize) }), total > 0 else { return }
-        let received = device.target.received
+        guard let total = model.target.pending.map({ Int($0.imageSize) }), total > 0 else { return }
+        let received = model.target.received
         let step = max(total / 20, 1)
         if received == total ? lastProgress != total : received >= lastProgress + step || received < lastProgress {
             lastProgress = received
@@ -284,15 +431,14 @@ public actor OTAPeripheral {
         }
     }
 
-    /// After a successful ACTIVATE: store the image, then "boot" it — drop the link shortly after
-    /// the reply went out and stay away for the reboot time.
-    private func activate(central: String?) {
-        guard let activation = device.target.activations.last else { return }
+    /// After a successful ACTIVATE: store the image and report it. The reboot into it is one of
+    /// the command's outputs, due after the reply.
+    private func activated(central: String?) {
+        guard let activation = model.target.lastActivation else { return }
         var path: String?
         if let directory = config.storeDirectory {
             do {
                 path = try Self.store(activation.image, crc: activation.crc, in: directory)
-                stored.append(path!)
             } catch {
                 events(.note("storing the image failed: \(error)"))
             }
@@ -300,30 +446,6 @@ public actor OTAPeripheral {
         events(.activated(central: central, size: activation.image.count, crc: activation.crc,
                           version: activation.version, stored: path))
         lastProgress = 0
-        let delay = config.bootDelay
-        rebootingUntil = .now + delay + device.faults.rebootDuration
-        Task { [weak self] in
-            try? await Task.sleep(for: delay)
-            await self?.dropLink(central, reason: "the device boots the new image")
-        }
-    }
-
-    private func dropLink(_ central: String?, reason: String) {
-        guard let link else { return }
-        Task { [weak self] in
-            let what = await link.dropLink(device: central)
-            await self?.linkDropped(central, reason: reason, what: what)
-        }
-    }
-
-    private func linkDropped(_ central: String?, reason: String, what: String) {
-        linkGoing = false
-        if let central {
-            centralDisconnected(central, reason: "\(reason) (\(what))")
-        } else {
-            events(.note("\(reason): \(what)"))
-            for c in centrals { centralDisconnected(c, reason: reason) }
-        }
     }
 
     public struct StoreError: Error, CustomStringConvertible {

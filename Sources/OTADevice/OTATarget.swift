@@ -27,8 +27,12 @@ public struct OTATarget: Sendable {
     private var committedCRC: UInt32 = 0
     private var gapReported = false
 
-    /// Images activated so far, newest last: what the device booted.
-    public private(set) var activations: [Activation] = []
+    /// How many images the device has activated. Only the count and the last activation are
+    /// kept, so a device that serves update after update (a test jig running for a shift) holds
+    /// one image, not all of them.
+    public private(set) var activationCount = 0
+    /// The image the device booted last: what its active slot holds.
+    public private(set) var lastActivation: Activation?
     /// CRC32 of the image running since the last activation; persists across reboots.
     public private(set) var activeImageCRC: UInt32?
 
@@ -107,8 +111,8 @@ public struct OTATarget: Sendable {
     }
 
     /// Hold a CHECKPOINT that arrives before the data it covers, instead of answering `gap` at
-    /// once. For transports that can reorder writes; the transport must then call
-    /// `expireDeferredCheckpoint()` a little later (a few connection intervals).
+    /// once. For transports that can reorder writes; `DeviceModel` sets it from its timing and
+    /// calls `expireDeferredCheckpoint()` at the hold's deadline.
     public var deferEarlyCheckpoints = false
 
     /// A CHECKPOINT held until its data arrives.
@@ -120,6 +124,12 @@ public struct OTATarget: Sendable {
         deferred = nil
         gapReported = false
         return ControlResponse(opcode: .checkpoint, status: .gap, payload: position).encoded
+    }
+
+    /// Forgets a deferred CHECKPOINT without answering it: the link it came on is gone, and a
+    /// reply would reach whoever connects next.
+    public mutating func cancelDeferredCheckpoint() {
+        deferred = nil
     }
 
     /// The reply to a deferred CHECKPOINT once `received` reaches it, or `gap` once the hole persists.
@@ -204,7 +214,8 @@ public struct OTATarget: Sendable {
                 discardTransfer()
                 return ControlResponse(opcode: .activate, status: .crcMismatch)
             }
-            activations.append(Activation(image: flash, crc: crc, version: pending.version))
+            activationCount += 1
+            lastActivation = Activation(image: flash, crc: crc, version: pending.version)
             activeImageCRC = crc
             firmwareVersion = pending.version
             discardTransfer()

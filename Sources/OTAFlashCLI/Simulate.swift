@@ -15,8 +15,10 @@ struct Simulate: AsyncParsableCommand {
             Registers a GATT application (the OTA service and the Device Information Service) with bluetoothd \
             and advertises the OTA service, so `otaflash scan --ota-only` on another adapter or machine lists this \
             one and `otaflash --device <its address> image.bin` updates it. The device side is the same code as the \
-            built-in simulator's, with the same fault options. One central's transfer at a time: a second central's \
-            commands fail with ATT error 0x89 (busy). Serves until SIGINT or SIGTERM, then unregisters and exits 0.
+            built-in simulator's, with the same fault options and timing: after an ACTIVATE it answers, then reboots \
+            into the image and stops advertising for the reboot time. One central's transfer at a time: a second \
+            central's commands fail with ATT error 0x89 (busy). Serves until SIGINT or SIGTERM, then unregisters and \
+            exits 0.
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
@@ -91,21 +93,12 @@ struct Simulate: AsyncParsableCommand {
                                                 services: peripheral.services)
         let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
                                                     localName: name, serviceUUIDs: [OTAProtocol.serviceUUID])
-        await peripheral.attach(link: host, application: application)
 
         var failure: CLIFailure?
         do {
             try await application.export()
             try await advertisement.export()
-            try await host.watchConnections { path, connected in
-                Task {
-                    if connected {
-                        await peripheral.centralConnected(path)
-                    } else {
-                        await peripheral.centralDisconnected(path)
-                    }
-                }
-            }
+            try await peripheral.attach(link: host, application: application, advertisement: advertisement)
             // bluetoothd going away ends the service with the bluetooth_unavailable code.
             try await host.connection.subscribe(DBusMatchRule(
                 sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
@@ -139,13 +132,14 @@ struct Simulate: AsyncParsableCommand {
         }
 
         // Teardown, each step bounded by its own call timeout.
+        await peripheral.stop()
         try? await advertisement.unregister()
         try? await application.unregister()
         await advertisement.unexport()
         await application.unexport()
         await host.close()
         if let failure { throw failure }
-        let activated = await peripheral.device.target.activations.count
+        let activated = await peripheral.model.target.activationCount
         printer.json(SimulateEvents.Done(activations: activated))
     }
 

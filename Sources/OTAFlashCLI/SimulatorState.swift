@@ -33,7 +33,7 @@ enum SimulatorState {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try encoder.encode(target.snapshot).write(to: base.appendingPathComponent("state.json"), options: .atomic)
-        if let image = target.activations.last?.image {
+        if let image = target.lastActivation?.image {
             try Data(image).write(to: base.appendingPathComponent("activated.bin"), options: .atomic)
         }
     }

@@ -26,14 +26,15 @@ public final class SimulatedCentral: GATTCentral {
             try await sleep(timeout)
             throw GATTError(.deviceNotFound, "device \(address) was not found within \(timeout.seconds) s")
         }
-        let (availableAt, refused) = device.state.withLock { s in
-            (s.availableAt, s.device.refusesConnection(after: s.connections))
+        // A rebooting device does not advertise: the attempt waits for it to come back, and
+        // fails as a connection error when that is past the deadline.
+        let (availableAt, gone) = device.state.withLock { s in
+            (s.model.availableAt, s.model.device.refusesConnection(after: s.connections))
         }
-        if refused || availableAt > deadline {
+        if gone || availableAt > deadline {
             try await sleep(until: deadline)
             throw GATTError(.connectFailed, "connecting to \(address) failed: no answer within \(timeout.seconds) s")
         }
-        // Wait for it to come back from a reboot, then the connection setup itself.
         try await sleep(until: max(clock.now, availableAt))
         try await sleep(device.config.link.timed ? device.config.link.connectionInterval * 3 : .zero)
         device.state.withLock { s in

@@ -1,4 +1,5 @@
 import GATT
+import OTADevice
 import OTAWire
 import Synchronization
 
@@ -178,9 +179,12 @@ public final class SimulatedConnection: GATTConnection {
         } catch {
             throw GATTError(.failed, "cancelled while waiting on \(peer)")
         }
-        try link.withLock { l throws(GATTError) in
-            l.run(until: clock.now, device: device)
-            try l.requireUp(at: clock.now)
+        // A request on a link that went down is never answered: it fails once the central
+        // notices the loss, as a connection error.
+        try await waitUntil { l, now throws(GATTError) in
+            try l.requireUp(at: now)
+            guard !l.up, let noticed = l.downNoticedAt else { return .done }
+            return .wait(noticed)
         }
     }
 }
@@ -257,7 +261,8 @@ struct Link {
             wake = min(wake, nextSendTime)
         }
         if let noticed = downNoticedAt { wake = min(wake, noticed) }
-        if let boot = scheduledDrop { wake = min(wake, boot) }
+        if let boot = scheduledDrop?.at { wake = min(wake, boot) }
+        if up, let held = wakes.first?.at { wake = min(wake, held) }
         return wake
     }
 
@@ -288,10 +293,14 @@ struct Link {
     /// `packetsPerEvent` runs out; a packet queued after the event closed waits for the next one.
     /// So the central can refill its queue during an event, as hosts do.
     mutating func run(until now: Duration, device: SimulatedDevice) {
-        guard model.timed else { return }
+        guard model.timed else {
+            runWakes(until: now, device: device)
+            return
+        }
+        defer { runWakes(until: now, device: device) }
         while up {
-            if let at = scheduledDrop, at <= now, at <= slotTime {
-                dropForBoot()
+            if let at = scheduledDrop?.at, at <= now, at <= slotTime {
+                dropForBoot(device: device)
                 break
             }
             if !eventOpen {
@@ -324,6 +333,7 @@ struct Link {
                 if headFragmentsSent == model.fragments(attBytes: pdu.bytes.count + 3).count {
                     headFragmentsSent = 0
                     forwardHead += 1
+                    runWakes(until: done, device: device)  // deadlines before this packet come first
                     deliver(pdu, at: done, device: device)
                 }
             }
@@ -384,80 +394,88 @@ struct Link {
         }
     }
 
-    /// When the device reboots into an image it just activated.
-    var scheduledDrop: Duration?
+    /// When the device reboots into an image it just activated, and why.
+    var scheduledDrop: (at: Duration, reason: String)?
 
-    private mutating func dropForBoot() {
-        guard let at = scheduledDrop else { return }
+    private mutating func dropForBoot(device: SimulatedDevice) {
+        guard let (at, reason) = scheduledDrop else { return }
         scheduledDrop = nil
-        drop(at: at, reason: .linkLost("device rebooted into the new image"), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: nil)
+        drop(at: at, reason: .linkLost(reason), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: device)
     }
 
-    /// The peripheral receives a PDU at time `t` and acts on it, faults included.
+    /// The peripheral receives a PDU at time `t`: the device model decides what follows and when
+    /// (`DeviceModel`), the link carries it out.
     private mutating func deliver(_ pdu: Forward, at t: Duration, device: SimulatedDevice) {
-        var linkLoss: (reason: String, reboot: Bool)?
+        var outputs: [DeviceModel.Timed] = []
         var replies: [Reverse] = []
-        var activated = false
-        let notifyCP = notifying.contains(SimulatedDevice.Handle.controlPoint)
         device.state.withLock { d in
             switch pdu {
             case .command(let id, let bytes):
                 guard id == SimulatedDevice.Handle.data else { return }
-                switch d.device.receiveData(bytes) {
-                case .dropped:
-                    return
-                case .disconnect(let reason):
-                    linkLoss = (reason, false)
-                case .reboot(let reason):
-                    d.availableAt = t + d.device.faults.rebootDuration
-                    linkLoss = (reason, true)
-                case .handled(let event):
-                    deviceBusyUntil = max(deviceBusyUntil, t) + d.device.flashTime(bytes: bytes.count - OTAProtocol.dataHeaderSize)
-                    if let event, notifyCP {
-                        replies.append(Reverse(time: deviceBusyUntil, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: event), size: event.count + 3))
-                    }
-                }
+                outputs = d.model.receiveData(bytes, at: t)
 
             case .request(let id, let bytes, let ticket) where id == SimulatedDevice.Handle.data:
-                // A data packet written with response (what a naive central does): handled as
-                // data, then acknowledged.
-                deviceBusyUntil = max(deviceBusyUntil, t) + d.device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
-                _ = d.device.target.handleData(bytes)
-                replies.append(Reverse(time: deviceBusyUntil, event: .writeCompleted(ticket, nil), size: 1))
+                let (acknowledged, notifications) = d.model.receiveAcknowledgedData(bytes, at: t)
+                replies.append(Reverse(time: acknowledged, event: .writeCompleted(ticket, nil), size: 1))
+                outputs = notifications
 
             case .request(let id, let bytes, let ticket):
                 guard id == SimulatedDevice.Handle.controlPoint else {
                     replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.writeNotPermitted, "writing \(id)")), size: 5))
                     return
                 }
-                var ready = max(deviceBusyUntil, t)
-                if bytes.first == OTAOpcode.verify.rawValue || bytes.first == OTAOpcode.activate.rawValue {
-                    ready += d.device.flashTime(bytes: Int(d.device.target.pending?.imageSize ?? 0))
-                }
-                switch d.device.receiveCommand(bytes) {
-                case .attError:
+                let result = d.model.receiveCommand(bytes, at: t)
+                switch result.reply {
+                case .success(let at):
+                    replies.append(Reverse(time: at, event: .writeCompleted(ticket, nil), size: 1))
+                case .injectedError:
                     replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
-                case .handled(let response, let notify, let didActivate):
-                    replies.append(Reverse(time: ready, event: .writeCompleted(ticket, nil), size: 1))
-                    if notify, notifyCP, !response.isEmpty {
-                        replies.append(Reverse(time: ready, event: .notification(characteristicID: id, value: response), size: response.count + 3))
-                    }
-                    if didActivate {
-                        activated = true
-                        d.availableAt = ready + d.device.faults.rebootDuration
-                        deviceBusyUntil = ready
-                    }
+                case .busy:
+                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(ATTError(rawValue: 0x80 | OTAStatus.busy.rawValue), "writing the control point")), size: 5))
+                case .away:
+                    break  // nothing answers; the link is already down
                 }
+                outputs = result.outputs
             }
         }
         for r in replies { enqueueReverse(r) }
-        if let loss = linkLoss {
-            drop(at: t, reason: .linkLost(loss.reason), noticeAfter: model.supervisionTimeout, device: device)
-        } else if activated {
-            // The device boots the new image shortly after its reply has gone out.
-            scheduledDrop = deviceBusyUntil + ci * 2
-            if !model.timed { dropForBoot() }
+        carryOut(outputs, now: t, device: device)
+    }
+
+    /// Held CHECKPOINTs' deadlines (`DeviceModel.Output.wake`), in the order they were set.
+    var wakes: [(at: Duration, token: DeviceModel.Token)] = []
+
+    /// Does what the device model decided, each at its time.
+    private mutating func carryOut(_ outputs: [DeviceModel.Timed], now t: Duration, device: SimulatedDevice) {
+        let notifyCP = notifying.contains(SimulatedDevice.Handle.controlPoint)
+        for timed in outputs {
+            switch timed.output {
+            case .notify(let value):
+                if notifyCP {
+                    enqueueReverse(Reverse(time: timed.at, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: value), size: value.count + 3))
+                }
+            case .dropLink(let reason):
+                drop(at: timed.at, reason: .linkLost(reason), noticeAfter: model.supervisionTimeout, device: device)
+            case .reboot(_, let reason):
+                if timed.at <= t || !model.timed {
+                    drop(at: max(t, timed.at), reason: .linkLost(reason), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: device)
+                } else {
+                    scheduledDrop = (timed.at, reason)
+                }
+            case .wake(let token):
+                wakes.append((timed.at, token))
+            }
         }
+    }
+
+    /// Runs the held CHECKPOINTs' deadlines that are due at `now`.
+    mutating func runWakes(until now: Duration, device: SimulatedDevice) {
+        while up, let first = wakes.first, first.at <= now {
+            wakes.removeFirst()
+            let outputs = device.state.withLock { $0.model.wake(first.token, at: first.at) }
+            carryOut(outputs, now: first.at, device: device)
+        }
+        if !model.timed { flushReverseUntimed() }
     }
 
     /// Routes an event that has reached the central: a blocking write's completion to its
@@ -496,6 +514,10 @@ struct Link {
         }
         outstanding.removeAll()
         inbox.append((noticed, .disconnected(reason)))
-        device?.state.withLock { $0.connected = false }
+        wakes.removeAll()
+        device?.state.withLock { d in
+            d.connected = false
+            d.model.linkDropped()
+        }
     }
 }

@@ -18,12 +18,15 @@ public struct SimulatedDeviceConfig: Sendable {
     public var hasOTAService: Bool
     /// Properties of the data characteristic; remove `.writeWithoutResponse` to model a broken table.
     public var dataProperties: CharacteristicProperties
+    /// How long a CHECKPOINT ahead of its data is held for it (`DeviceModel.Timing`). Nil, the
+    /// default, answers `gap` at once: the simulated link never reorders writes.
+    public var holdEarlyCheckpoint: Duration?
 
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 manufacturer: String = "otaflash", model: String = "simulated-peripheral",
                 link: LinkModel = .default, faults: FaultPlan = .none, hasOTAService: Bool = true,
-                dataProperties: CharacteristicProperties = [.writeWithoutResponse]) {
+                dataProperties: CharacteristicProperties = [.writeWithoutResponse], holdEarlyCheckpoint: Duration? = nil) {
         self.address = address
         self.name = name
         self.rssi = rssi
@@ -35,6 +38,13 @@ public struct SimulatedDeviceConfig: Sendable {
         self.faults = faults
         self.hasOTAService = hasOTAService
         self.dataProperties = dataProperties
+        self.holdEarlyCheckpoint = holdEarlyCheckpoint
+    }
+
+    /// The device's timing: it boots a new image two connection intervals after its ACTIVATE
+    /// reply, time enough for the reply to go out.
+    var timing: DeviceModel.Timing {
+        DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: link.timed ? link.connectionInterval * 2 : .zero)
     }
 }
 
@@ -45,32 +55,28 @@ public final class SimulatedDevice: Sendable {
     let state: Mutex<DeviceState>
 
     struct DeviceState {
-        var device: FaultyDevice
-        /// Not connectable before this time (rebooting).
-        var availableAt: Duration = .zero
+        var model: DeviceModel
         var connections = 0
         var connected = false
     }
 
-    public init(_ config: SimulatedDeviceConfig) {
-        self.config = config
-        let target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
-        state = Mutex(DeviceState(device: FaultyDevice(target: target, faults: config.faults)))
+    public convenience init(_ config: SimulatedDeviceConfig) {
+        self.init(config, restoring: OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion))
     }
 
     /// A device that continues from a saved state (see `saveState`), e.g. across runs of a tool.
     public init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
         self.config = config
-        state = Mutex(DeviceState(device: FaultyDevice(target: target, faults: config.faults)))
+        state = Mutex(DeviceState(model: DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: config.timing)))
     }
 
     /// The OTA state machine, for inspection by tests and tools.
-    public var target: OTATarget { state.withLock { $0.device.target } }
+    public var target: OTATarget { state.withLock { $0.model.target } }
 
     /// The image most recently activated, if any.
-    public var activatedImage: [UInt8]? { state.withLock { $0.device.target.activations.last?.image } }
+    public var activatedImage: [UInt8]? { state.withLock { $0.model.target.lastActivation?.image } }
 
-    public var firmwareVersion: FirmwareVersion { state.withLock { $0.device.target.firmwareVersion } }
+    public var firmwareVersion: FirmwareVersion { state.withLock { $0.model.target.firmwareVersion } }
 
     /// Number of connections accepted so far.
     public var connectionCount: Int { state.withLock { $0.connections } }
@@ -110,10 +116,10 @@ public final class SimulatedDevice: Sendable {
     func readValue(_ id: String) -> [UInt8]? {
         state.withLock { s in
             switch id {
-            case Handle.info: s.device.target.info.encoded
+            case Handle.info: s.model.target.info.encoded
             case Handle.manufacturer: Array(config.manufacturer.utf8)
             case Handle.model: Array(config.model.utf8)
-            case Handle.firmwareRevision: Array(s.device.target.firmwareVersion.description.utf8)
+            case Handle.firmwareRevision: Array(s.model.target.firmwareVersion.description.utf8)
             default: nil
             }
         }

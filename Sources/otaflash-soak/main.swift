@@ -171,8 +171,8 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     var record = RunRecord(outcome: "", violation: nil, reconnects: reconnects.value, resumeResends: [],
                            bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall,
                            afterProgress: (clock.now - lastProgress.at).seconds, neverConfirms: scenario.neverConfirms != nil)
-    let activations = device.target.activations
-    if activations.contains(where: { $0.image != image.bytes || $0.crc != image.crc32 }) {
+    let activation = device.target.lastActivation
+    if let activation, activation.image != image.bytes || activation.crc != image.crc32 {
         record.violation = "activated an image that differs from the one sent"
     }
     switch result {
@@ -181,12 +181,12 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
         record.outcome = "ok"
         record.resumeResends = r.stats.resumeResends
         record.bytesSent = r.stats.bytesSent
-        if activations.last?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
+        if activation?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
     case .failure(let e):
         record.outcome = e.code == .interrupted && wall >= hangLimit.seconds ? "hang" : e.code.description
         if options.verbose { print("run \(run): \(e)") }
         if record.outcome == "hang" { record.violation = "no end within \(hangLimit.seconds) s of wall time" }
-        if !activations.isEmpty && e.code != .connection { record.violation = record.violation ?? "failed (\(e.code)) after activating" }
+        if activation != nil && e.code != .connection { record.violation = record.violation ?? "failed (\(e.code)) after activating" }
     }
     if scenario.neverConfirms != nil, record.outcome == "ok" {
         record.violation = record.violation ?? "a device that never confirms reported success"

@@ -38,7 +38,8 @@ final class FakeBlueZPeripheralSide: Sendable {
         var calls: [String] = []
     }
     let state = Mutex(State())
-    private let callStream: AsyncStream<String>
+    /// Every call the stand-in logs, in order (one consumer at a time, `waitForCall` included).
+    let callStream: AsyncStream<String>
     private let callContinuation: AsyncStream<String>.Continuation
 
     var adapterPath: String { "/org/bluez/\(adapter)" }

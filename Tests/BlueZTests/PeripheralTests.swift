@@ -2,6 +2,7 @@ import BlueZ
 import DBus
 import Foundation
 import GATT
+import OTA
 import OTADevice
 import OTAFlashCLI
 import OTAWire
@@ -59,11 +60,11 @@ struct PeripheralTests {
         let log = EventLog()
         let peripheral = OTAPeripheral(config: config) { log.append($0) }
         let application = PeripheralApplication(connection: host.connection, root: "/org/otaflash/test", services: peripheral.services)
-        await peripheral.attach(link: host, application: application)
         try await application.export()
         let advertisement = PeripheralAdvertisement(connection: host.connection, path: "/org/otaflash/test/advertisement0",
                                                     localName: config.name, serviceUUIDs: [OTAProtocol.serviceUUID])
         try await advertisement.export()
+        try await peripheral.attach(link: host, application: application, advertisement: advertisement)
         try await application.register(on: host.adapterPath)
         try await advertisement.register(on: host.adapterPath)
         return Served(host: host, peripheral: peripheral, application: application, advertisement: advertisement, events: log)
@@ -208,11 +209,13 @@ struct PeripheralTests {
             #expect(events.contains(.verified(central: Self.centralA, crc: crc)))
             #expect(events.contains(.activated(central: Self.centralA, size: 4096, crc: crc, version: version, stored: path)))
 
-            // While it reboots, commands fail; afterwards it runs the new version.
+            // While it reboots, it does not advertise and commands fail; afterwards it advertises
+            // again and runs the new version.
+            #expect(fake.calls.contains("UnregisterAdvertisement /org/otaflash/test/advertisement0"))
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await Task.sleep(for: .milliseconds(600))
+            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
             #expect(served.events.all.contains { if case .disconnected(Self.centralA, _) = $0 { true } else { false } })
             #expect(String(decoding: try await fake.read(DeviceInformationService.firmwareRevisionUUID, device: nil), as: UTF8.self) == "2.1.7")
 
@@ -288,7 +291,7 @@ struct PeripheralTests {
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await Task.sleep(for: .milliseconds(400))
+            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
             // Back: nothing was committed, so it holds nothing.
             try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             let status = try Self.response(try await peripheralNext(notifications))
@@ -371,12 +374,12 @@ struct PeripheralTests {
 
     // MARK: Small parts
 
-    @Test func optionsAreReadAsBlueZSendsThem() {
-        let request = GATTServerRequest(options: .vardict([
+    @Test func optionsAreReadAsBlueZSendsThem() throws {
+        let request = try GATTServerRequest(options: .vardict([
             "device": .objectPath(Self.centralA), "mtu": .uint16(517), "link": .string("LE"), "offset": .uint16(4),
         ]))
         #expect(request == GATTServerRequest(device: Self.centralA, mtu: 517, offset: 4, link: "LE"))
-        #expect(GATTServerRequest(options: .vardict([:])) == GATTServerRequest())
+        #expect(try GATTServerRequest(options: .vardict([:])) == GATTServerRequest())
         #expect(OTAPeripheralEvent.address(of: Self.centralA) == "11:22:33:44:55:66")
     }
 
@@ -414,6 +417,169 @@ extension ProcessBusSuites.PeripheralTests {
             #expect(process.terminationStatus == 0)
             try await served.events.waitFor(.progress(central: Self.centralA, received: 4, total: 16))
             #expect(await served.peripheral.device.target.received == 4)
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
+}
+
+/// One device model, one behaviour: each scenario runs through the simulator and through peripheral
+/// mode and must end the same way.
+extension ProcessBusSuites.PeripheralTests {
+    static let scenarioImage = testImage(4096)
+    static let scenarioVersion = FirmwareVersion(major: 3, minor: 0, patch: 1)
+
+    static func testImage(_ count: Int) -> [UInt8] {
+        var generator = SeededGenerator(seed: 7)
+        return (0..<count).map { _ in UInt8(truncatingIfNeeded: generator.next()) }
+    }
+
+    static func reply(_ happening: Happening?) throws -> ControlResponse {
+        guard case .notification(let bytes)? = happening else {
+            throw HarnessError("expected a reply notification, got \(happening.map { "\($0)" } ?? "nothing")")
+        }
+        return try response(bytes)
+    }
+
+    static func position(_ offset: Int) -> ControlResponse.Payload {
+        .position(offset: UInt32(offset), crc: CRC32.checksum(scenarioImage[0..<offset]))
+    }
+
+    /// BEGIN, then `image[0..<end]` in 240-byte packets.
+    static func beginAndSend(_ device: any DeviceUnderTest, upTo end: Int) async throws {
+        let image = scenarioImage
+        try await device.command(.begin(.init(imageSize: UInt32(image.count), imageCRC: CRC32.checksum(image),
+                                              version: scenarioVersion, restart: false)))
+        #expect(try reply(await device.next(within: .seconds(5))).status == .success)
+        for offset in stride(from: 0, to: end, by: 240) {
+            try await device.data(offset: offset, image[offset..<min(offset + 240, end)])
+        }
+    }
+
+    /// Whether a central gives up on `error` or resumes (OTAError's classification).
+    static func isResumableConnectionError(_ error: any Error) -> Bool {
+        guard let error = error as? GATTError else { return false }
+        let mapped = OTAError.from(error, device: "the device")
+        return mapped.code == .connection && mapped.resumable
+    }
+
+    /// Slow flash makes VERIFY and ACTIVATE take 400 ms each. The ACTIVATE reply still goes out
+    /// before the link drops for the reboot; while the device reboots a connection attempt and a
+    /// read fail as lost connections (which a central resumes from), and afterwards the device
+    /// runs the new image.
+    @Test(arguments: DeviceTransport.allCases)
+    func activateReplyComesBeforeTheRebootAndTheRebootRefusesConnections(_ transport: DeviceTransport) async throws {
+        let faults = FaultPlan(rebootDuration: .milliseconds(1500), slowFlashPerKiB: .milliseconds(100))
+        try await Self.withDevice(transport, faults: faults, bootDelay: .milliseconds(500)) { device in
+            let image = Self.scenarioImage
+            let crc = CRC32.checksum(image)
+            try await device.connect(timeout: .seconds(2))
+            try await Self.beginAndSend(device, upTo: image.count)
+            try await device.command(.checkpoint(offset: UInt32(image.count), crc: crc))
+            #expect(try Self.reply(await device.next(within: .seconds(5))).status == .success)
+            try await device.command(.verify)
+            #expect(try Self.reply(await device.next(within: .seconds(5))) == ControlResponse(opcode: .verify, status: .success, payload: .computedCRC(crc)))
+
+            try await device.command(.activate)
+            #expect(try Self.reply(await device.next(within: .seconds(5))) == ControlResponse(opcode: .activate, status: .success))
+            #expect(await device.next(within: .seconds(5)) == .linkDropped)
+
+            // Rebooting: a read on the old link fails as a lost link, not as a protocol error...
+            do {
+                _ = try await device.readInfo()
+                Issue.record("a read during the reboot succeeded")
+            } catch {
+                #expect(Self.isResumableConnectionError(error), "\(error)")
+            }
+            // ...and a connection attempt fails as a connection error.
+            do {
+                try await device.connect(timeout: .milliseconds(300))
+                Issue.record("a connection during the reboot was accepted")
+            } catch {
+                #expect(Self.isResumableConnectionError(error), "\(error)")
+            }
+            if let peripheral = device as? PeripheralUnderTest {
+                // A central that gets connected anyway is dropped, and its read fails as a lost link.
+                try await peripheral.announceConnection()
+                do {
+                    _ = try await device.readInfo()
+                    Issue.record("a read from a central connected during the reboot succeeded")
+                } catch {
+                    #expect(Self.isResumableConnectionError(error), "\(error)")
+                }
+                #expect(await device.next(within: .seconds(5)) == .linkDropped)
+            }
+
+            try await device.connect(timeout: .seconds(5))
+            let info = try await device.readInfo()
+            #expect(info.firmwareVersion == Self.scenarioVersion)
+            #expect(info.activeImageCRC == crc)
+        }
+    }
+
+    /// Two CHECKPOINTs ahead of their data, the second sent while the first is held: the first's
+    /// deadline passes without a word, the second is answered `gap` at its own deadline, and
+    /// nothing else follows. A CHECKPOINT held when the central disconnects is never answered.
+    @Test(arguments: DeviceTransport.allCases)
+    func anOldHeldCheckpointNeverAnswersANewerOne(_ transport: DeviceTransport) async throws {
+        // Margins: the second CHECKPOINT may come up to 1 s late before the first one's deadline
+        // would answer it; quiet windows end before the second's deadline can fall in them.
+        try await Self.withDevice(transport, faults: .none, holdEarlyCheckpoint: .milliseconds(1500)) { device in
+            try await device.connect(timeout: .seconds(2))
+            try await Self.beginAndSend(device, upTo: 240)
+            try await device.command(.checkpoint(offset: 720, crc: CRC32.checksum(Self.scenarioImage[0..<720])))
+            #expect(await device.next(within: .milliseconds(500)) == nil)
+            try await device.command(.checkpoint(offset: 960, crc: CRC32.checksum(Self.scenarioImage[0..<960])))
+            // The first CHECKPOINT's deadline falls in here.
+            #expect(await device.next(within: .milliseconds(1200)) == nil)
+            #expect(try Self.reply(await device.next(within: .seconds(3)))
+                    == ControlResponse(opcode: .checkpoint, status: .gap, payload: Self.position(240)))
+            #expect(await device.next(within: .milliseconds(1500)) == nil)
+
+            try await device.command(.checkpoint(offset: 1200, crc: CRC32.checksum(Self.scenarioImage[0..<1200])))
+            try await device.disconnect()
+            try await device.connect(timeout: .seconds(2))
+            #expect(await device.next(within: .seconds(2)) == nil)
+            try await device.command(.status)
+            let status = try Self.reply(await device.next(within: .seconds(5)))
+            #expect(status.opcode == .status)
+            #expect(status.payload == .status(.init(state: .receiving, offset: 240, crc: CRC32.checksum(Self.scenarioImage[0..<240]),
+                                                    imageSize: 4096, imageCRC: CRC32.checksum(Self.scenarioImage))))
+        }
+    }
+
+    // MARK: Malformed requests from bluetoothd
+
+    /// An `offset` option that is negative, beyond 16 bits, past the value, or on a write is
+    /// answered with org.bluez.Error.InvalidOffset (ATT 0x07), and the device keeps serving.
+    @Test(arguments: [
+        ("ReadValue", DBusValue.int32(-1)),
+        ("ReadValue", .int64(Int64.min)),
+        ("ReadValue", .uint64(UInt64.max)),
+        ("ReadValue", .uint32(70_000)),
+        ("ReadValue", .uint16(25)),
+        ("ReadValue", .string("4")),
+        ("WriteValue", .uint16(4)),
+        ("WriteValue", .int16(-4)),
+    ])
+    func badOffsetsAreRefusedWithInvalidOffset(method: String, offset: DBusValue) async throws {
+        try await Self.withBus { bus in
+            let fake = try await FakeBlueZPeripheralSide.start(on: bus)
+            let served = try await Self.serve(bus, config: OTAPeripheralConfig())
+            let uuid = method == "ReadValue" ? OTAProtocol.infoUUID : OTAProtocol.controlPointUUID
+            let options = DBusValue.vardict(["device": .objectPath(Self.centralA), "offset": .variant(offset)])
+            let arguments = method == "ReadValue" ? [options] : [DBusValue.bytes(ControlRequest.status.encoded), options]
+            var refusal: DBusError?
+            do {
+                _ = try await fake.connection.call(destination: fake.applicationOwner!, path: fake.characteristicPath(uuid)!,
+                                                   interface: "org.bluez.GattCharacteristic1", member: method,
+                                                   arguments: arguments, timeout: .seconds(5))
+            } catch let error as DBusError {
+                refusal = error
+            }
+            #expect(refusal?.name == "org.bluez.Error.InvalidOffset", "\(String(describing: refusal))")
+            // Still serving: the info value reads whole.
+            #expect(try DeviceInfo(decoding: try await fake.read(OTAProtocol.infoUUID, device: Self.centralA)).state == .idle)
             await served.host.close()
             await fake.connection.close()
         }

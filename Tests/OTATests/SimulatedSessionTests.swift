@@ -43,8 +43,8 @@ struct SimulatedSessionTests {
         #expect(result.bytes == entry.size)
         #expect(result.activated)
         #expect(device.activatedImage == image.bytes)
-        #expect(device.target.activations.last?.crc == image.crc32)
-        #expect(device.target.activations.count == 1)
+        #expect(device.target.lastActivation?.crc == image.crc32)
+        #expect(device.target.activationCount == 1)
         #expect(result.stats.bytesSent == image.size)
         #expect(result.seconds > 0)
     }
@@ -92,7 +92,7 @@ struct SimulatedSessionTests {
         let result = try await flash(Self.image, to: device, config: Self.config).get()
         #expect(fault.fired(result.stats), "the fault did not fire: \(result.stats)")
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activations.count == 1)
+        #expect(device.target.activationCount == 1)
     }
 
     /// A lost notification costs a reply timeout, then STATUS or a resend. When the lost one is
@@ -125,7 +125,7 @@ struct SimulatedSessionTests {
         }
         #expect(error.code == .verifyFailed)
         #expect(device.activatedImage == nil)
-        #expect(device.target.activations.isEmpty)
+        #expect(device.target.activationCount == 0)
         #expect(device.firmwareVersion == FirmwareVersion(major: 1, minor: 0, patch: 0))
     }
 
@@ -195,7 +195,7 @@ struct SimulatedSessionTests {
         #expect(result.stats.resumedFrom.last ?? 0 > 0)
         #expect(result.stats.bytesSent - Self.image.size <= Self.config.window)
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activations.count == 1)
+        #expect(device.target.activationCount == 1)
     }
 
     /// The device booted the image but its reply to ACTIVATE never arrived. Reconnecting must not
@@ -210,7 +210,7 @@ struct SimulatedSessionTests {
         let outcome: Result<OTAResult, OTAError>
         do { outcome = .success(try await session.run()) } catch { outcome = .failure(error) }
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activations.count == 1, "the image was activated \(device.target.activations.count) times")
+        #expect(device.target.activationCount == 1, "the image was activated \(device.target.activationCount) times")
         if case .success(let result) = outcome {
             #expect(result.stats.bytesSent == Self.image.size, "sent \(result.stats.bytesSent) bytes for a \(Self.image.size)-byte image")
         }

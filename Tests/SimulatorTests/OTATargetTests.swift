@@ -425,7 +425,7 @@ struct OTATargetCommandTests {
         #expect(bench.target.state == .idle)
         #expect(bench.target.pending == nil)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.isEmpty)
+        #expect(bench.target.activationCount == 0)
     }
 
     @Test func activateIsRefusedUnlessVerified() {
@@ -434,7 +434,7 @@ struct OTATargetCommandTests {
         _ = bench.begin()
         bench.stream(0..<10_000)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.isEmpty)
+        #expect(bench.target.activationCount == 0)
     }
 
     /// BEGIN for the same image after VERIFY puts the device back into receiving: it must verify again.
@@ -456,13 +456,13 @@ struct OTATargetCommandTests {
         bench.stream(0..<10_000)
         _ = bench.command(.verify)
         #expect(bench.command(.activate) == ControlResponse(opcode: .activate, status: .success))
-        let activation = try #require(bench.target.activations.last)
+        let activation = try #require(bench.target.lastActivation)
         #expect(activation.image == bench.image)
         #expect(activation.crc == CRC32.checksum(bench.image))
         #expect(bench.target.firmwareVersion == bench.version)
         #expect(bench.target.state == .idle)
         #expect(bench.command(.activate).status == .notVerified)
-        #expect(bench.target.activations.count == 1)
+        #expect(bench.target.activationCount == 1)
     }
 
     @Test func abortDiscardsTheTransfer() {
@@ -510,4 +510,148 @@ struct OTATargetCommandTests {
         #expect(bench.begin(from: "B").status == .success)
         #expect(bench.target.owner == "B")
     }
+}
+
+/// The device's timing, as both transports run it.
+@Suite("DeviceModel: timing")
+struct DeviceModelTests {
+    let image = testBytes(4096)
+    var crc: UInt32 { CRC32.checksum(image) }
+    let version = FirmwareVersion(major: 2, minor: 0, patch: 0)
+
+    func model(_ faults: FaultPlan = .none, hold: Duration? = nil, bootDelay: Duration = .milliseconds(30)) -> DeviceModel {
+        let target = OTATarget(slotSize: 64 * 1024, firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0))
+        return DeviceModel(device: FaultyDevice(target: target, faults: faults), timing: .init(holdEarlyCheckpoint: hold, bootDelay: bootDelay))
+    }
+
+    func begin(_ image: [UInt8]) -> [UInt8] {
+        ControlRequest.begin(.init(imageSize: UInt32(image.count), imageCRC: CRC32.checksum(image), version: version, restart: false)).encoded
+    }
+
+    func packet(_ range: Range<Int>, of image: [UInt8]) -> [UInt8] {
+        DataPacket.encode(offset: UInt32(range.lowerBound), payload: image[range])
+    }
+
+    /// Sends `image[0..<end]` in 256-byte packets at `at`.
+    func send(_ model: inout DeviceModel, _ image: [UInt8], upTo end: Int, at: Duration) {
+        for offset in stride(from: 0, to: end, by: 256) {
+            #expect(model.receiveData(packet(offset..<min(offset + 256, end), of: image), at: at) == [])
+        }
+    }
+
+    func checkpoint(_ offset: Int) -> [UInt8] {
+        ControlRequest.checkpoint(offset: UInt32(offset), crc: CRC32.checksum(image[0..<offset])).encoded
+    }
+
+    @Test func slowFlashDelaysTheActivateReplyAndTheRebootFollowsIt() throws {
+        var model = model(FaultPlan(rebootDuration: .milliseconds(500), slowFlashPerKiB: .milliseconds(100)))
+        _ = model.receiveCommand(begin(image), at: .zero)
+        send(&model, image, upTo: image.count, at: .zero)
+        #expect(model.busyUntil == .milliseconds(400))  // 4 KiB of flash writes
+        #expect(model.receiveCommand(ControlRequest.verify.encoded, at: .zero).reply == .success(at: .milliseconds(800)))
+
+        let activate = model.receiveCommand(ControlRequest.activate.encoded, at: .milliseconds(900))
+        let ready = Duration.milliseconds(1300)  // the whole-image read back
+        #expect(activate.reply == .success(at: ready))
+        #expect(activate.activated)
+        #expect(activate.outputs == [
+            .init(at: ready, .notify(ControlResponse(opcode: .activate, status: .success).encoded)),
+            .init(at: ready + .milliseconds(30), .reboot(until: ready + .milliseconds(530), reason: "the device boots the new image")),
+        ])
+        // Connectable until the reboot, refused during it, back after it.
+        #expect(!model.refusesConnection(at: ready + .milliseconds(29), after: 1))
+        #expect(model.refusesConnection(at: ready + .milliseconds(30), after: 1))
+        #expect(model.receiveCommand(ControlRequest.status.encoded, at: ready + .milliseconds(100)).reply == .away)
+        #expect(!model.refusesConnection(at: ready + .milliseconds(530), after: 1))
+        #expect(model.availableAt == ready + .milliseconds(530))
+        #expect(model.target.firmwareVersion == version)
+    }
+
+    @Test func anOldHoldsDeadlineDoesNotAnswerANewerCheckpoint() throws {
+        var model = model(hold: .seconds(1))
+        _ = model.receiveCommand(begin(image), at: .zero)
+        send(&model, image, upTo: 256, at: .zero)
+        let first = model.receiveCommand(checkpoint(768), at: .milliseconds(10))
+        guard case .wake(let oldToken)? = first.outputs.first?.output else { throw HarnessFailure("no hold: \(first)") }
+        #expect(first.reply == .success(at: .milliseconds(10)) && first.response.isEmpty)
+        let second = model.receiveCommand(checkpoint(1024), at: .milliseconds(500))
+        guard case .wake(let newToken)? = second.outputs.first?.output else { throw HarnessFailure("no hold: \(second)") }
+        #expect(second.outputs.first?.at == .milliseconds(1500))
+
+        #expect(model.wake(oldToken, at: .milliseconds(1010)) == [])
+        #expect(model.target.deferred?.offset == 1024)
+        let gap = ControlResponse(opcode: .checkpoint, status: .gap, payload: .position(offset: 256, crc: CRC32.checksum(image[0..<256])))
+        #expect(model.wake(newToken, at: .milliseconds(1500)) == [.init(at: .milliseconds(1500), .notify(gap.encoded))])
+        #expect(model.wake(newToken, at: .milliseconds(1600)) == [])
+    }
+
+    @Test func aHeldCheckpointIsAnsweredByItsDataOrForgottenWithTheLink() throws {
+        var model = model(hold: .seconds(1))
+        _ = model.receiveCommand(begin(image), at: .zero)
+        send(&model, image, upTo: 256, at: .zero)
+        let held = model.receiveCommand(checkpoint(512), at: .zero)
+        guard case .wake(let token)? = held.outputs.first?.output else { throw HarnessFailure("no hold: \(held)") }
+        // Its data arrives: answered now, and the deadline wakes nothing.
+        let success = ControlResponse(opcode: .checkpoint, status: .success, payload: .position(offset: 512, crc: CRC32.checksum(image[0..<512])))
+        #expect(model.receiveData(packet(256..<512, of: image), at: .milliseconds(5)) == [.init(at: .milliseconds(5), .notify(success.encoded))])
+        #expect(model.wake(token, at: .seconds(1)) == [])
+
+        let again = model.receiveCommand(checkpoint(1024), at: .milliseconds(10))
+        guard case .wake(let second)? = again.outputs.first?.output else { throw HarnessFailure("no hold: \(again)") }
+        model.linkDropped()
+        #expect(model.target.deferred == nil)
+        #expect(model.wake(second, at: .seconds(2)) == [])
+    }
+
+    @Test func anInOrderLinkGetsGapAtOnce() {
+        var model = model()
+        _ = model.receiveCommand(begin(image), at: .zero)
+        let result = model.receiveCommand(checkpoint(512), at: .zero)
+        let gap = ControlResponse(opcode: .checkpoint, status: .gap, payload: .position(offset: 0, crc: 0))
+        #expect(result.outputs == [.init(at: .zero, .notify(gap.encoded))])
+    }
+
+    @Test func aRebootFaultDropsTheLinkAndTheDeviceIsAwayForItsDuration() {
+        var model = model(FaultPlan(rebootAt: [300], rebootDuration: .milliseconds(500)))
+        _ = model.receiveCommand(begin(image), at: .zero)
+        #expect(model.receiveData(packet(0..<256, of: image), at: .milliseconds(1)) == [])
+        #expect(model.receiveData(packet(256..<512, of: image), at: .milliseconds(2))
+                == [.init(at: .milliseconds(2), .reboot(until: .milliseconds(502), reason: "device rebooted at offset 256"))])
+        #expect(model.receiveData(packet(0..<256, of: image), at: .milliseconds(3)) == [])
+        #expect(model.target.received == 0)
+        #expect(model.refusesConnection(at: .milliseconds(501), after: 1))
+        #expect(model.receiveCommand(ControlRequest.status.encoded, at: .milliseconds(502)).reply == .success(at: .milliseconds(502)))
+    }
+
+    /// A jig serving update after update keeps a count and the running image, not every image.
+    @Test func fiftyActivationsKeepOneImage() throws {
+        var model = model()
+        var time = Duration.zero
+        for n in 1...50 {
+            let image = testBytes(4096, seed: UInt64(n))
+            time = model.availableAt + .milliseconds(1)
+            _ = model.receiveCommand(begin(image), at: time)
+            send(&model, image, upTo: image.count, at: time)
+            _ = model.receiveCommand(ControlRequest.verify.encoded, at: time)
+            #expect(model.receiveCommand(ControlRequest.activate.encoded, at: time).activated)
+        }
+        #expect(model.target.activationCount == 50)
+        let last = try #require(model.target.lastActivation)
+        #expect(last.image == testBytes(4096, seed: 50))
+        // What the device holds: the running image only, no slot contents, nothing per activation.
+        #expect(model.target.flash.isEmpty)
+        #expect(retainedBytes(model) == 4096)
+    }
+
+    /// Bytes held in every `[UInt8]` reachable from `value`, through stored properties, arrays and
+    /// optionals: a list of past images would show here.
+    func retainedBytes(_ value: Any) -> Int {
+        if let bytes = value as? [UInt8] { return bytes.count }
+        return Mirror(reflecting: value).children.reduce(0) { $0 + retainedBytes($1.value) }
+    }
+}
+
+struct HarnessFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
 }
