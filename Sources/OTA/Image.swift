@@ -371,8 +371,10 @@ public enum IntelHex {
                     throw fail("data spans \(newHigh - newLow) bytes from 0x\(String(newLow, radix: 16)) to 0x\(String(newHigh, radix: 16)); images over \(FirmwareImage.maximumSize >> 20) MiB are not supported")
                 }
                 (low, high) = (newLow, newHigh)
-                if let last = segments.last, UInt64(last.address) + UInt64(last.bytes.count) == UInt64(address) {
-                    segments[segments.count - 1].bytes += data
+                // Indexes, not a copy of the last segment: a copy would make the append copy its bytes.
+                if let last = segments.indices.last,
+                   UInt64(segments[last].address) + UInt64(segments[last].bytes.count) == UInt64(address) {
+                    segments[last].bytes += data
                 } else {
                     segments.append((address, Array(data)))
                 }
