@@ -21,16 +21,26 @@ enum BlueZErrorName {
 /// Turns D-Bus and BlueZ failures into one `GATTError` each, with a one-line message that says
 /// what failed, on which device or adapter, and what to do about it.
 enum BlueZErrors {
-    /// The fix for a stopped bluetoothd, shared by every message that needs it.
-    static let stackMessage = "bluetoothd is not running (nothing owns org.bluez on the D-Bus system bus): start it with `systemctl start bluetooth`"
+    /// The line for a bluetoothd that is not running or cannot be started, with what the bus said.
+    ///
+    /// A systemd unit error means the unit is missing its D-Bus alias, which only exists while
+    /// bluetooth.service is enabled, so the fix enables it too.
+    static func stackMessage(_ error: DBusError) -> String {
+        let detail = error.message.isEmpty ? shortName(error.name) : "\(shortName(error.name)): \(error.message)"
+        let fix = error.name.hasPrefix(DBusError.Name.systemdPrefix) || error.message.contains("unknown unit")
+            ? "systemctl enable --now bluetooth" : "systemctl start bluetooth"
+        return "bluetoothd is not running (org.bluez: \(detail)); start it with `\(fix)`"
+    }
 
     static func powerOnHint(_ adapter: String) -> String {
         "power it on with `bluetoothctl power on` (or `bluetoothctl select \(adapter)` first when there are several adapters)"
     }
 
-    /// True when the error says nothing owns `org.bluez` (bluetoothd not running).
+    /// True when the error says nothing owns `org.bluez` and the bus could not start it either
+    /// (bluetoothd not running): `ServiceUnknown` and `NameHasNoOwner`, or a failed activation
+    /// (`Spawn.ChildExited` and the rest of `Spawn.*`, a systemd unit error, an activation timeout).
     static func isStackMissing(_ error: DBusError) -> Bool {
-        error.name == DBusError.Name.serviceUnknown || error.name == DBusError.Name.nameHasNoOwner
+        error.name == DBusError.Name.serviceUnknown || error.name == DBusError.Name.nameHasNoOwner || error.isActivationFailure
     }
 
     /// Maps any error thrown by the D-Bus layer during `operation` (e.g. "writing characteristic
@@ -41,10 +51,9 @@ enum BlueZErrors {
         if let error = error as? GATTError { return error }
         if error is CancellationError { return GATTError(.failed, "\(operation) was cancelled") }
         guard let error = error as? DBusError else { return GATTError(.failed, "\(operation) failed: \(error)") }
+        if isStackMissing(error) { return GATTError(.stackUnavailable, stackMessage(error)) }
         let detail = error.message.isEmpty ? shortName(error.name) : "\(shortName(error.name)): \(error.message)"
         switch error.name {
-        case DBusError.Name.serviceUnknown, DBusError.Name.nameHasNoOwner:
-            return GATTError(.stackUnavailable, stackMessage)
         case BlueZErrorName.accessDenied:
             // The bus's message lists the whole rule that matched; its name says enough.
             return GATTError(.permissionDenied, "D-Bus denied access to org.bluez (AccessDenied) while \(operation): run otaflash as root or add your user to the bluetooth group (`sudo usermod -aG bluetooth $USER`, then log in again)")
@@ -109,7 +118,7 @@ enum BlueZErrors {
 
     /// `org.bluez.Error.NotPermitted` → `NotPermitted`.
     static func shortName(_ name: String) -> String {
-        for prefix in ["org.bluez.Error.", "org.freedesktop.DBus.Error."] where name.hasPrefix(prefix) {
+        for prefix in ["org.bluez.Error.", "org.freedesktop.DBus.Error.", DBusError.Name.systemdPrefix] where name.hasPrefix(prefix) {
             return String(name.dropFirst(prefix.count))
         }
         return name

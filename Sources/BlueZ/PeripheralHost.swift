@@ -25,17 +25,14 @@ public struct PeripheralError: Error, Sendable, CustomStringConvertible {
 
     public var description: String { message }
 
-    static let stackMissing = "bluetoothd is not running (nothing owns org.bluez on the D-Bus system bus): start it with `systemctl start bluetooth`"
-
     /// Maps a D-Bus failure of `operation` to one line.
     public static func from(_ error: any Error, _ operation: String) -> PeripheralError {
         if let error = error as? PeripheralError { return error }
         guard let error = error as? DBusError else {
             return PeripheralError(.bluetoothUnavailable, "\(operation) failed: \(error)")
         }
+        if BlueZErrors.isStackMissing(error) { return PeripheralError(.bluetoothUnavailable, BlueZErrors.stackMessage(error)) }
         switch error.name {
-        case DBusError.Name.serviceUnknown, DBusError.Name.nameHasNoOwner:
-            return PeripheralError(.bluetoothUnavailable, stackMissing)
         case "org.freedesktop.DBus.Error.AccessDenied", "org.bluez.Error.NotAuthorized":
             return PeripheralError(.permission, "D-Bus denied \(operation) (\(error.description)): run otaflash as root or add your user to the bluetooth group")
         default:

@@ -37,6 +37,15 @@ public struct DBusError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let serviceUnknown = "org.freedesktop.DBus.Error.ServiceUnknown"
         public static let nameHasNoOwner = "org.freedesktop.DBus.Error.NameHasNoOwner"
         public static let notSupported = "org.freedesktop.DBus.Error.NotSupported"
+        /// The bus started the service's executable and it exited before taking its name.
+        public static let spawnChildExited = "org.freedesktop.DBus.Error.Spawn.ChildExited"
+        /// The prefix of every service activation failure the bus reports itself
+        /// (`Spawn.ExecFailed`, `Spawn.ChildExited`, `Spawn.ChildSignaled`, `Spawn.ServiceNotFound`, …;
+        /// `dbus-protocol.h`, `DBUS_ERROR_SPAWN_*`).
+        public static let spawnPrefix = "org.freedesktop.DBus.Error.Spawn."
+        /// The prefix of the errors systemd returns when the bus hands activation to it and the
+        /// unit is missing, masked or fails (`org.freedesktop.systemd1.NoSuchUnit`, …).
+        public static let systemdPrefix = "org.freedesktop.systemd1."
     }
 
     /// Input rejected before it reached libdbus (bad name, path, signature or string).
@@ -62,6 +71,14 @@ public struct DBusError: Error, Sendable, Hashable, CustomStringConvertible {
     /// (`dbus_connection_send_with_reply`); services may also answer `Timeout`/`TimedOut`.
     public var isTimeout: Bool {
         name == Name.noReply || name == Name.timeout || name == Name.timedOut
+    }
+
+    /// True when the bus could not start the destination service on demand (D-Bus specification,
+    /// "Message Bus Starting Services (Activation)"): a `Spawn.*` error, a systemd unit error, or
+    /// an activation that timed out ("Failed to activate service 'x': timed out").
+    public var isActivationFailure: Bool {
+        name.hasPrefix(Name.spawnPrefix) || name.hasPrefix(Name.systemdPrefix)
+            || (isTimeout && message.hasPrefix("Failed to activate service"))
     }
 
     /// True when the connection went away.

@@ -24,47 +24,214 @@ public struct FirmwareImage: Sendable {
 
     /// Images larger than this are refused before anything is allocated for them.
     public static let maximumSize = 64 << 20
+    /// Intel HEX text larger than this is refused before it is read: a 16-byte record costs 44
+    /// characters (45 with CRLF) for 16 bytes, about 2.8 times the image, and shorter records cost
+    /// more.
+    public static let maximumHexTextSize = 4 * maximumSize
 
-    /// Reads a `.bin` (raw) or `.hex` (Intel HEX) file; the format follows the extension, and
-    /// a file whose first non-blank character is `:` is read as HEX whatever its name.
+    /// Reads a firmware file: Intel HEX when its content is HEX text (whatever its name), a raw
+    /// binary otherwise.
+    ///
+    /// The size is checked before anything is read, and reads are bounded, so a huge file, a
+    /// growing one or a device node costs no more than the limits. Files that are something else
+    /// (ELF, zip, a Nordic DFU package, MCUboot, UF2, S-record, compressed or tar archives) are
+    /// refused with what to do instead; `ImageError.format` says which.
     public static func load(path: String) throws(ImageError) -> FirmwareImage {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw ImageError(path, "no such file")
-        }
-        guard !isDirectory.boolValue else { throw ImageError(path, "is a directory, not a firmware image") }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw ImageError(path, "cannot be read (check its permissions)")
-        }
-        guard !data.isEmpty else { throw ImageError(path, "is empty") }
-        guard data.count <= maximumSize * 3 else {
-            throw ImageError(path, "is \(data.count) bytes; images over \(maximumSize >> 20) MiB are not supported")
-        }
-        let bytes = [UInt8](data)
+        let file = try ImageFile(path)
+        defer { file.close() }
+        let head = try file.read(upTo: ImageFormat.headSize)
+        guard !head.isEmpty else { throw ImageError(path, "is empty") }
+        let tail = file.size > head.count ? try file.readTail(ImageFormat.tailSize) : head
+        let format = ImageFormat.detect(head: head, tail: tail)
         let lower = path.lowercased()
-        let looksHex = lower.hasSuffix(".hex") || lower.hasSuffix(".ihex")
-            || bytes.first(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }) == UInt8(ascii: ":")
-        if looksHex {
-            let hex = try IntelHex.parse(bytes, source: path)
+        let namedHex = lower.hasSuffix(".hex") || lower.hasSuffix(".ihex")
+        // A .hex file of text that does not start with ':' is HEX gone wrong: its line says how.
+        let readAsHex = format.kind == .intelHex
+            || (format.kind == .rawBinary && namedHex && head.prefix(512).allSatisfy { (0x20...0x7E).contains($0) || ImageFormat.isBlank($0) })
+        switch format.kind {
+        case _ where readAsHex:
+            guard file.size <= maximumHexTextSize else {
+                throw ImageError(path, "is \(file.size) bytes of Intel HEX text; HEX files over \(maximumHexTextSize >> 20) MiB (images over \(maximumSize >> 20) MiB) are not supported")
+            }
+            var decoder = IntelHex.Decoder(source: path)
+            try decoder.feed(head[...])
+            var total = head.count
+            while true {
+                let chunk = try file.read(upTo: min(1 << 20, maximumHexTextSize + 1 - total))
+                if chunk.isEmpty { break }
+                total += chunk.count
+                guard total <= maximumHexTextSize else {
+                    throw ImageError(path, "holds more than \(maximumHexTextSize >> 20) MiB of Intel HEX text; images over \(maximumSize >> 20) MiB are not supported")
+                }
+                try decoder.feed(chunk[...])
+            }
+            let hex = try decoder.finish()
             return FirmwareImage(bytes: hex.bytes, source: path, baseAddress: hex.baseAddress)
+        case .rawBinary where namedHex:
+            throw ImageError(path, "is named like Intel HEX but is not HEX text (it starts with \(hexDump(head.prefix(8))); HEX lines start with ':'); pass a raw binary as .bin, or regenerate the HEX file",
+                             format: format.kind)
+        case .rawBinary:
+            guard file.size <= maximumSize else {
+                throw ImageError(path, "is \(file.size) bytes; images over \(maximumSize >> 20) MiB are not supported")
+            }
+            var bytes = head
+            bytes.reserveCapacity(max(file.size, head.count))
+            while true {
+                let chunk = try file.read(upTo: min(1 << 20, maximumSize + 1 - bytes.count))
+                if chunk.isEmpty { break }
+                bytes += chunk
+                guard bytes.count <= maximumSize else {
+                    throw ImageError(path, "holds more than \(maximumSize >> 20) MiB; images over \(maximumSize >> 20) MiB are not supported")
+                }
+            }
+            return FirmwareImage(bytes: bytes, source: path)
+        default:
+            throw ImageError(path, refusal(for: format, path: path), format: format.kind)
         }
-        guard bytes.count <= maximumSize else {
-            throw ImageError(path, "is \(bytes.count) bytes; images over \(maximumSize >> 20) MiB are not supported")
+    }
+
+    /// Why a file that is not a raw binary or HEX text is refused, and what to do instead.
+    static func refusal(for format: ImageFormat, path: String) -> String {
+        let name = path.split(separator: "/").last.map(String.init) ?? path
+        let stem = name.split(separator: ".", omittingEmptySubsequences: false).dropLast().joined(separator: ".")
+        let base = stem.isEmpty ? name : stem
+        let inside = format.entries.filter { $0.lowercased().hasSuffix(".bin") || $0.lowercased().hasSuffix(".hex") }.prefix(3)
+        let extract = inside.isEmpty ? "the .bin or .hex inside" : inside.joined(separator: " or ")
+        let what = "is \(format.description)"
+        switch format.kind {
+        case .elf:
+            return "\(what), not a firmware image; convert it with `arm-none-eabi-objcopy -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
+        case .nordicDFUPackage:
+            return "\(what); Nordic Secure DFU packages need `--protocol nordic-dfu`, which is not available yet (use nrfutil or nRF Connect until then)"
+        case .mcuboot:
+            return "\(what), sent over MCUmgr/SMP, which is not supported yet (use `mcumgr image upload \(name)` until then)"
+        case .zip:
+            return "\(what), not a firmware image; unzip it (`unzip \(name)`) and pass \(extract)"
+        case .tar:
+            return "\(what), not a firmware image; extract it (`tar xf \(name)`) and pass \(extract)"
+        case .gzip where name.lowercased().hasSuffix(".tar.gz") || name.lowercased().hasSuffix(".tgz"):
+            return "\(what), not a firmware image; extract it (`tar xzf \(name)`) and pass the .bin or .hex inside"
+        case .gzip:
+            return "\(what), not a firmware image; decompress it (`gunzip -k \(name)`) and pass the result"
+        case .bzip2:
+            return "\(what), not a firmware image; decompress it (`bunzip2 -k \(name)`, or `tar xjf` for a tar archive) and pass the result"
+        case .xz:
+            return "\(what), not a firmware image; decompress it (`unxz -k \(name)`, or `tar xJf` for a tar archive) and pass the result"
+        case .zstd:
+            return "\(what), not a firmware image; decompress it (`unzstd \(name)`) and pass the result"
+        case .uf2:
+            return "\(what), not a raw image; convert it with `uf2conv.py \(name) --convert --output \(base).bin` and pass that"
+        case .srecord:
+            return "\(what), which otaflash does not read; convert it with `objcopy -I srec -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
+        default:
+            return "\(what), which otaflash does not send; pass a raw binary (.bin) or Intel HEX (.hex) image"
         }
-        return FirmwareImage(bytes: bytes, source: path)
+    }
+
+    private static func hexDump(_ bytes: some Collection<UInt8>) -> String {
+        bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined(separator: " ")
     }
 }
+
+/// An image file opened for bounded reads: regular files only, so a FIFO, a socket or a device
+/// such as /dev/zero is refused before a byte is read, and nothing waits on a writer.
+struct ImageFile {
+    let path: String
+    let descriptor: Int32
+    /// The size `fstat` reported when the file was opened.
+    let size: Int
+
+    init(_ path: String) throws(ImageError) {
+        self.path = path
+        // O_NONBLOCK: opening a FIFO without a writer must not wait for one.
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            switch code {
+            case ENOENT: throw ImageError(path, "no such file")
+            case EACCES, EPERM: throw ImageError(path, "cannot be read: permission denied (check its permissions)")
+            case ENOTDIR: throw ImageError(path, "no such file (a folder in the path is a file)")
+            default: throw ImageError(path, "cannot be opened: \(String(cString: strerror(code)))")
+            }
+        }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            let code = errno
+            closeFile(fd)
+            throw ImageError(path, "cannot be read: \(String(cString: strerror(code)))")
+        }
+        let type = info.st_mode & S_IFMT
+        guard type == S_IFREG else {
+            closeFile(fd)
+            let what = switch type {
+            case S_IFDIR: "is a directory, not a firmware image"
+            case S_IFIFO: "is a pipe (FIFO), not a regular file; save the image to a file and pass that"
+            case S_IFCHR: "is a character device, not a regular file; pass a firmware file"
+            case S_IFBLK: "is a block device, not a regular file; copy the image off it (`dd`) into a file and pass that"
+            case S_IFSOCK: "is a socket, not a regular file; pass a firmware file"
+            default: "is not a regular file; pass a firmware file"
+            }
+            throw ImageError(path, what)
+        }
+        descriptor = fd
+        size = Int(info.st_size)
+    }
+
+    func close() { closeFile(descriptor) }
+
+    /// Reads up to `count` bytes from the current offset; fewer only at the end of the file.
+    func read(upTo count: Int) throws(ImageError) -> [UInt8] {
+        guard count > 0 else { return [] }
+        var buffer = [UInt8](repeating: 0, count: count)
+        var filled = 0
+        while filled < count {
+            let n = buffer.withUnsafeMutableBytes { readFile(descriptor, $0.baseAddress! + filled, count - filled) }
+            if n == 0 { break }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw ImageError(path, "cannot be read: \(String(cString: strerror(errno)))")
+            }
+            filled += n
+        }
+        buffer.removeLast(count - filled)
+        return buffer
+    }
+
+    /// Reads the last `count` bytes (fewer for a smaller file) without moving the read offset.
+    func readTail(_ count: Int) throws(ImageError) -> [UInt8] {
+        let start = max(0, size - count)
+        var buffer = [UInt8](repeating: 0, count: size - start)
+        var filled = 0
+        while filled < buffer.count {
+            let n = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress! + filled, $0.count - filled, off_t(start + filled)) }
+            if n == 0 { break }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw ImageError(path, "cannot be read: \(String(cString: strerror(errno)))")
+            }
+            filled += n
+        }
+        buffer.removeLast(buffer.count - filled)
+        return buffer
+    }
+}
+
+private func closeFile(_ fd: Int32) { _ = close(fd) }
+private func readFile(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int { read(fd, buffer, count) }
 
 /// A firmware file that cannot be used, with the line at fault for text formats.
 public struct ImageError: Error, Sendable, Hashable, CustomStringConvertible {
     public let path: String
     public let line: Int?
     public let reason: String
+    /// Set when the file was refused for what it is (an ELF executable, a Nordic package…).
+    public let format: ImageFormat.Kind?
 
-    public init(_ path: String, line: Int? = nil, _ reason: String) {
+    public init(_ path: String, line: Int? = nil, _ reason: String, format: ImageFormat.Kind? = nil) {
         self.path = path
         self.line = line
         self.reason = reason
+        self.format = format
     }
 
     public var description: String {
@@ -83,21 +250,90 @@ public enum IntelHex {
         public let baseAddress: UInt32
     }
 
+    /// The longest line a record can take: ':', then 255 data bytes and 5 bytes of count,
+    /// address, type and checksum as hex digits, with room for blanks around it.
+    public static let maximumLineLength = 1 + 2 * (255 + 5) + 64
+
+    /// Decodes text held in memory whole.
     public static func parse(_ text: [UInt8], source: String) throws(ImageError) -> Decoded {
-        var segments: [(address: UInt32, bytes: [UInt8])] = []
-        var upper: UInt32 = 0  // from type 02 or 04 records
-        var sawEOF = false
-        var lineNumber = 0
-        var index = 0
-        while index < text.count {
-            var end = index
-            while end < text.count, text[end] != 0x0A { end += 1 }
+        var decoder = Decoder(source: source)
+        try decoder.feed(text[...])
+        return try decoder.finish()
+    }
+
+    /// Decodes text fed in chunks of any size, so a file is never held whole: memory is the
+    /// decoded image plus one line. The image's span is checked as each record arrives, so an
+    /// address far away fails at its line, not after the whole file.
+    public struct Decoder {
+        public let source: String
+        private var partial: [UInt8] = []
+        private var segments: [(address: UInt32, bytes: [UInt8])] = []
+        private var upper: UInt32 = 0  // from type 02 or 04 records
+        private var sawEOF = false
+        private var lineNumber = 0
+        private var low = UInt64.max
+        private var high: UInt64 = 0
+
+        public init(source: String) { self.source = source }
+
+        public mutating func feed(_ chunk: ArraySlice<UInt8>) throws(ImageError) {
+            var start = chunk.startIndex
+            while let end = chunk[start...].firstIndex(of: 0x0A) {
+                if partial.isEmpty {
+                    try decodeLine(chunk[start..<end])
+                } else {
+                    partial += chunk[start..<end]
+                    let line = partial[...]
+                    partial = []
+                    try decodeLine(line)
+                }
+                start = end + 1
+            }
+            partial += chunk[start...]
+            guard partial.count <= IntelHex.maximumLineLength else { throw longLine(lineNumber + 1) }
+        }
+
+        private func longLine(_ number: Int) -> ImageError {
+            ImageError(source, line: number, "line is longer than any Intel HEX record (\(IntelHex.maximumLineLength) characters); is this a HEX file?")
+        }
+
+        /// Ends the text: decodes a last line without a line break and lays the records out.
+        public mutating func finish() throws(ImageError) -> Decoded {
+            if !partial.isEmpty {
+                let line = partial[...]
+                partial = []
+                try decodeLine(line)
+            }
+            guard sawEOF else {
+                throw ImageError(source, line: lineNumber, "no end-of-file record (:00000001FF); is the file truncated?")
+            }
+            guard !segments.isEmpty else { throw ImageError(source, "contains no data records") }
+            let span = high - low
+            var image = [UInt8](repeating: 0xFF, count: Int(span))
+            var written = [Bool](repeating: false, count: Int(span))
+            for segment in segments {
+                let start = Int(UInt64(segment.address) - low)
+                for (k, byte) in segment.bytes.enumerated() {
+                    if written[start + k], image[start + k] != byte {
+                        throw ImageError(source, "records overlap with different data at address 0x\(String(segment.address + UInt32(k), radix: 16))")
+                    }
+                    image[start + k] = byte
+                    written[start + k] = true
+                }
+            }
+            return Decoded(bytes: image, baseAddress: UInt32(low))
+        }
+
+        private mutating func decodeLine(_ raw: ArraySlice<UInt8>) throws(ImageError) {
             lineNumber += 1
-            var line = text[index..<end]
-            index = end + 1
+            guard raw.count <= IntelHex.maximumLineLength else { throw longLine(lineNumber) }
+            var line = raw
+            if lineNumber == 1, line.starts(with: [0xEF, 0xBB, 0xBF]) { line = line.dropFirst(3) }
             while let last = line.last, last == 0x0D || last == 0x20 || last == 0x09 { line = line.dropLast() }
             while let first = line.first, first == 0x20 || first == 0x09 { line = line.dropFirst() }
-            if line.isEmpty { continue }
+            if line.isEmpty { return }
+            let lineNumber = lineNumber
+            let source = source
             func fail(_ reason: String) -> ImageError { ImageError(source, line: lineNumber, reason) }
             if sawEOF { throw fail("data after the end-of-file record") }
             guard line.first == UInt8(ascii: ":") else { throw fail("a record must start with ':'") }
@@ -123,54 +359,39 @@ public enum IntelHex {
                 throw fail("checksum mismatch: record has 0x\(hex2(record.last!)), expected 0x\(hex2(expected))")
             }
             let offset = UInt32(record[1]) << 8 | UInt32(record[2])
-            let data = Array(record[4..<(4 + count)])
+            let data = record[4..<(4 + count)]
             switch record[3] {
             case 0x00:
-                guard !data.isEmpty else { continue }
+                guard !data.isEmpty else { return }
                 let address = upper &+ offset
-                guard UInt64(address) + UInt64(data.count) <= 1 << 32 else { throw fail("data runs past the 4 GiB address space") }
-                if let last = segments.last, last.address &+ UInt32(last.bytes.count) == address {
-                    segments[segments.count - 1].bytes.append(contentsOf: data)
+                let end = UInt64(address) + UInt64(data.count)
+                guard end <= 1 << 32 else { throw fail("data runs past the 4 GiB address space") }
+                let newLow = min(low, UInt64(address)), newHigh = max(high, end)
+                guard newHigh - newLow <= UInt64(FirmwareImage.maximumSize) else {
+                    throw fail("data spans \(newHigh - newLow) bytes from 0x\(String(newLow, radix: 16)) to 0x\(String(newHigh, radix: 16)); images over \(FirmwareImage.maximumSize >> 20) MiB are not supported")
+                }
+                (low, high) = (newLow, newHigh)
+                // Indexes, not a copy of the last segment: a copy would make the append copy its bytes.
+                if let last = segments.indices.last,
+                   UInt64(segments[last].address) + UInt64(segments[last].bytes.count) == UInt64(address) {
+                    segments[last].bytes += data
                 } else {
-                    segments.append((address, data))
+                    segments.append((address, Array(data)))
                 }
             case 0x01:
                 sawEOF = true
             case 0x02:
                 guard count == 2 else { throw fail("extended segment address record must carry 2 bytes") }
-                upper = (UInt32(data[0]) << 8 | UInt32(data[1])) << 4
+                upper = (UInt32(data[data.startIndex]) << 8 | UInt32(data[data.startIndex + 1])) << 4
             case 0x04:
                 guard count == 2 else { throw fail("extended linear address record must carry 2 bytes") }
-                upper = (UInt32(data[0]) << 8 | UInt32(data[1])) << 16
+                upper = (UInt32(data[data.startIndex]) << 8 | UInt32(data[data.startIndex + 1])) << 16
             case 0x03, 0x05:
                 break  // start address: not part of the image
             default:
                 throw fail("unknown record type 0x\(hex2(record[3]))")
             }
         }
-        guard sawEOF else {
-            throw ImageError(source, line: lineNumber, "no end-of-file record (:00000001FF); is the file truncated?")
-        }
-        guard !segments.isEmpty else { throw ImageError(source, "contains no data records") }
-        let low = segments.map(\.address).min()!
-        let high = segments.map { UInt64($0.address) + UInt64($0.bytes.count) }.max()!
-        let span = high - UInt64(low)
-        guard span <= UInt64(FirmwareImage.maximumSize) else {
-            throw ImageError(source, "data spans \(span) bytes from 0x\(String(low, radix: 16)); images over \(FirmwareImage.maximumSize >> 20) MiB are not supported")
-        }
-        var image = [UInt8](repeating: 0xFF, count: Int(span))
-        var written = [Bool](repeating: false, count: Int(span))
-        for segment in segments {
-            let start = Int(segment.address - low)
-            for (k, byte) in segment.bytes.enumerated() {
-                if written[start + k], image[start + k] != byte {
-                    throw ImageError(source, "records overlap with different data at address 0x\(String(segment.address + UInt32(k), radix: 16))")
-                }
-                image[start + k] = byte
-                written[start + k] = true
-            }
-        }
-        return Decoded(bytes: image, baseAddress: low)
     }
 
     private static func nibble(_ c: UInt8) -> UInt8? {

@@ -31,7 +31,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .success: "the image was sent, verified by the device and (unless --no-activate) activated"
         case .internalError: "a bug in otaflash; please report it with the output of --verbose"
         case .usage: "invalid command line: unknown option, bad value, malformed device address"
-        case .imageFile: "the image file cannot be used: missing, unreadable, a directory, empty, malformed Intel HEX"
+        case .imageFile: "the image file cannot be used: missing, unreadable, not a regular file, empty, over 64 MiB, malformed Intel HEX, or not an image (ELF, archive, …)"
         case .imageTooLarge: "the image does not fit the device's slot"
         case .deviceNotFound: "no device with that address was found within the scan timeout"
         case .connection: "connecting failed or the link was lost; run the same command again to resume"

@@ -353,7 +353,7 @@ struct PeripheralTests {
             defer { unsetenv(PeripheralHost.busAddressEnvironment) }
             let noStack = CapturedOutput()
             #expect(await runOtaflash(["simulate", "--adapter", "hci0"], output: noStack) == ExitCode.bluetoothUnavailable.rawValue)
-            #expect(noStack.stderr == "otaflash: error: bluetoothd is not running (nothing owns org.bluez on the D-Bus system bus): start it with `systemctl start bluetooth`\n")
+            #expect(noStack.stderr == "otaflash: error: bluetoothd is not running (org.bluez: ServiceUnknown: The name org.bluez was not provided by any .service files); start it with `systemctl start bluetooth`\n")
 
             let fake = try await FakeBlueZPeripheralSide.start(
                 on: bus, registerError: DBusError(name: "org.bluez.Error.AlreadyExists", message: "Already Exists"))

@@ -210,4 +210,139 @@ struct ImageLoadingTests {
         let text = hexRecord(0, address: 0, [7]) + "\n" + hexEOF
         #expect(try FirmwareImage.load(path: try dir.write("APP.HEX", text: text)).bytes == [7])
     }
+
+    // MARK: Size and file type, checked before reading
+
+    /// A sparse file of `size` bytes that starts with `start`: costs no disk and no memory.
+    static func sparseFile(_ dir: ScratchDirectory, _ name: String, size: Int, start: [UInt8] = []) throws -> String {
+        let path = try dir.write(name, start)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        try handle.truncate(atOffset: UInt64(size))
+        try handle.close()
+        return path
+    }
+
+    @Test(arguments: [FirmwareImage.maximumSize, FirmwareImage.maximumSize + 1])
+    func rawImagesUpToTheLimitLoad(size: Int) throws {
+        let dir = try ScratchDirectory()
+        let path = try Self.sparseFile(dir, "big.bin", size: size, start: cortexMStart)
+        if size <= FirmwareImage.maximumSize {
+            let image = try FirmwareImage.load(path: path)
+            #expect(image.size == size)
+            #expect(Array(image.bytes.prefix(cortexMStart.count)) == cortexMStart)
+        } else {
+            #expect {
+                try FirmwareImage.load(path: path)
+            } throws: { error in
+                "\(error)" == "\(path): is \(size) bytes; images over 64 MiB are not supported"
+            }
+        }
+    }
+
+    /// 10 GiB is refused from its size alone: nothing near that is read or allocated.
+    @Test func aHugeFileIsRefusedFromItsSize() throws {
+        let dir = try ScratchDirectory()
+        let path = try Self.sparseFile(dir, "huge.bin", size: 10 << 30)
+        let started = ContinuousClock.now
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            "\(error)".hasSuffix("is 10737418240 bytes; images over 64 MiB are not supported")
+        }
+        #expect(ContinuousClock.now - started < .seconds(2), "reading 10 GiB takes far longer than this")
+    }
+
+    @Test func hexTextOverItsLimitIsRefusedFromItsSize() throws {
+        let dir = try ScratchDirectory()
+        let path = try Self.sparseFile(dir, "huge.hex", size: FirmwareImage.maximumHexTextSize + 1, start: Array(":00000001FF\n".utf8))
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            "\(error)".contains("bytes of Intel HEX text; HEX files over 256 MiB (images over 64 MiB) are not supported")
+        }
+    }
+
+    /// The image's span is checked as records arrive: a record 128 MiB away fails at its line.
+    @Test func hexDataSpanningTooFarFailsAtItsLine() throws {
+        let lines = [hexRecord(0, address: 0, [1]), hexRecord(0x04, address: 0, [0x08, 0x00]),
+                     hexRecord(0, address: 0, [2]), hexRecord(0, address: 1, [3]), hexEOF]
+        let dir = try ScratchDirectory()
+        let path = try dir.write("far.hex", text: lines.joined(separator: "\n"))
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            guard let e = error as? ImageError else { return false }
+            #expect(e.line == 3)
+            #expect(e.reason.contains("data spans 134217729 bytes from 0x0 to 0x8000001; images over 64 MiB are not supported"), "\(e)")
+            return true
+        }
+    }
+
+    @Test func aLineLongerThanAnyRecordFailsWithoutReadingOn() throws {
+        let text = hexRecord(0, address: 0, [1]) + "\n:" + String(repeating: "0", count: 100_000)
+        #expect {
+            try IntelHex.parse(Array(text.utf8), source: "long.hex")
+        } throws: { error in
+            let e = error as? ImageError
+            return e?.line == 2 && e?.reason.contains("longer than any Intel HEX record") == true
+        }
+    }
+
+    /// Fed in chunks of any size, the decoder gives what it gives for the whole text.
+    @Test(arguments: [1, 2, 3, 11, 44, 45, 46, 4096])
+    func hexFedInChunksDecodesTheSame(chunk: Int) throws {
+        let data = testBytes(300, seed: 9)
+        var lines = [hexRecord(0x04, address: 0, [0x00, 0x01])]
+        for start in stride(from: 0, to: data.count, by: 16) {
+            lines.append(hexRecord(0, address: UInt16(0x100 + start), Array(data[start..<min(start + 16, data.count)])))
+        }
+        let text = Array((lines + [hexEOF]).joined(separator: "\r\n").utf8)
+        var decoder = IntelHex.Decoder(source: "c.hex")
+        for start in stride(from: 0, to: text.count, by: chunk) {
+            try decoder.feed(text[start..<min(start + chunk, text.count)])
+        }
+        let decoded = try decoder.finish()
+        #expect(decoded.bytes == data)
+        #expect(decoded.baseAddress == 0x0001_0100)
+    }
+
+    @Test func aByteOrderMarkBeforeHexIsSkipped() throws {
+        let dir = try ScratchDirectory()
+        let path = try dir.write("bom.hex", [0xEF, 0xBB, 0xBF] + Array((hexRecord(0, address: 0, [5]) + "\n" + hexEOF).utf8))
+        #expect(try FirmwareImage.load(path: path).bytes == [5])
+    }
+
+    /// A FIFO or a device is refused from its type: nothing waits for a writer or reads for ever.
+    @Test func aFIFOIsRefusedWithoutWaitingForAWriter() throws {
+        let dir = try ScratchDirectory()
+        let path = dir.url.appendingPathComponent("pipe.bin").path
+        try #require(mkfifo(path, 0o600) == 0)
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            "\(error)" == "\(path): is a pipe (FIFO), not a regular file; save the image to a file and pass that"
+        }
+    }
+
+    @Test(arguments: ["/dev/zero", "/dev/null", "/dev/urandom"])
+    func aDeviceIsRefused(path: String) throws {
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            "\(error)" == "\(path): is a character device, not a regular file; pass a firmware file"
+        }
+    }
+
+    @Test(.enabled(if: geteuid() != 0, "root reads any file: this test needs an unprivileged user"))
+    func aFileThatCannotBeReadSaysSo() throws {
+        let dir = try ScratchDirectory()
+        let path = try dir.write("locked.bin", [1, 2, 3])
+        try #require(chmod(path, 0) == 0)
+        #expect {
+            try FirmwareImage.load(path: path)
+        } throws: { error in
+            "\(error)".contains("permission denied")
+        }
+    }
 }
+

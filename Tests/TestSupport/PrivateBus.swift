@@ -18,9 +18,12 @@ public final class PrivateBus: Sendable {
 
     /// Starts a daemon, or returns nil after printing why when dbus-daemon is not installed.
     ///
-    /// - Parameter denying: bus names whose methods the policy refuses (AccessDenied), to provoke
-    ///   permission errors.
-    public static func start(denying: [String] = [], timeoutMilliseconds: Int32 = 5000) throws -> PrivateBus? {
+    /// - Parameters:
+    ///   - denying: bus names whose methods the policy refuses (AccessDenied), to provoke
+    ///     permission errors.
+    ///   - serviceDirectory: a folder of `.service` files the bus may start on demand (activation).
+    public static func start(denying: [String] = [], serviceDirectory: String? = nil,
+                             timeoutMilliseconds: Int32 = 5000) throws -> PrivateBus? {
         guard let daemon = findExecutable("dbus-daemon") else {
             print("SKIPPED: dbus-daemon is not installed (apt-get install dbus-daemon); this D-Bus test was not run")
             return nil
@@ -36,6 +39,7 @@ public final class PrivateBus: Sendable {
               <type>session</type>
               <listen>unix:path=\(directory)/bus</listen>
               <auth>EXTERNAL</auth>
+              \(serviceDirectory.map { "<servicedir>\($0)</servicedir>" } ?? "")
               <policy context="default">
                 <allow send_destination="*" eavesdrop="true"/>
                 <allow eavesdrop="true"/>

@@ -1,0 +1,176 @@
+/// What a file holds, judged from its bytes rather than its name.
+///
+/// Detection is pure and separate from policy: `detect` says what a file is; the loader decides
+/// what it can send (raw binaries and Intel HEX) and refuses the rest with a line that says what
+/// to do. Later protocols route on `kind` (a Nordic DFU package, an MCUboot image) without
+/// looking at the bytes again.
+public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
+    /// An open set of formats (a struct with static members), so new ones break no `switch`.
+    public struct Kind: Hashable, Sendable, CustomStringConvertible {
+        public let name: String
+        public init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// Anything not recognised below: sent byte for byte.
+        public static let rawBinary = Kind("raw-binary")
+        /// Text whose first record starts with ':' (Intel HEX, any extension).
+        public static let intelHex = Kind("intel-hex")
+        /// An ELF object or executable (magic 0x7F 'E' 'L' 'F'): a linker output, not an image.
+        public static let elf = Kind("elf")
+        /// A zip archive that is not a Nordic package.
+        public static let zip = Kind("zip")
+        /// A Nordic Secure DFU package: a zip with `manifest.json` at its root (nrfutil pkg generate).
+        public static let nordicDFUPackage = Kind("nordic-dfu-package")
+        /// An MCUboot image: header magic 0x96f3b83d, little-endian, at offset 0 (MCUboot
+        /// docs/design.md, "Image Format"); flashed over MCUmgr/SMP.
+        public static let mcuboot = Kind("mcuboot")
+        /// A UF2 file (magic "UF2\n" then 0x9E5D5157): for USB mass-storage bootloaders.
+        public static let uf2 = Kind("uf2")
+        /// Motorola S-record text (lines "S0"…"S9" followed by hex digits).
+        public static let srecord = Kind("srecord")
+        public static let gzip = Kind("gzip")
+        public static let bzip2 = Kind("bzip2")
+        public static let xz = Kind("xz")
+        public static let zstd = Kind("zstd")
+        /// A POSIX tar archive ("ustar" at offset 257).
+        public static let tar = Kind("tar")
+    }
+
+    public let kind: Kind
+    /// What the file is, as a phrase that follows "is": "an ELF executable".
+    public let description: String
+    /// For archives: the names of the first few entries, when they could be read.
+    public let entries: [String]
+
+    public init(_ kind: Kind, _ description: String, entries: [String] = []) {
+        self.kind = kind
+        self.description = description
+        self.entries = entries
+    }
+
+    /// True for the formats otaflash sends itself: raw binaries and Intel HEX.
+    public var isFirmwareImage: Bool { kind == .rawBinary || kind == .intelHex }
+
+    /// How much of a file's start `detect` looks at (tar's magic is at 257; zip's local headers follow).
+    public static let headSize = 64 << 10
+    /// How much of a file's end `detect` looks at: a zip's end-of-central-directory record (22
+    /// bytes plus a comment of up to 64 KiB) and, for small archives, the central directory.
+    public static let tailSize = 128 << 10
+
+    /// Recognises a file from its first and last bytes (for a small file, both are the whole file).
+    ///
+    /// - Parameters:
+    ///   - head: the file's first bytes (up to `headSize`).
+    ///   - tail: its last bytes (up to `tailSize`); pass `head` when the file is that small.
+    public static func detect(head: [UInt8], tail: [UInt8]) -> ImageFormat {
+        func starts(_ magic: [UInt8], at offset: Int = 0) -> Bool {
+            head.count >= offset + magic.count && head[offset..<(offset + magic.count)].elementsEqual(magic)
+        }
+        if starts([0x7F, 0x45, 0x4C, 0x46]) {
+            return ImageFormat(.elf, elfDescription(head))
+        }
+        if starts([0x50, 0x4B, 0x03, 0x04]) || starts([0x50, 0x4B, 0x05, 0x06]) {
+            let names = zipEntryNames(head: head, tail: tail)
+            if names.contains("manifest.json") {
+                return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names)
+            }
+            return ImageFormat(.zip, names.isEmpty && starts([0x50, 0x4B, 0x05, 0x06]) ? "an empty zip archive" : "a zip archive",
+                               entries: names)
+        }
+        if starts([0x3D, 0xB8, 0xF3, 0x96]) {
+            return ImageFormat(.mcuboot, "an MCUboot image (header magic 0x96f3b83d)")
+        }
+        if starts(Array("UF2\n".utf8)), starts([0x57, 0x51, 0x5D, 0x9E], at: 4) {
+            return ImageFormat(.uf2, "a UF2 file (for USB drag-and-drop bootloaders)")
+        }
+        if starts([0x1F, 0x8B]) { return ImageFormat(.gzip, "gzip-compressed") }
+        if starts(Array("BZh".utf8)), head.count > 3, (UInt8(ascii: "1")...UInt8(ascii: "9")).contains(head[3]) {
+            return ImageFormat(.bzip2, "bzip2-compressed")
+        }
+        if starts([0xFD, 0x37, 0x7A, 0x58, 0x5A, 0x00]) { return ImageFormat(.xz, "xz-compressed") }
+        if starts([0x28, 0xB5, 0x2F, 0xFD]) { return ImageFormat(.zstd, "zstd-compressed") }
+        if starts(Array("ustar".utf8), at: 257) { return ImageFormat(.tar, "a tar archive") }
+
+        // Text formats: look at the first character that is not a byte-order mark or blank.
+        var i = starts([0xEF, 0xBB, 0xBF]) ? 3 : 0
+        while i < head.count, isBlank(head[i]) { i += 1 }
+        if i < head.count, head[i] == UInt8(ascii: ":") {
+            return ImageFormat(.intelHex, "Intel HEX text")
+        }
+        if i + 4 <= head.count, head[i] == UInt8(ascii: "S"),
+           (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(head[i + 1]),
+           head[(i + 2)..<(i + 4)].allSatisfy(isHexDigit) {
+            return ImageFormat(.srecord, "a Motorola S-record file")
+        }
+        return ImageFormat(.rawBinary, "a raw binary")
+    }
+
+    /// Recognises bytes held in memory whole.
+    public static func detect(_ bytes: [UInt8]) -> ImageFormat {
+        detect(head: Array(bytes.prefix(headSize)), tail: Array(bytes.suffix(tailSize)))
+    }
+
+    static func isBlank(_ c: UInt8) -> Bool { c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D }
+
+    static func isHexDigit(_ c: UInt8) -> Bool {
+        (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(c)
+            || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(c)
+    }
+
+    /// "an ELF executable", "an ELF object file" (ELF header e_type, at offset 16).
+    private static func elfDescription(_ head: [UInt8]) -> String {
+        guard head.count >= 18 else { return "an ELF file" }
+        // EI_DATA (offset 5): 1 little-endian, 2 big-endian.
+        let type = head[5] == 2 ? UInt16(head[16]) << 8 | UInt16(head[17]) : UInt16(head[17]) << 8 | UInt16(head[16])
+        switch type {
+        case 1: return "an ELF object file"
+        case 2, 3: return "an ELF executable"  // 3: position-independent executables and shared objects
+        case 4: return "an ELF core dump"
+        default: return "an ELF file"
+        }
+    }
+
+    private static func le16(_ b: [UInt8], _ at: Int) -> Int { Int(b[at]) | Int(b[at + 1]) << 8 }
+    private static func le32(_ b: [UInt8], _ at: Int) -> Int { le16(b, at) | le16(b, at + 2) << 16 }
+
+    /// The names in a zip archive (APPNOTE.TXT 4.3): from the central directory when the
+    /// end-of-central-directory record and the directory lie in `tail`, else from the local file
+    /// headers that lie in `head`.
+    static func zipEntryNames(head: [UInt8], tail: [UInt8]) -> [String] {
+        // The end-of-central-directory record: 22 bytes plus a comment, the last thing in the file.
+        var eocd = tail.count - 22
+        while eocd >= 0, eocd >= tail.count - 22 - 0xFFFF {
+            if tail[eocd] == 0x50, tail[eocd + 1] == 0x4B, tail[eocd + 2] == 0x05, tail[eocd + 3] == 0x06,
+               eocd + 22 + le16(tail, eocd + 20) == tail.count {
+                break
+            }
+            eocd -= 1
+        }
+        var names: [String] = []
+        if eocd >= 0, eocd >= tail.count - 22 - 0xFFFF {
+            let directorySize = le32(tail, eocd + 12)
+            var at = eocd - directorySize
+            if at >= 0 {
+                while at + 46 <= eocd, tail[at] == 0x50, tail[at + 1] == 0x4B, tail[at + 2] == 0x01, tail[at + 3] == 0x02 {
+                    let nameLength = le16(tail, at + 28)
+                    let next = at + 46 + nameLength + le16(tail, at + 30) + le16(tail, at + 32)
+                    guard at + 46 + nameLength <= eocd else { break }
+                    names.append(String(decoding: tail[(at + 46)..<(at + 46 + nameLength)], as: UTF8.self))
+                    at = next
+                }
+                return names
+            }
+        }
+        // Local file headers: 30 bytes, the name, the extra field, then the data (whose size is
+        // only known here when bit 3 of the flags is clear).
+        var at = 0
+        while at + 30 <= head.count, head[at] == 0x50, head[at + 1] == 0x4B, head[at + 2] == 0x03, head[at + 3] == 0x04 {
+            let nameLength = le16(head, at + 26)
+            guard at + 30 + nameLength <= head.count else { break }
+            names.append(String(decoding: head[(at + 30)..<(at + 30 + nameLength)], as: UTF8.self))
+            guard le16(head, at + 6) & 0x08 == 0 else { break }
+            at += 30 + nameLength + le16(head, at + 28) + le32(head, at + 18)
+        }
+        return names
+    }
+}
