@@ -31,8 +31,8 @@ import Testing
         #expect(mapped.message.contains("systemctl"), "\(mapped.message)")
         #expect(!mapped.message.contains("\n"))
         let failure = OTAError.from(mapped, device: "AA:BB:CC:DD:EE:FF")
-        #expect(failure.kind == .bluetoothUnavailable)
-        #expect(ExitCode(failure.kind) == .bluetoothUnavailable && ExitCode.bluetoothUnavailable.rawValue == 11)
+        #expect(failure.code == .bluetoothUnavailable)
+        #expect(ExitCode(failure.code) == .bluetoothUnavailable && ExitCode.bluetoothUnavailable.rawValue == 11)
         // Connecting maps the same way, not as a connection failure.
         #expect(BlueZErrors.mapConnect(error, device: "AA:BB:CC:DD:EE:FF", adapter: "hci0", timeout: .seconds(5)).code == .stackUnavailable)
         // Peripheral mode says the same.
