@@ -15,7 +15,12 @@ import Musl
 /// The peripheral tests' private bus (Tests/TestSupport/PrivateBus.swift).
 typealias PeripheralTestBus = PrivateBus
 
-func peripheralMilliseconds() -> Int64 { monotonicMilliseconds() }
+extension PeripheralTestBus {
+    /// A private bus for a peripheral test: skipped with the reason without dbus-daemon, failed
+    /// when the peripheral suite is required (`Prerequisites`).
+    static func start() throws -> PeripheralTestBus { try start(for: .peripheral) }
+}
+
 
 /// The next element of `stream`, or `TimedOut` after `timeout`.
 func peripheralNext<T: Sendable>(_ stream: AsyncStream<T>, timeout: Duration = .seconds(5)) async throws -> T? {

@@ -96,6 +96,18 @@ public final class SpawnedProcess: Sendable {
     }
 }
 
+/// Runs a command to completion with its stdout drained and stderr discarded; its exit status,
+/// or -1 when it could not start or died of a signal.
+public func runToCompletion(_ arguments: [String]) -> Int32 {
+    guard let child = try? SpawnedProcess.spawn(arguments, stderrPath: "/dev/null") else { return -1 }
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while read(child.stdoutFD, &chunk, chunk.count) > 0 {}
+    var status: Int32 = 0
+    waitpid(child.pid, &status, 0)
+    close(child.stdoutFD)
+    return (status & 0x7f) == 0 ? (status >> 8) & 0xff : -1
+}
+
 public func monotonicMilliseconds() -> Int64 {
     var now = timespec()
     clock_gettime(CLOCK_MONOTONIC, &now)
