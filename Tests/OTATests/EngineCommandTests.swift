@@ -130,7 +130,10 @@ struct EngineCommandTests {
         var engine = engineAtVerify(EngineConfig(checkpointInterval: 960))
         #expect(engine.handle(Device.verify(.incomplete, crc: crc(image, upTo: 1920))) == [.send(.status)])
         #expect(engine.handle(Device.status(offset: 1920, crc: crc(image, upTo: 1920), image: image)).isEmpty)
-        #expect(engine.phase == .verifying || engine.phase == .streaming)
+        withKnownIssue("after VERIFY's `incomplete` and STATUS the engine stays in .verifying and sends nothing") {
+            #expect(engine.phase == .streaming)
+            #expect(engine.nextStreamStep() == .data(offset: 1920, count: 240))
+        }
     }
 
     @Test func refusedActivationFails() throws {
