@@ -26,4 +26,25 @@ struct ResumeAcrossRunsTests {
         #expect(done["crc32"] as? String == "cf1fc040")
         #expect((done["bytes_sent"] as? Int ?? .max) < 262_144)
     }
+
+    /// The first run leaves a journal; `--restart` removes it, sends the whole image again,
+    /// and a successful run leaves no journal behind.
+    @Test func restartSendsTheWholeImageAndClearsTheJournal() async throws {
+        let scratch = try Scratch()
+        let state = scratch.url.appendingPathComponent("device").path
+        let journal = scratch.url.appendingPathComponent("journal").path
+        let common = simulator + ["--json", "--sim-state", state, "--journal-dir", journal, "--reconnect-window", "0",
+                                  "--checkpoint-interval", "8192"]
+        let first = await otaflash(common + ["--sim-disconnect-at", "100000", samplePath("seeded-256k.bin")])
+        #expect(first.code == 6, "\(first.stderr)")
+        let journals = try FileManager.default.contentsOfDirectory(atPath: journal)
+        #expect(journals == ["C0FFEE000001-262144-cf1fc040.json"])
+
+        let second = await otaflash(common + ["--restart", samplePath("seeded-256k.bin")])
+        #expect(second.code == 0, "\(second.stderr)")
+        let transfer = try #require(second.jsonEvents.first { $0["event"] as? String == "transfer" })
+        #expect(transfer["resume_offset"] as? Int == 0)
+        #expect(second.jsonEvents.last?["bytes_sent"] as? Int == 262_144)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: journal).isEmpty)
+    }
 }
