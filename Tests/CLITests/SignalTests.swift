@@ -53,6 +53,7 @@ struct SignalTests {
     @Test(arguments: [SIGINT, SIGTERM])
     func aSignalMidTransferExits130WithOneInterruptedLine(signal: Int32) throws {
         let ending = try interrupt(with: signal)
+        print("signal \(signal): exit status \(ending.status >> 8) \(ending.milliseconds) ms after the signal")
         #expect(terminatingSignal(ofWaitStatus: ending.status) == nil, "otaflash died of signal \(ending.status & 0x7f)")
         #expect(exitCode(ofWaitStatus: ending.status) == 130, "\(ending.stderr)")
         #expect(ending.milliseconds < Int64(Self.exitBoundMilliseconds))
