@@ -126,17 +126,8 @@ final class FakeBlueZPeripheralSide: Sendable {
 
     /// Waits until the stand-in has logged `line` (one consumer at a time), at most `timeout`.
     func waitForCall(_ line: String, timeout: Duration = .seconds(5)) async throws {
-        let stream = callStream
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await call in stream where call == line { return }
-            }
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                throw TimedOut()
-            }
-            defer { group.cancelAll() }
-            try await group.next()
+        guard try await firstElement(of: callStream, timeout: timeout, where: { $0 == line }) != nil else {
+            throw HarnessError("the stand-in's call log ended before \(line)")
         }
     }
     var calls: [String] { state.withLock { $0.calls } }

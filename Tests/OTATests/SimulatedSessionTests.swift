@@ -96,6 +96,16 @@ struct SimulatedSessionTests {
         #expect(device.target.activations.count == 1)
     }
 
+    /// A session with `device` alone on a virtual clock, each of whose connections goes through `wrap`.
+    static func session(on device: SimulatedDevice, reconnect: ReconnectPolicy,
+                        wrap: @escaping @Sendable (any GATTConnection) -> any GATTConnection) -> OTASession {
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        return OTASession(device: device.config.address.description, image: image, config: config,
+                          reconnect: reconnect, clock: central.clock) { () async throws(GATTError) in
+            wrap(try await central.connect(to: device.config.address, timeout: .seconds(5)))
+        }
+    }
+
     /// A lost notification costs a reply timeout, then STATUS or a resend. When the lost one is
     /// ACTIVATE's reply, the device has booted the image but the central cannot confirm it; a
     /// reconnect reads the image the device runs and confirms it without sending anything again.
@@ -113,11 +123,7 @@ struct SimulatedSessionTests {
     /// that says the image was verified; the device runs it all the same.
     @Test func lostActivateReplyWithoutReconnectingIsAResumableConnectionError() async throws {
         let device = simulatedDevice()
-        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(device: device.config.address.description, image: Self.image, config: Self.config,
-                                 reconnect: .never, clock: central.clock) { () async throws(GATTError) in
-            LosingActivateReply(try await central.connect(to: device.config.address, timeout: .seconds(5)))
-        }
+        let session = Self.session(on: device, reconnect: .never) { LosingActivateReply($0) }
         let error = try await #require(throws: OTAError.self) { try await session.run() }
         #expect(error.kind == .connection)
         #expect(error.resumable)
@@ -220,11 +226,7 @@ struct SimulatedSessionTests {
     /// running image's CRC from the info value and ends there.
     @Test func lostActivateReplyDoesNotFlashTheImageAgain() async throws {
         let device = simulatedDevice()
-        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(device: device.config.address.description, image: Self.image, config: Self.config,
-                                 reconnect: ReconnectPolicy(), clock: central.clock) { () async throws(GATTError) in
-            LosingActivateReply(try await central.connect(to: device.config.address, timeout: .seconds(5)))
-        }
+        let session = Self.session(on: device, reconnect: ReconnectPolicy()) { LosingActivateReply($0) }
         let result = try await session.run()
         #expect(result.activated)
         #expect(device.connectionCount == 2)
@@ -274,11 +276,7 @@ struct SimulatedSessionTests {
     /// central's transfer" (docs/PROTOCOL.md): one clear, resumable protocol error, and no data sent.
     @Test func attBusyOnTheControlPointIsAResumableProtocolError() async throws {
         let device = simulatedDevice()
-        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(device: device.config.address.description, image: Self.image, config: Self.config,
-                                 reconnect: ReconnectPolicy(), clock: central.clock) { () async throws(GATTError) in
-            BusyControlPoint(try await central.connect(to: device.config.address, timeout: .seconds(5)))
-        }
+        let session = Self.session(on: device, reconnect: ReconnectPolicy()) { BusyControlPoint($0) }
         let error = try await #require(throws: OTAError.self) { try await session.run() }
         #expect(error.kind == .protocolError)
         #expect(error.resumable)

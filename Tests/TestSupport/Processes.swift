@@ -185,12 +185,19 @@ public struct TimedOut: Error {
     public init() {}
 }
 
-/// The next element of a stream, or `TimedOut` after `timeout`.
+/// The next element of a stream (nil when it ended), or `TimedOut` after `timeout`.
 public func nextElement<T: Sendable>(_ stream: AsyncStream<T>, timeout: Duration = .seconds(5)) async throws -> T? {
+    try await firstElement(of: stream, timeout: timeout) { _ in true }
+}
+
+/// The first element of a stream that satisfies `accept` (nil when the stream ended first), or
+/// `TimedOut` after `timeout`. One consumer at a time.
+public func firstElement<T: Sendable>(of stream: AsyncStream<T>, timeout: Duration = .seconds(5),
+                                      where accept: @escaping @Sendable (T) -> Bool) async throws -> T? {
     try await withThrowingTaskGroup(of: T?.self) { group in
         group.addTask {
-            var iterator = stream.makeAsyncIterator()
-            return await iterator.next()
+            for await element in stream where accept(element) { return element }
+            return nil
         }
         group.addTask {
             try await Task.sleep(for: timeout)
