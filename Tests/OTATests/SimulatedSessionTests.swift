@@ -291,7 +291,8 @@ struct SimulatedSessionTests {
     @Test func rebootKeepsOnlyTheCommittedPrefix() async throws {
         let device = simulatedDevice(faults: FaultPlan(rebootAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        #expect(first.failureKind == .connection, "\(first)")
         let target = device.target
         #expect(target.received == target.committed)
         #expect(target.committed > 0 && target.committed <= 40_000)
@@ -302,7 +303,8 @@ struct SimulatedSessionTests {
     @Test func restartSendsTheWholeImageEvenWhenTheDeviceHoldsPart() async throws {
         let device = simulatedDevice(faults: FaultPlan(disconnectAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        #expect(first.failureKind == .connection, "\(first)")
         #expect(device.target.received > 0)
         let restart = EngineConfig(checkpointInterval: 4096, restart: true)
         let result = try await flash(Self.image, to: device, through: central, config: restart).get()
@@ -443,4 +445,12 @@ final class BusyControlPoint: GATTConnection {
     }
     func pollEvent() -> GATTEvent? { takeRefusal() ?? inner.pollEvent() }
     func disconnect() async { await inner.disconnect() }
+}
+
+extension Result where Success == OTAResult, Failure == OTAError {
+    /// The failure's kind; nil for a success.
+    var failureKind: OTAError.Kind? {
+        if case .failure(let error) = self { return error.kind }
+        return nil
+    }
 }
