@@ -53,7 +53,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA"], exclude: ["fake_bluez"]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -3,7 +3,9 @@
 # Sourced by scripts/demo and scripts/test; safe to run on its own.
 set -euo pipefail
 
-otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev pkg-config python3 python3-venv)
+# python3-dbus-fast runs the fake bluetoothd of the BlueZ tests (Tests/BlueZTests/fake_bluez);
+# python3-venv is for scripts/bench's bleak.
+otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev pkg-config python3 python3-dbus-fast python3-venv)
 
 otaflash_install_deps() {
     local missing=()

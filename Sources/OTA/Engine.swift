@@ -307,7 +307,7 @@ public struct OTAEngine: Sendable {
         case (.checkpoint, .crcMismatch, .position(let offset, let crc)):
             holdForGap = false
             stats.rollbacks += 1
-            currentInterval = max(Self.minimumInterval, currentInterval / 2)
+            currentInterval = max(min(Self.minimumInterval, config.checkpointInterval), currentInterval / 2)
             return reconcile(offset: Int(offset), crc: crc, deviceRolledBack: true)
 
         case (.status, .success, .status(let s)):

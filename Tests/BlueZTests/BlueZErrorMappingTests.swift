@@ -76,7 +76,7 @@ extension ProcessBusSuites {
             if let exec {
                 try "[D-BUS Service]\nName=org.bluez\nExec=\(exec)\n".write(toFile: "\(services)/org.bluez.service", atomically: true, encoding: .utf8)
             }
-            let bus = try #require(try PrivateBus.start(serviceDirectory: services), "dbus-daemon is needed for this test")
+            let bus = try PrivateBus.start(for: .bluez, serviceDirectory: services)
             defer { bus.stop() }
             setenv("OTAFLASH_DBUS_ADDRESS", bus.address, 1)
             defer { unsetenv("OTAFLASH_DBUS_ADDRESS") }

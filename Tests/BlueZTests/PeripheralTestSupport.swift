@@ -15,7 +15,12 @@ import Musl
 /// The peripheral tests' private bus (Tests/TestSupport/PrivateBus.swift).
 typealias PeripheralTestBus = PrivateBus
 
-func peripheralMilliseconds() -> Int64 { monotonicMilliseconds() }
+extension PeripheralTestBus {
+    /// A private bus for a peripheral test: skipped with the reason without dbus-daemon, failed
+    /// when the peripheral suite is required (`Prerequisites`).
+    static func start() throws -> PeripheralTestBus { try start(for: .peripheral) }
+}
+
 
 /// The next element of `stream`, or `TimedOut` after `timeout`.
 func peripheralNext<T: Sendable>(_ stream: AsyncStream<T>, timeout: Duration = .seconds(5)) async throws -> T? {
@@ -122,17 +127,8 @@ final class FakeBlueZPeripheralSide: Sendable {
 
     /// Waits until the stand-in has logged `line` (one consumer at a time), at most `timeout`.
     func waitForCall(_ line: String, timeout: Duration = .seconds(5)) async throws {
-        let stream = callStream
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await call in stream where call == line { return }
-            }
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                throw TimedOut()
-            }
-            defer { group.cancelAll() }
-            try await group.next()
+        guard try await firstElement(of: callStream, timeout: timeout, where: { $0 == line }) != nil else {
+            throw HarnessError("the stand-in's call log ended before \(line)")
         }
     }
     var calls: [String] { state.withLock { $0.calls } }

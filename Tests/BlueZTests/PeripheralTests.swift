@@ -71,7 +71,7 @@ struct PeripheralTests {
     }
 
     static func withBus(_ body: (PeripheralTestBus) async throws -> Void) async throws {
-        guard let bus = try PeripheralTestBus.start() else { return }
+        let bus = try PeripheralTestBus.start()
         defer { bus.stop() }
         try await body(bus)
     }

@@ -19,11 +19,6 @@ private func exportTestObject(_ server: DBusConnection, extraMethods: [String: D
         "Fail": { _ in throw DBusError(name: "org.bluez.Error.NotPermitted", message: "Write acquired") },
         "FailBadName": { _ in throw DBusError(name: "not an error name", message: "oops") },
         "FailPlain": { _ in throw TimedOut() },
-        "Sleep": { call in
-            let ms = call.arguments.first?.uint32 ?? 1000
-            try await Task.sleep(for: .milliseconds(Int(ms)))
-            return []
-        },
     ]
     methods.merge(extraMethods) { $1 }
     try await server.export(
@@ -33,7 +28,31 @@ private func exportTestObject(_ server: DBusConnection, extraMethods: [String: D
     #expect(try await server.requestName(serviceName) == .primaryOwner)
 }
 
-@Suite("DBusConnection against a private dbus-daemon")
+/// A method that answers only when the test releases it (or after 10 s, so nothing outlives the
+/// test for long), and tells the test when a call has arrived. One call at a time.
+private final class HeldMethod: Sendable {
+    let arrived: AsyncStream<Void>
+    private let arrivedContinuation: AsyncStream<Void>.Continuation
+    private let released: AsyncStream<Void>
+    private let releasedContinuation: AsyncStream<Void>.Continuation
+
+    init() {
+        (arrived, arrivedContinuation) = AsyncStream.makeStream(of: Void.self)
+        (released, releasedContinuation) = AsyncStream.makeStream(of: Void.self)
+    }
+
+    var handler: DBusMethodHandler {
+        { [arrivedContinuation, released] _ in
+            arrivedContinuation.yield()
+            _ = try? await nextElement(released, timeout: .seconds(10))
+            return []
+        }
+    }
+
+    func release() { releasedContinuation.finish() }
+}
+
+@Suite("DBusConnection against a private dbus-daemon", .needs(.dbus))
 struct DBusConnectionTests {
     @Test func connectsAndGetsUniqueName() async throws {
         try await withTestBus { bus in
@@ -156,17 +175,22 @@ struct DBusConnectionTests {
         try await withTestBus { bus in
             let server = try await bus.connect()
             let client = try await bus.connect()
-            try await exportTestObject(server)
+            let held = HeldMethod()
+            defer { held.release() }
+            try await exportTestObject(server, extraMethods: ["Block": held.handler])
             let started = ContinuousClock.now
             do {
                 _ = try await client.call(
                     destination: serviceName, path: "/com/example/test", interface: testInterface,
-                    member: "Sleep", arguments: [.uint32(3000)], timeout: .milliseconds(200))
+                    member: "Block", timeout: .milliseconds(200))
                 Issue.record("expected a timeout")
             } catch let error as DBusError {
                 #expect(error.isTimeout, "\(error)")
             }
             let elapsed = ContinuousClock.now - started
+            // The server did get the call: the client gave up on a reply, not on sending.
+            _ = try await next(held.arrived)
+            held.release()
             #expect(elapsed >= .milliseconds(150) && elapsed < .milliseconds(2500), "\(elapsed)")
             // The connection still works afterwards.
             let echo = try await client.call(
@@ -180,20 +204,15 @@ struct DBusConnectionTests {
         try await withTestBus { bus in
             let server = try await bus.connect()
             let client = try await bus.connect()
-            let (started, startedContinuation) = AsyncStream.makeStream(of: Void.self)
-            try await exportTestObject(server, extraMethods: [
-                "Block": { _ in
-                    startedContinuation.yield()
-                    try await Task.sleep(for: .seconds(10))
-                    return []
-                },
-            ])
+            let held = HeldMethod()
+            defer { held.release() }
+            try await exportTestObject(server, extraMethods: ["Block": held.handler])
             let task = Task {
                 try await client.call(
                     destination: serviceName, path: "/com/example/test", interface: testInterface,
                     member: "Block", timeout: .seconds(20))
             }
-            _ = try await next(started)
+            _ = try await next(held.arrived)
             let cancelledAt = ContinuousClock.now
             task.cancel()
             let result = await task.result
@@ -219,19 +238,14 @@ struct DBusConnectionTests {
         try await withTestBus { bus in
             let server = try await bus.connect()
             let client = try await bus.connect()
-            let (started, startedContinuation) = AsyncStream.makeStream(of: Void.self)
-            try await exportTestObject(server, extraMethods: [
-                "Block": { _ in
-                    startedContinuation.yield()
-                    try await Task.sleep(for: .seconds(10))
-                    return []
-                },
-            ])
+            let held = HeldMethod()
+            defer { held.release() }
+            try await exportTestObject(server, extraMethods: ["Block": held.handler])
             let task = Task {
                 try await client.call(
                     destination: serviceName, path: "/com/example/test", interface: testInterface, member: "Block")
             }
-            _ = try await next(started)
+            _ = try await next(held.arrived)
             await client.close()
             do {
                 _ = try await task.value
@@ -246,20 +260,15 @@ struct DBusConnectionTests {
         try await withTestBus { bus in
             let server = try await bus.connect()
             let client = try await bus.connect()
-            let (started, startedContinuation) = AsyncStream.makeStream(of: Void.self)
-            try await exportTestObject(server, extraMethods: [
-                "Block": { _ in
-                    startedContinuation.yield()
-                    try await Task.sleep(for: .seconds(10))
-                    return []
-                },
-            ])
+            let held = HeldMethod()
+            defer { held.release() }
+            try await exportTestObject(server, extraMethods: ["Block": held.handler])
             let subscription = try await client.subscribe(DBusMatchRule(member: "Never"))
             let task = Task {
                 try await client.call(
                     destination: serviceName, path: "/com/example/test", interface: testInterface, member: "Block")
             }
-            _ = try await next(started)
+            _ = try await next(held.arrived)
             bus.stop()
             do {
                 _ = try await task.value

@@ -6,7 +6,7 @@ typealias TestBus = PrivateBus
 
 /// Runs `body` against a fresh private bus, which is killed afterwards even if `body` throws.
 func withTestBus(_ body: (TestBus) async throws -> Void) async throws {
-    guard let bus = try TestBus.start() else { return }
+    let bus = try TestBus.start(for: .dbus)
     defer { bus.stop() }
     try await body(bus)
 }

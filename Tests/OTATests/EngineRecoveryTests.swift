@@ -213,6 +213,45 @@ struct EngineRecoveryTests {
         #expect(engine.stats.restarts == 3)
     }
 
+    // MARK: Another central's transfer
+
+    /// ATT application error 0x89 on a command write: the device serves another central
+    /// (docs/PROTOCOL.md, "One transfer at a time"). Sending again cannot help: one resumable
+    /// protocol error, at once.
+    @Test func attBusyOnACommandWriteEndsWithOneResumableProtocolError() throws {
+        var engine = OTAEngine(image: image)
+        #expect(engine.handle(.connected(info: Device.info(), mtu: 247)) == [.send(beginRequest(image, restart: false))])
+        let actions = engine.handle(.commandFailed(.att(ATTError(rawValue: 0x89), "writing the control point")))
+        #expect(actions.count == 1)
+        let failure = try #require(actions.first?.failure)
+        #expect(failure.code == .protocolError)
+        #expect(failure.resumable)
+        #expect(failure.description == "the device is busy with another central's transfer; wait for it to finish, then run the same command again")
+        #expect(engine.phase == .failed)
+        #expect(engine.commandInFlight == nil)
+        #expect(engine.stats.commandRetries == 0)
+    }
+
+    /// The same refusal as a reply notification (a device that can notify one central).
+    @Test func busyReplyEndsWithOneResumableProtocolError() throws {
+        var engine = OTAEngine(image: image)
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        let failure = try #require(engine.handle(Device.beginRefused(.busy)).first?.failure)
+        #expect(failure.code == .protocolError)
+        #expect(failure.resumable)
+        #expect(failure.message.contains("another central is updating this device"), "\(failure)")
+    }
+
+    /// Any other ATT error on a command write is sent again.
+    @Test func anotherATTErrorOnACommandWriteIsRetried() {
+        var engine = OTAEngine(image: image)
+        _ = engine.handle(.connected(info: Device.info(), mtu: 247))
+        #expect(engine.handle(.commandFailed(.att(ATTError(rawValue: 0x80), "writing the control point")))
+                == [.send(beginRequest(image, restart: false))])
+        #expect(engine.stats.commandRetries == 1)
+        #expect(engine.phase == .beginning)
+    }
+
     @Test func staleReplyToAnotherCommandIsIgnored() {
         var engine = engineWithCheckpointInFlight()
         let inFlight = engine.commandInFlight

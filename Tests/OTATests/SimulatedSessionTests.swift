@@ -4,6 +4,7 @@ import OTA
 import OTADevice
 import OTAWire
 import Simulator
+import Synchronization
 import Testing
 
 // Whole updates through `OTASession` against `SimulatedDevice`s on a `VirtualClock`: the
@@ -95,18 +96,40 @@ struct SimulatedSessionTests {
         #expect(device.target.activationCount == 1)
     }
 
+    /// A session with `device` alone on a virtual clock, each of whose connections goes through `wrap`.
+    static func session(on device: SimulatedDevice, reconnect: ReconnectPolicy,
+                        wrap: @escaping @Sendable (any GATTConnection) -> any GATTConnection) -> OTASession {
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        return OTASession(device: device.config.address.description, image: image, config: config,
+                          reconnect: reconnect, clock: central.clock) { () async throws(GATTError) in
+            wrap(try await central.connect(to: device.config.address, timeout: .seconds(5)))
+        }
+    }
+
     /// A lost notification costs a reply timeout, then STATUS or a resend. When the lost one is
-    /// ACTIVATE's reply, the device has booted the image but the central cannot confirm it.
+    /// ACTIVATE's reply, the device has booted the image but the central cannot confirm it; a
+    /// reconnect reads the image the device runs and confirms it without sending anything again.
     @Test(arguments: [UInt64(1), 2, 3])
     func lostNotificationsStillEndWithAByteIdenticalActivatedImage(seed: UInt64) async throws {
         let device = simulatedDevice(faults: FaultPlan(seed: seed, lostNotificationRate: 0.1))
-        switch await flash(Self.image, to: device, config: Self.config) {
-        case .success(let result):
-            #expect(result.stats.commandRetries > 0)
-        case .failure(let error):
-            #expect(error.code == .connection && error.message.contains("activat"), "\(error)")
-        }
+        let result = try await flash(Self.image, to: device, config: Self.config, reconnect: ReconnectPolicy()).get()
+        #expect(result.stats.commandRetries > 0, "no notification was lost: \(result.stats)")
+        #expect(result.activated)
         #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.target.activationCount == 1)
+    }
+
+    /// Without reconnecting, a lost ACTIVATE reply ends the run with a resumable connection error
+    /// that says the image was verified; the device runs it all the same.
+    @Test func lostActivateReplyWithoutReconnectingIsAResumableConnectionError() async throws {
+        let device = simulatedDevice()
+        let session = Self.session(on: device, reconnect: .never) { LosingActivateReply($0) }
+        let error = try await #require(throws: OTAError.self) { try await session.run() }
+        #expect(error.code == .connection)
+        #expect(error.resumable)
+        #expect(error.message.contains("while activating: the image was verified, but activation was not confirmed"), "\(error)")
+        #expect(device.activatedImage == Self.image.bytes)
+        #expect(device.target.activationCount == 1)
     }
 
     @Test func slowFlashTakesLongerAndStillActivatesTheImage() async throws {
@@ -199,28 +222,77 @@ struct SimulatedSessionTests {
     }
 
     /// The device booted the image but its reply to ACTIVATE never arrived. Reconnecting must not
-    /// send the whole image again and activate it a second time.
+    /// send the whole image again and activate it a second time: the second connection reads the
+    /// running image's CRC from the info value and ends there.
     @Test func lostActivateReplyDoesNotFlashTheImageAgain() async throws {
         let device = simulatedDevice()
-        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(device: device.config.address.description, image: Self.image, config: Self.config,
-                                 reconnect: ReconnectPolicy(), clock: central.clock) { () async throws(GATTError) in
-            LosingActivateReply(try await central.connect(to: device.config.address, timeout: .seconds(5)))
-        }
-        let outcome: Result<OTAResult, OTAError>
-        do { outcome = .success(try await session.run()) } catch { outcome = .failure(error) }
+        let session = Self.session(on: device, reconnect: ReconnectPolicy()) { LosingActivateReply($0) }
+        let result = try await session.run()
+        #expect(result.activated)
+        #expect(device.connectionCount == 2)
         #expect(device.activatedImage == Self.image.bytes)
         #expect(device.target.activationCount == 1, "the image was activated \(device.target.activationCount) times")
-        if case .success(let result) = outcome {
-            #expect(result.stats.bytesSent == Self.image.size, "sent \(result.stats.bytesSent) bytes for a \(Self.image.size)-byte image")
-        }
+        #expect(result.stats.bytesSent == Self.image.size, "sent \(result.stats.bytesSent) bytes for a \(Self.image.size)-byte image")
+        #expect(result.stats.bytesResent == 0)
+        // The second connection sent no BEGIN: the engine started only once.
+        #expect(result.stats.resumedFrom == [0])
+    }
+
+    // MARK: Skipping a device that already runs the version
+
+    /// `skipIfVersion` matching the device's firmware: the session reads the info value, returns
+    /// `skipped`, and writes nothing to the control point or the data characteristic.
+    @Test func deviceAlreadyRunningTheVersionIsSkippedWithoutSendingAnything() async throws {
+        let device = simulatedDevice()
+        var config = Self.config
+        config.skipIfVersion = device.firmwareVersion
+        let result = try await flash(Self.image, to: device, config: config).get()
+        #expect(result.skipped)
+        #expect(!result.activated)
+        #expect(result.firmwareBefore == device.firmwareVersion)
+        #expect(result.stats.bytesSent == 0)
+        #expect(result.stats.packets == 0)
+        #expect(result.stats.checkpoints == 0)
+        #expect(result.stats.resumedFrom.isEmpty, "BEGIN was sent")
+        #expect(device.target.pending == nil)
+        #expect(device.target.received == 0)
+        #expect((device.target.activationCount == 0))
+        #expect(device.connectionCount == 1)
+    }
+
+    @Test func deviceRunningAnotherVersionIsNotSkipped() async throws {
+        let device = simulatedDevice()
+        var config = Self.config
+        config.skipIfVersion = FirmwareVersion(major: 9, minor: 9, patch: 9)
+        let result = try await flash(Self.image, to: device, config: config).get()
+        #expect(!result.skipped)
+        #expect(result.activated)
+        #expect(device.activatedImage == Self.image.bytes)
+    }
+
+    // MARK: Another central owns the transfer
+
+    /// ATT application error 0x89 on a control point write is the device saying "busy with another
+    /// central's transfer" (docs/PROTOCOL.md): one clear, resumable protocol error, and no data sent.
+    @Test func attBusyOnTheControlPointIsAResumableProtocolError() async throws {
+        let device = simulatedDevice()
+        let session = Self.session(on: device, reconnect: ReconnectPolicy()) { BusyControlPoint($0) }
+        let error = try await #require(throws: OTAError.self) { try await session.run() }
+        #expect(error.code == .protocolError)
+        #expect(error.resumable)
+        #expect(error.description == "the device is busy with another central's transfer; wait for it to finish, then run the same command again")
+        // It is not a link problem: no reconnect, and nothing reached the device.
+        #expect(device.connectionCount == 1)
+        #expect(device.target.pending == nil)
+        #expect(device.target.received == 0)
     }
 
     /// After a reboot the device keeps only what its last committed checkpoint covered.
     @Test func rebootKeepsOnlyTheCommittedPrefix() async throws {
         let device = simulatedDevice(faults: FaultPlan(rebootAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        #expect(first.failureKind == .connection, "\(first)")
         let target = device.target
         #expect(target.received == target.committed)
         #expect(target.committed > 0 && target.committed <= 40_000)
@@ -231,7 +303,8 @@ struct SimulatedSessionTests {
     @Test func restartSendsTheWholeImageEvenWhenTheDeviceHoldsPart() async throws {
         let device = simulatedDevice(faults: FaultPlan(disconnectAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        _ = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        #expect(first.failureKind == .connection, "\(first)")
         #expect(device.target.received > 0)
         let restart = EngineConfig(checkpointInterval: 4096, restart: true)
         let result = try await flash(Self.image, to: device, through: central, config: restart).get()
@@ -327,4 +400,57 @@ final class LosingActivateReply: GATTConnection {
         return nil
     }
     func disconnect() async { await inner.disconnect() }
+}
+
+/// A connection whose control point writes fail with ATT error 0x89, as a device busy with another
+/// central's transfer answers them through BlueZ's GATT server (docs/PROTOCOL.md): each submitted
+/// control point write completes with that error and never reaches the device.
+final class BusyControlPoint: GATTConnection {
+    let inner: any GATTConnection
+    private let refusals = Mutex<(next: UInt64, queued: [GATTEvent])>((UInt64.max, []))
+    init(_ inner: any GATTConnection) { self.inner = inner }
+
+    var peer: String { inner.peer }
+    var clock: any MonotonicClock { inner.clock }
+
+    private func takeRefusal() -> GATTEvent? {
+        refusals.withLock { $0.queued.isEmpty ? nil : $0.queued.removeFirst() }
+    }
+
+    func discoverServices() async throws(GATTError) -> [GATTService] { try await inner.discoverServices() }
+    func mtu() async throws(GATTError) -> Int { try await inner.mtu() }
+    func transportRead(_ c: GATTCharacteristic) async throws(GATTError) -> [UInt8] { try await inner.transportRead(c) }
+    func transportWrite(_ value: [UInt8], to c: GATTCharacteristic, type: WriteType) async throws(GATTError) {
+        if c.uuid == OTAProtocol.controlPointUUID { throw GATTError.att(ATTError(rawValue: 0x89), "writing the control point") }
+        try await inner.transportWrite(value, to: c, type: type)
+    }
+    func transportTryWriteWithoutResponse(_ value: [UInt8], to c: GATTCharacteristic) throws(GATTError) -> Bool {
+        try inner.transportTryWriteWithoutResponse(value, to: c)
+    }
+    func transportSubmitWrite(_ value: [UInt8], to c: GATTCharacteristic) throws(GATTError) -> WriteTicket {
+        guard c.uuid == OTAProtocol.controlPointUUID else { return try inner.transportSubmitWrite(value, to: c) }
+        return refusals.withLock {
+            let ticket = WriteTicket($0.next)
+            $0.next -= 1
+            $0.queued.append(.writeCompleted(ticket, GATTError.att(ATTError(rawValue: 0x89), "writing the control point")))
+            return ticket
+        }
+    }
+    func transportSetNotifications(_ enabled: Bool, for c: GATTCharacteristic) async throws(GATTError) {
+        try await inner.transportSetNotifications(enabled, for: c)
+    }
+    func nextEvent(timeout: Duration) async -> GATTEvent? {
+        if let refusal = takeRefusal() { return refusal }
+        return await inner.nextEvent(timeout: timeout)
+    }
+    func pollEvent() -> GATTEvent? { takeRefusal() ?? inner.pollEvent() }
+    func disconnect() async { await inner.disconnect() }
+}
+
+extension Result where Success == OTAResult, Failure == OTAError {
+    /// The failure's kind; nil for a success.
+    var failureKind: OTAError.Code? {
+        if case .failure(let error) = self { return error.code }
+        return nil
+    }
 }

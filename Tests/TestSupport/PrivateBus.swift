@@ -16,18 +16,16 @@ public final class PrivateBus: Sendable {
         self.process = process
     }
 
-    /// Starts a daemon, or returns nil after printing why when dbus-daemon is not installed.
+    /// Starts a daemon for a test of `suite`. Without a dbus-daemon the test is skipped with the
+    /// reason, or fails when the suite is required (`Prerequisites`).
     ///
     /// - Parameters:
     ///   - denying: bus names whose methods the policy refuses (AccessDenied), to provoke
     ///     permission errors.
     ///   - serviceDirectory: a folder of `.service` files the bus may start on demand (activation).
-    public static func start(denying: [String] = [], serviceDirectory: String? = nil,
-                             timeoutMilliseconds: Int32 = 5000) throws -> PrivateBus? {
-        guard let daemon = findExecutable("dbus-daemon") else {
-            print("SKIPPED: dbus-daemon is not installed (apt-get install dbus-daemon); this D-Bus test was not run")
-            return nil
-        }
+    public static func start(for suite: MachineSuite, denying: [String] = [], serviceDirectory: String? = nil,
+                             timeoutMilliseconds: Int32 = 5000) throws -> PrivateBus {
+        let daemon = try Prerequisites.require(Prerequisites.dbusDaemon(), for: suite)
         var template = Array("/tmp/otaflash-bus-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
         let directory = String(cString: made)

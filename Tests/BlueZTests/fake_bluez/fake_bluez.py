@@ -501,6 +501,12 @@ class FakeBlueZ:
             self.gatt_error(msg, "write")
             if kind != "request":
                 raise bluez_error("NotSupported", "control point writes need a response")
+            if self.args.busy_with_another_central and value and value[0] != 3:
+                # Another central owns the transfer: the device fails the write with ATT
+                # application error 0x89 (docs/PROTOCOL.md, "One transfer at a time"), which
+                # bluetoothd reports as src/gatt-client.c create_gatt_dbus_error does.
+                self.log("command %02x -> ATT error 0x89" % value[0])
+                raise bluez_error("Failed", "Operation failed with ATT error: 0x89")
             # Everything written on the socket before this request is handled first
             # (BlueZ sends queued write commands before a request: src/shared/att.c).
             self.drain_socket()
@@ -621,6 +627,8 @@ async def main():
     p.add_argument("--gatt-error", choices=["NotPermitted", "NotAuthorized", "InProgress"],
                    help="OTA characteristic operations fail with org.bluez.Error.NAME")
     p.add_argument("--gatt-error-ops", default="notify,read,write", help="which operations --gatt-error hits")
+    p.add_argument("--busy-with-another-central", action="store_true",
+                   help="control point writes other than STATUS fail with ATT error 0x89 (busy)")
     p.add_argument("--no-acquire-write", nargs="?", const="NotSupported",
                    help="AcquireWrite fails with org.bluez.Error.NAME[:text] (default NotSupported)")
     p.add_argument("--disconnect-after", type=int, default=0, help="drop the link once after N data bytes")
