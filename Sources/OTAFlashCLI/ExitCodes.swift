@@ -18,6 +18,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case permission = 12
     case someFailed = 14
     case allFailed = 15
+    case outputFailed = 16
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -43,8 +44,17 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .permission: "D-Bus permission denied, or the device requires pairing"
         case .someFailed: "batch: some devices failed, the others succeeded"
         case .allFailed: "batch: every device failed"
+        case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
+    }
+
+    /// Every code with its name and meaning, one per line, for `otaflash help flash`.
+    static var helpTable: String {
+        allCases.map { code in
+            let number = String(code.rawValue)
+            return "  " + number + String(repeating: " ", count: max(1, 5 - number.count)) + code.name + ": " + code.meaning
+        }.joined(separator: "\n")
     }
 
     public init(_ kind: OTAError.Kind) {
