@@ -1,3 +1,4 @@
+import Foundation
 import OTA
 
 /// Exit codes: one per failure class, so scripts can branch without parsing text.
@@ -49,11 +50,19 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         }
     }
 
-    /// Every code with its name and meaning, one per line, for `otaflash help flash`.
+    /// Every code with its name, and its meaning wrapped below it, for `otaflash help flash`.
     static var helpTable: String {
         allCases.map { code in
-            let number = String(code.rawValue)
-            return "  " + number + String(repeating: " ", count: max(1, 5 - number.count)) + code.name + ": " + code.meaning
+            var lines = ["  " + String(code.rawValue).padding(toLength: 5, withPad: " ", startingAt: 0) + code.name]
+            var line = ""
+            for word in code.meaning.split(separator: " ") {
+                if !line.isEmpty, line.count + word.count >= 70 {
+                    lines.append("       " + line)
+                    line = ""
+                }
+                line += (line.isEmpty ? "" : " ") + word
+            }
+            return (lines + ["       " + line]).joined(separator: "\n")
         }.joined(separator: "\n")
     }
 

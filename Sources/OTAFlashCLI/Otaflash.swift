@@ -66,8 +66,9 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
         }
         return ExitCode.success.rawValue
     } catch let failure as CLIFailure {
-        // The command has already reported it in its own mode; this is the closing line.
-        output.err("otaflash: error: \(failure.message)\n")
+        // The command has already reported it in its own mode; this is the closing line (unless
+        // output failed: that failure is the line, and the reason the command stopped).
+        if output.failure == nil { output.err("otaflash: error: \(failure.message)\n") }
         return failure.code.rawValue
     } catch {
         let code = Otaflash.exitCode(for: error)
