@@ -78,6 +78,11 @@ public struct BatchCLIOptions: ParsableArguments {
     }
 }
 
+/// A batch ended with this failure after its summary line, which stays the run's last JSON line.
+struct BatchEnded: Error {
+    let failure: CLIFailure
+}
+
 /// Reads `--devices-file`: one address per line, `#` comments, blank lines ignored.
 func readDevicesFile(_ path: String) throws -> [DeviceAddress] {
     guard let data = FileManager.default.contents(atPath: path) else {
@@ -224,13 +229,13 @@ extension Flash {
         for o in outcomes {
             if case .failed(let e) = o.result { printer.note("\(o.device) failed: \(e.description)") }
         }
-        if let reportFailure { throw reportFailure }
+        if let reportFailure { throw BatchEnded(failure: reportFailure) }
         if code == .interrupted {
-            throw CLIFailure(.interrupted, "interrupted: \(ok) of \(outcomes.count) devices done; run the same command again to resume the others")
+            throw BatchEnded(failure: CLIFailure(.interrupted, "interrupted: \(ok) of \(outcomes.count) devices done; run the same command again to resume the others"))
         }
         if code != .success {
-            throw CLIFailure(code, failed == outcomes.count ? "all \(failed) devices failed (see the table above, or --log-dir)"
-                                                             : "\(failed) of \(outcomes.count) devices failed (see the table above, or --log-dir)")
+            throw BatchEnded(failure: CLIFailure(code, failed == outcomes.count ? "all \(failed) devices failed (see the table above, or --log-dir)"
+                                                             : "\(failed) of \(outcomes.count) devices failed (see the table above, or --log-dir)"))
         }
     }
 

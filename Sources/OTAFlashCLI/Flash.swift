@@ -158,9 +158,10 @@ struct Flash: AsyncParsableCommand {
         let printer = EventPrinter(mode: output.mode, bars: !isBatch, live: isBatch)
         do {
             try await flash(printer)
-        } catch let failure as CLIFailure {
+        } catch let ended as BatchEnded {
             // A batch's outcome is its summary line, already printed: it stays the last line.
-            if failure.code == .someFailed || failure.code == .allFailed { throw failure }
+            throw ended.failure
+        } catch let failure as CLIFailure {
             printer.json("done", [("result", .string("error")), ("exit_code", .int(Int(failure.code.rawValue))),
                                   ("error", .string(failure.code.name)), ("message", .string(failure.message))])
             throw failure
