@@ -394,7 +394,8 @@ final class LiveView: Sendable {
             case .transferStarted(_, let offset, let total):
                 row.phase = offset > 0 ? "resuming at \(formatBytes(offset)) of \(formatBytes(total))" : "sending"
             case .progress(let p):
-                row.phase = "sending"
+                // The last progress report may follow the verify or activate event.
+                if row.phase != "verifying" && row.phase != "activating" { row.phase = "sending" }
                 row.progress = p
             case .verifying: row.phase = "verifying"
             case .activating: row.phase = "activating"
