@@ -7,7 +7,7 @@ import Simulator
 
 /// The device a command connects to and the adapter it goes through (`flash`, `info`).
 public struct ConnectionOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (repeat it to flash several).", valueName: "address"))
+    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (flash: repeat it to flash several).", valueName: "address"))
     public var device: [String] = []
 
     @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"))
