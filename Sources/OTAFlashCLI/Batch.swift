@@ -219,6 +219,7 @@ extension Flash {
             do { try writeReport(outcomes, to: path) } catch let failure as CLIFailure { reportFailure = failure }
         }
         let code: ExitCode = if interrupts.signalled { .interrupted }
+            else if CLIContext.output.failure != nil { .outputFailed }
             else if let reportFailure { reportFailure.code }
             else if failed == 0 { .success }
             else { failed == outcomes.count ? .allFailed : .someFailed }
