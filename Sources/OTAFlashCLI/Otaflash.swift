@@ -12,6 +12,8 @@ public struct Otaflash: AsyncParsableCommand {
             `otaflash --simulator firmware-samples/seeded-256k.bin`.
 
             Every failure prints one line on stderr and exits with its own code (see `otaflash help flash` and README.md).
+
+            Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
             """,
         version: "0.1.0",
         subcommands: [Flash.self, Scan.self, Info.self, Simulate.self],

@@ -103,4 +103,19 @@ struct OptionValidationTests {
             #expect(help.contains(range), "\(arguments.joined(separator: " ")) does not state \(range)")
         }
     }
+
+    /// The values that used to trap ("Double value cannot be converted to Int64", exit 132), run as
+    /// a real process: exit 2, no signal.
+    @Test(arguments: [
+        ["--reply-timeout", "inf"], ["--verify-timeout", "1e309"], ["--activate-timeout", "1e300"], ["--connect-timeout", "nan"],
+        ["--reconnect-window", "1e300"], ["--sim-slow-flash-ms", "1e300"], ["--sim-interval-ms", "1e300"],
+        ["--checkpoint-interval", "4611686018427387904"], ["--count", "2", "--scan-window", "inf"],
+    ])
+    func formerTrapsExit2AsAProcess(extra: [String]) throws {
+        let child = try Child(simulator + extra + [samplePath("seeded-4k.bin")])
+        let exit = child.exit()
+        #expect(!exit.signalled, "\(exit.stderr)")
+        #expect(exit.status == 2, "\(exit.stderr)")
+        #expect(exit.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }.count == 1, "\(exit.stderr)")
+    }
 }
