@@ -8,7 +8,7 @@ import Synchronization
 
 /// Options for flashing many devices in one run.
 public struct BatchCLIOptions: ParsableArguments {
-    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line; # starts a comment.", valueName: "file"))
+    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line; # starts a comment.", valueName: "file"), completion: .file())
     public var devicesFile: String?
 
     @Flag(name: .long, help: "Flash every device that advertises the OTA service and matches --name-prefix/--min-rssi, seen within --scan-window.")
@@ -35,13 +35,13 @@ public struct BatchCLIOptions: ParsableArguments {
     @Option(name: .long, parsing: .unconditional, help: Ranges.retries.help("Whole-session retries per device after its reconnects gave up", valueName: "n"))
     public var retries: Int = 1
 
-    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"))
+    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"), completion: .directory)
     public var logDir: String?
 
     @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone.", valueName: "version"))
     public var skipIfVersion: String?
 
-    @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"), completion: .file(extensions: ["csv"]))
     public var report: String?
 
     @Option(name: .customLong("sim-device-fault"), help: ArgumentHelp("Make simulated device N (1-based) fail: N:no-ota-service, N:small-slot or N:gone (its link drops and it never comes back). Repeatable.", valueName: "N:mode"))

@@ -133,7 +133,7 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("activate-timeout"), parsing: .unconditional, help: Ranges.activateTimeout.help("Seconds to wait for the device to accept activation", valueName: "seconds"))
     var activateTimeout: Double = 10
 
-    @Option(name: .customLong("journal-dir"), help: ArgumentHelp("Where confirmed progress is recorded per device and image (default: $XDG_STATE_HOME/otaflash/journal).", valueName: "dir"))
+    @Option(name: .customLong("journal-dir"), help: ArgumentHelp("Where confirmed progress is recorded per device and image (default: $XDG_STATE_HOME/otaflash/journal).", valueName: "dir"), completion: .directory)
     var journalDir: String?
 
     @Option(name: .customLong("reconnect-window"), parsing: .unconditional, help: Ranges.reconnectWindow.help("Seconds to keep reconnecting after the link is lost; 0: do not reconnect", valueName: "seconds"))

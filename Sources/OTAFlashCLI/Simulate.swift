@@ -36,7 +36,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update.")
     var firmwareVersion: String = "1.0.0"
 
-    @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"))
+    @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
 
     @OptionGroup(title: "Faults")

@@ -41,7 +41,7 @@ public struct SimulatorOptions: ParsableArguments {
     @Option(name: .customLong("sim-mtu"), parsing: .unconditional, help: Ranges.mtu.help("Negotiated ATT MTU", valueName: "bytes"))
     public var mtu: Int = 247
 
-    @Option(name: .customLong("sim-phy"), help: ArgumentHelp("Radio PHY: 1M or 2M.", valueName: "1M|2M"))
+    @Option(name: .customLong("sim-phy"), help: ArgumentHelp("Radio PHY: 1M or 2M.", valueName: "1M|2M"), completion: .list(["1M", "2M"]))
     public var phy: String = "2M"
 
     @Option(name: .customLong("sim-interval-ms"), parsing: .unconditional, help: Ranges.interval.help("Connection interval in milliseconds", valueName: "ms"))
@@ -50,10 +50,10 @@ public struct SimulatorOptions: ParsableArguments {
     @Option(name: .customLong("sim-packets-per-event"), parsing: .unconditional, help: Ranges.packetsPerEvent.help("Most link-layer packets per connection event (default: as many as fit)", valueName: "n"))
     public var packetsPerEvent: Int?
 
-    @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "real|virtual|unlimited"))
+    @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "real|virtual|unlimited"), completion: .list(["real", "virtual", "unlimited"]))
     public var time: String = "real"
 
-    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"))
+    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"), completion: .directory)
     public var stateDir: String?
 
     @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")

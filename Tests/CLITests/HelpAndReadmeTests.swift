@@ -140,6 +140,8 @@ struct HelpAndReadmeTests {
         ("otaflash ", ["flash", "scan", "info", "simulate", "help", "app.bin", "app.hex", "images"]),
         ("otaflash --simulator ", ["app.bin", "app.hex", "images"]),
         ("otaflash --write-path ", ["acquire-write", "write-value"]),
+        ("otaflash --simulator --sim-time ", ["real", "virtual", "unlimited"]),
+        ("otaflash --simulator --sim-state ", ["images"]),
         ("otaflash scan --sim", ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service"]),
     ])
     func bashCompletesTheDefaultCommand(line: String, expected: [String]) async throws {
