@@ -8,40 +8,40 @@ import Synchronization
 
 /// Options for flashing many devices in one run.
 public struct BatchCLIOptions: ParsableArguments {
-    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line; # starts a comment.", valueName: "file"))
+    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line; # starts a comment.", valueName: "file"), completion: .file())
     public var devicesFile: String?
 
     @Flag(name: .long, help: "Flash every device that advertises the OTA service and matches --name-prefix/--min-rssi, seen within --scan-window.")
     public var scan = false
 
-    @Option(name: .customLong("scan-window"), help: "Seconds to scan for devices with --scan.")
+    @Option(name: .customLong("scan-window"), parsing: .unconditional, help: Ranges.scanWindow.help("Seconds to scan for devices with --scan", valueName: "seconds"))
     public var scanWindow: Double = 10
 
     @Option(name: .customLong("name-prefix"), help: "With --scan: only devices whose name starts with this.")
     public var namePrefix: String?
 
-    @Option(name: .customLong("min-rssi"), help: "With --scan: only devices at least this strong (dBm).")
+    @Option(name: .customLong("min-rssi"), parsing: .unconditional, help: Ranges.minRSSI.help("With --scan: only devices at least this strong", valueName: "dBm"))
     public var minRSSI: Int?
 
-    @Option(name: .long, help: "With --simulator: flash this many simulated devices (C0:FF:EE:00:00:01 and up).")
+    @Option(name: .long, parsing: .unconditional, help: Ranges.count.help("With --simulator: flash this many simulated devices, C0:FF:EE:00:00:01 and up", valueName: "n"))
     public var count: Int?
 
-    @Option(name: .long, help: "Devices flashed at once, over all adapters.")
+    @Option(name: .long, parsing: .unconditional, help: Ranges.parallel.help("Devices flashed at once, over all adapters", valueName: "n"))
     public var parallel: Int = 4
 
-    @Option(name: .customLong("per-adapter"), help: "Devices flashed at once on one adapter.")
+    @Option(name: .customLong("per-adapter"), parsing: .unconditional, help: Ranges.perAdapter.help("Devices flashed at once on one adapter", valueName: "n"))
     public var perAdapter: Int = 4
 
-    @Option(name: .long, help: "Whole-session retries per device after its reconnects gave up.")
+    @Option(name: .long, parsing: .unconditional, help: Ranges.retries.help("Whole-session retries per device after its reconnects gave up", valueName: "n"))
     public var retries: Int = 1
 
-    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"))
+    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"), completion: .directory)
     public var logDir: String?
 
     @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone.", valueName: "version"))
     public var skipIfVersion: String?
 
-    @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"), completion: .file(extensions: ["csv"]))
     public var report: String?
 
     @Option(name: .customLong("sim-device-fault"), help: ArgumentHelp("Make simulated device N (1-based) fail: N:no-ota-service, N:small-slot or N:gone (its link drops and it never comes back). Repeatable.", valueName: "N:mode"))
@@ -50,16 +50,17 @@ public struct BatchCLIOptions: ParsableArguments {
     public init() {}
 
     public func validate() throws {
-        guard parallel >= 1 else { throw ValidationError("--parallel must be at least 1, got \(parallel)") }
-        guard perAdapter >= 1 else { throw ValidationError("--per-adapter must be at least 1, got \(perAdapter)") }
-        guard retries >= 0 else { throw ValidationError("--retries must not be negative, got \(retries)") }
-        guard scanWindow > 0 else { throw ValidationError("--scan-window must be positive") }
-        if let count, !(1...1000).contains(count) { throw ValidationError("--count must be between 1 and 1000, got \(count)") }
+        try Ranges.parallel.check(parallel)
+        try Ranges.perAdapter.check(perAdapter)
+        try Ranges.retries.check(retries)
+        try Ranges.scanWindow.check(scanWindow)
+        try Ranges.minRSSI.check(minRSSI)
+        try Ranges.count.check(count)
         if let skipIfVersion, FirmwareVersion(skipIfVersion) == nil {
             throw ValidationError("--skip-if-version must look like 1.2.3, got '\(skipIfVersion)'")
         }
         for spec in simDeviceFault where Self.parseFault(spec) == nil {
-            throw ValidationError("--sim-device-fault takes N:no-ota-service, N:small-slot or N:gone, got '\(spec)'")
+            throw ValidationError("--sim-device-fault takes N:no-ota-service, N:small-slot or N:gone with N \(Ranges.simDevice.text), got '\(spec)'")
         }
     }
 
@@ -67,7 +68,7 @@ public struct BatchCLIOptions: ParsableArguments {
 
     static func parseFault(_ spec: String) -> (Int, SimFault)? {
         let parts = spec.split(separator: ":", maxSplits: 1).map(String.init)
-        guard parts.count == 2, let n = Int(parts[0]), n >= 1, let mode = SimFault(rawValue: parts[1]) else { return nil }
+        guard parts.count == 2, let n = Int(parts[0]), Ranges.simDevice.range.contains(n), let mode = SimFault(rawValue: parts[1]) else { return nil }
         return (n, mode)
     }
 
@@ -119,7 +120,7 @@ extension Flash {
             for (adapter, central) in centrals {
                 let found: [Advertisement]
                 do {
-                    found = try await central.scan(filter: filter, timeout: seconds(batch.scanWindow))
+                    found = try await central.scan(filter: filter, timeout: Ranges.scanWindow.duration(batch.scanWindow))
                 } catch {
                     throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
                 }
@@ -170,14 +171,15 @@ extension Flash {
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
         let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: config,
-                                   timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)),
-                                   reconnect: ReconnectPolicy(window: seconds(reconnectWindow), seed: target.simulator.seed),
+                                   timeouts: SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout)),
+                                   reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory))
-        let logs = try batch.logDir.map { try DeviceLogs(directory: $0) }
+        let logs = batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }
         printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
                                        adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
         printer.note("flashing \(targets.count) devices, \(batch.parallel) at a time")
         let runner = BatchRunner(image: firmware, options: options, logger: output.logger("otaflash.batch"))
+        printer.startLive(devices: targets.map(\.address.description))
         let work = Task {
             await runner.run(targets) { event in
                 printer.session(event)
@@ -188,8 +190,16 @@ extension Flash {
             printer.note("stopping every device after its current write (press Ctrl-C again to exit at once)…")
             work.cancel()
         }
+        CLIContext.output.onFailure { work.cancel() }
         let outcomes = await work.value
         interrupts.cancel()
+        printer.finishLive(results: outcomes.map { o in
+            switch o.result {
+            case .ok: (o.device, "ok")
+            case .skipped: (o.device, "skipped")
+            case .failed(let e): (o.device, "FAILED: \(e.description)")
+            }
+        })
         for outcome in outcomes {
             let done = FlashEvents.Done(outcome)
             printer.json(done)
@@ -198,11 +208,26 @@ extension Flash {
         let ok = outcomes.filter { if case .ok = $0.result { true } else { false } }.count
         let skipped = outcomes.filter { if case .skipped = $0.result { true } else { false } }.count
         let failed = outcomes.count - ok - skipped
-        let code: ExitCode = failed == 0 ? .success : (failed == outcomes.count ? .allFailed : .someFailed)
+        // The report is written before the summary, so the summary's exit code is the run's.
+        var reportFailure: CLIFailure?
+        if let path = batch.report {
+            do { try writeReport(outcomes, to: path) } catch let failure as CLIFailure { reportFailure = failure }
+        }
+        let code: ExitCode = if interrupts.signalled { .interrupted }
+            else if CLIContext.output.failure != nil { .outputFailed }
+            else if let reportFailure { reportFailure.code }
+            else if failed == 0 { .success }
+            else { failed == outcomes.count ? .allFailed : .someFailed }
         printer.json(FlashEvents.Summary(devices: outcomes.count, ok: ok, skipped: skipped, failed: failed, exitCode: code,
                                          seconds: outcomes.map(\.seconds).max() ?? 0))
         printer.table(summaryTable(outcomes))
-        if let path = batch.report { try writeReport(outcomes, to: path) }
+        for o in outcomes {
+            if case .failed(let e) = o.result { printer.note("\(o.device) failed: \(e.description)") }
+        }
+        if let reportFailure { throw reportFailure.markedReported() }
+        if code == .interrupted {
+            throw CLIFailure(.interrupted, "interrupted: \(ok) of \(outcomes.count) devices done; run the same command again to resume the others").markedReported()
+        }
         if code != .success {
             throw CLIFailure(code, failed == outcomes.count ? "all \(failed) devices failed (see the table above, or --log-dir)"
                                                              : "\(failed) of \(outcomes.count) devices failed (see the table above, or --log-dir)")
@@ -236,26 +261,55 @@ extension Flash {
             text += [o.device, o.adapter ?? "", result, error, "\(o.attempts)", String(format: "%.3f", o.seconds), rate,
                      o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? ""].map(csv).joined(separator: ",") + "\n"
         }
-        do {
-            try Data(text.utf8).write(to: URL(fileURLWithPath: path), options: .atomic)
-        } catch {
-            throw CLIFailure(.usage, "cannot write the report \(path): \(error.localizedDescription)")
+        if let problem = writeFile(path, Array(text.utf8)) {
+            throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")
         }
     }
 }
 
-/// One JSON Lines log per device (`--log-dir`).
+/// Writes `bytes` to `path`: a regular file is replaced atomically (a temporary file renamed over
+/// it), anything else (a device such as /dev/stdout, a FIFO) is written in place.
+/// - Returns: why it failed (strerror), or nil.
+func writeFile(_ path: String, _ bytes: [UInt8]) -> String? {
+    var info = stat()
+    let regular = stat(path, &info) != 0 || (info.st_mode & S_IFMT) == S_IFREG
+    let target = regular ? path + ".tmp-\(getpid())" : path
+    let fd = open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+    guard fd >= 0 else { return String(cString: strerror(errno)) }
+    var problem = writeAll(fd, bytes[...])
+    if close(fd) != 0, problem == nil { problem = String(cString: strerror(errno)) }
+    if regular {
+        if problem == nil, rename(target, path) != 0 { problem = String(cString: strerror(errno)) }
+        if problem != nil { unlink(target) }
+    }
+    return problem
+}
+
+/// write(2) until every byte is out. - Returns: why it failed (strerror), or nil.
+func writeAll(_ fd: Int32, _ bytes: ArraySlice<UInt8>) -> String? {
+    var rest = bytes
+    while !rest.isEmpty {
+        let written = rest.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if written < 0 {
+            if errno == EINTR { continue }
+            return String(cString: strerror(errno))
+        }
+        rest = rest.dropFirst(written)
+    }
+    return nil
+}
+
+/// One JSON Lines log per device (`--log-dir`, created and checked before the run). A log that
+/// cannot be written (a full disk) costs one warning line; the flash goes on without it.
 final class DeviceLogs: Sendable {
     let directory: String
-    private let handles = Mutex<[String: FileHandle]>([:])
+    private let printer: EventPrinter
+    /// Per device: its open log, or nil once it failed.
+    private let files = Mutex<[String: Int32?]>([:])
 
-    init(directory: String) throws {
+    init(directory: String, printer: EventPrinter) {
         self.directory = directory
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        } catch {
-            throw CLIFailure(.usage, "cannot create the log folder \(directory): \(error.localizedDescription)")
-        }
+        self.printer = printer
     }
 
     func record(_ event: SessionEvent) {
@@ -265,18 +319,24 @@ final class DeviceLogs: Sendable {
 
     func finish(_ device: String, _ line: String) {
         write(device, line + "\n")
-        handles.withLock { $0.removeValue(forKey: device).map { try? $0.close() } }
+        files.withLock { if case let fd?? = $0[device] { close(fd) }; $0[device] = .some(nil) }
     }
 
     private func write(_ device: String, _ text: String) {
-        handles.withLock { h in
-            if h[device] == nil {
-                let path = directory + "/" + device.replacingOccurrences(of: ":", with: "") + ".jsonl"
-                // A log that cannot be created is skipped: the device's events still reach stdout.
-                h[device] = FileManager.default.createFile(atPath: path, contents: nil) ? FileHandle(forWritingAtPath: path) : nil
+        let warning = files.withLock { files -> String? in
+            let path = directory + "/" + device.replacingOccurrences(of: ":", with: "") + ".jsonl"
+            if files[device] == nil {
+                let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+                files[device] = .some(fd >= 0 ? fd : nil)
+                if fd < 0 { return "cannot create the log \(path): \(String(cString: strerror(errno)))" }
             }
-            h[device]?.write(Data(text.utf8))
+            guard case let fd?? = files[device] else { return nil }
+            guard let problem = writeAll(fd, Array(text.utf8)[...]) else { return nil }
+            close(fd)
+            files[device] = .some(nil)
+            return "cannot write the log \(path): \(problem)"
         }
+        if let warning { printer.warning(warning + "; the flash goes on without it") }
     }
 }
 

@@ -27,7 +27,13 @@ extension TargetOptions {
 
     /// A BlueZ central on one adapter of a batch.
     func bluezCentral(adapter: String?) -> any GATTCentral {
-        BlueZCentral(adapter: adapter, writePath: bluez.writePath,
-                     logger: Logger(label: "otaflash.bluez", factory: { _ in SwiftLogNoOpLogHandler() }))
+        OTAFlashCLI.bluezCentral(adapter: adapter, writePath: bluez.writePath)
     }
+}
+
+/// A BlueZ central on `adapter` (default: the first powered adapter); `scan` and `info` only read,
+/// so the write path does not matter to them.
+func bluezCentral(adapter: String?, writePath: BlueZCentral.WritePath = .acquireWrite) -> any GATTCentral {
+    BlueZCentral(adapter: adapter, writePath: writePath,
+                 logger: Logger(label: "otaflash.bluez", factory: { _ in SwiftLogNoOpLogHandler() }))
 }

@@ -1,3 +1,4 @@
+import Foundation
 import OTA
 
 /// Exit codes: one per failure class, so scripts can branch without parsing text.
@@ -18,6 +19,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case permission = 12
     case someFailed = 14
     case allFailed = 15
+    case outputFailed = 16
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -43,8 +45,25 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .permission: "D-Bus permission denied, or the device requires pairing"
         case .someFailed: "batch: some devices failed, the others succeeded"
         case .allFailed: "batch: every device failed"
+        case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
+    }
+
+    /// Every code with its name, and its meaning wrapped below it, for `otaflash help flash`.
+    static var helpTable: String {
+        allCases.map { code in
+            var lines = ["  " + String(code.rawValue).padding(toLength: 5, withPad: " ", startingAt: 0) + code.name]
+            var line = ""
+            for word in code.meaning.split(separator: " ") {
+                if !line.isEmpty, line.count + word.count >= 70 {
+                    lines.append("       " + line)
+                    line = ""
+                }
+                line += (line.isEmpty ? "" : " ") + word
+            }
+            return (lines + ["       " + line]).joined(separator: "\n")
+        }.joined(separator: "\n")
     }
 
     /// The exit code of an `OTAError` code: one exit code per error code. A code this table does

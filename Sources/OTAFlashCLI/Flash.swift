@@ -5,48 +5,55 @@ import OTA
 import OTAWire
 import Simulator
 
-/// Options shared by commands that talk to devices.
-public struct TargetOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (repeat it to flash several).", valueName: "address"))
+/// The device a command connects to and the adapter it goes through (`flash`, `info`).
+public struct ConnectionOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (flash: repeat it to flash several).", valueName: "address"))
     public var device: [String] = []
 
     @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"))
     public var adapter: String?
+
+    @Option(name: .customLong("connect-timeout"), parsing: .unconditional, help: Ranges.connectTimeout.help("Seconds to find and connect to the device", valueName: "seconds"))
+    public var connectTimeout: Double = 20
+
+    public init() {}
+
+    public func validate() throws {
+        for device in device where DeviceAddress(device) == nil {
+            throw ValidationError("invalid device address '\(device)': expected six hex pairs like AA:BB:CC:DD:EE:FF")
+        }
+        try Ranges.connectTimeout.check(connectTimeout)
+    }
+
+    /// The one device address (the simulator has a default one).
+    func address(simulator: Bool) throws -> DeviceAddress {
+        if device.count > 1 {
+            throw CLIFailure(.usage, "this command takes one --device, got \(device.count)")
+        }
+        if let device = device.first, let address = DeviceAddress(device) { return address }
+        if simulator { return SimulatorOptions.defaultAddress }
+        throw CLIFailure(.usage, "no device given: pass --device AA:BB:CC:DD:EE:FF, or --simulator to use the built-in simulated peripheral")
+    }
+}
+
+/// Options of the commands that flash: the device, the simulated peripheral and the transport.
+public struct TargetOptions: ParsableArguments {
+    @OptionGroup public var connection: ConnectionOptions
 
     @OptionGroup(title: "Simulated peripheral")
     public var simulator: SimulatorOptions
 
     @OptionGroup(title: "BlueZ transport") public var bluez: BlueZTransportOptions
 
-    @Option(name: .customLong("connect-timeout"), help: "Seconds to find and connect to the device.")
-    public var connectTimeout: Double = 20
-
     public init() {}
 
-    public mutating func validate() throws {
-        for device in device where DeviceAddress(device) == nil {
-            throw ValidationError("invalid device address '\(device)': expected six hex pairs like AA:BB:CC:DD:EE:FF")
-        }
-        guard connectTimeout > 0 else { throw ValidationError("--connect-timeout must be positive") }
-    }
+    public var device: [String] { connection.device }
+    public var adapter: String? { connection.adapter }
+    public var connectTimeout: Double { connection.connectTimeout }
 
     /// The device address (the simulator has a default one).
     func address() throws -> DeviceAddress {
-        if device.count > 1 {
-            throw CLIFailure(.usage, "this command takes one --device, got \(device.count)")
-        }
-        if let device = device.first, let address = DeviceAddress(device) { return address }
-        if simulator.enabled { return SimulatorOptions.defaultAddress }
-        throw CLIFailure(.usage, "no device given: pass --device AA:BB:CC:DD:EE:FF, or --simulator to use the built-in simulated peripheral")
-    }
-
-    /// The central to work through: the simulator, or BlueZ.
-    func central(address: DeviceAddress) throws -> any GATTCentral {
-        if simulator.enabled {
-            let device = SimulatedDevice(simulator.deviceConfig(address: address))
-            return SimulatedCentral(devices: [device], clock: simulator.clock)
-        }
-        return bluezCentral()
+        try connection.address(simulator: simulator.enabled)
     }
 }
 
@@ -91,10 +98,14 @@ struct Flash: AsyncParsableCommand {
               otaflash --device AA:BB:CC:DD:EE:FF app.bin
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
+
+            Exit codes:
+            \(ExitCode.helpTable)
             """
     )
 
-    @Argument(help: ArgumentHelp("Firmware image: .bin (raw) or .hex (Intel HEX).", valueName: "image"))
+    @Argument(help: ArgumentHelp("Firmware image: .bin (raw) or .hex (Intel HEX).", valueName: "image"),
+              completion: .file(extensions: ["bin", "hex"]))
     var image: String
 
     @OptionGroup var target: TargetOptions
@@ -104,7 +115,7 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
-    @Option(name: .customLong("checkpoint-interval"), help: "Bytes between checkpoints (write with response carrying offset and CRC32).")
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("Bytes between checkpoints (write with response carrying offset and CRC32)", valueName: "bytes"))
     var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
 
     @Flag(name: .customLong("no-activate"), help: "Stop after the device verified the image; do not activate it.")
@@ -113,27 +124,27 @@ struct Flash: AsyncParsableCommand {
     @Flag(name: .long, help: "Ignore any partial transfer the device holds and send the whole image.")
     var restart = false
 
-    @Option(name: .customLong("reply-timeout"), help: "Seconds to wait for the device's reply to a command.")
+    @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's reply to a command", valueName: "seconds"))
     var replyTimeout: Double = 5
 
-    @Option(name: .customLong("verify-timeout"), help: "Seconds to wait for the device to verify the image.")
+    @Option(name: .customLong("verify-timeout"), parsing: .unconditional, help: Ranges.verifyTimeout.help("Seconds to wait for the device to verify the image", valueName: "seconds"))
     var verifyTimeout: Double = 30
 
-    @Option(name: .customLong("activate-timeout"), help: "Seconds to wait for the device to accept activation.")
+    @Option(name: .customLong("activate-timeout"), parsing: .unconditional, help: Ranges.activateTimeout.help("Seconds to wait for the device to accept activation", valueName: "seconds"))
     var activateTimeout: Double = 10
 
-    @Option(name: .customLong("journal-dir"), help: ArgumentHelp("Where confirmed progress is recorded per device and image (default: $XDG_STATE_HOME/otaflash/journal).", valueName: "dir"))
+    @Option(name: .customLong("journal-dir"), help: ArgumentHelp("Where confirmed progress is recorded per device and image (default: $XDG_STATE_HOME/otaflash/journal).", valueName: "dir"), completion: .directory)
     var journalDir: String?
 
-    @Option(name: .customLong("reconnect-window"), help: "Seconds to keep reconnecting after the link is lost (0: do not reconnect).")
+    @Option(name: .customLong("reconnect-window"), parsing: .unconditional, help: Ranges.reconnectWindow.help("Seconds to keep reconnecting after the link is lost; 0: do not reconnect", valueName: "seconds"))
     var reconnectWindow: Double = 60
 
     mutating func validate() throws {
-        guard checkpointInterval >= 256 else { throw ValidationError("--checkpoint-interval must be at least 256 bytes, got \(checkpointInterval)") }
-        for (name, value) in [("--reply-timeout", replyTimeout), ("--verify-timeout", verifyTimeout), ("--activate-timeout", activateTimeout)] {
-            guard value > 0 else { throw ValidationError("\(name) must be positive, got \(value)") }
-        }
-        guard reconnectWindow >= 0 else { throw ValidationError("--reconnect-window must not be negative, got \(reconnectWindow)") }
+        try Ranges.checkpointInterval.check(checkpointInterval)
+        try Ranges.replyTimeout.check(replyTimeout)
+        try Ranges.verifyTimeout.check(verifyTimeout)
+        try Ranges.activateTimeout.check(activateTimeout)
+        try Ranges.reconnectWindow.check(reconnectWindow)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -143,7 +154,8 @@ struct Flash: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let printer = EventPrinter(mode: output.mode, bars: !batch.isBatch(devices: target.device))
+        let isBatch = batch.isBatch(devices: target.device)
+        let printer = EventPrinter(mode: output.mode, bars: !isBatch, live: isBatch)
         do {
             try await flash(printer)
         } catch let failure as CLIFailure {
@@ -155,7 +167,16 @@ struct Flash: AsyncParsableCommand {
         }
     }
 
+    /// Checks every path the run writes to, before any radio time.
+    private func checkOutputPaths() throws {
+        if let report = batch.report { try OutputPaths.checkFile(report, option: "--report") }
+        if let logDir = batch.logDir { try OutputPaths.prepareDirectory(logDir, option: "--log-dir") }
+        if let state = target.simulator.stateDir { try OutputPaths.prepareDirectory(state, option: "--sim-state") }
+        if let journalDir { try OutputPaths.prepareDirectory(journalDir, option: "--journal-dir") }
+    }
+
     private func flash(_ printer: EventPrinter) async throws {
+        try checkOutputPaths()
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: image)
@@ -180,15 +201,15 @@ struct Flash: AsyncParsableCommand {
             central = c
             simulated = d
         } else {
-            central = try target.central(address: address)
+            central = target.bluezCentral()
         }
         let config = engineConfig
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
         let session = OTASession(central: central, address: address, image: firmware, config: config,
-                                 timeouts: SessionTimeouts(connect: seconds(target.connectTimeout)),
-                                 reconnect: ReconnectPolicy(window: seconds(reconnectWindow), seed: target.simulator.seed),
+                                 timeouts: SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout)),
+                                 reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                  journal: journal,
                                  logger: output.logger("otaflash.session"))
         let started = central.clock.now
@@ -200,6 +221,7 @@ struct Flash: AsyncParsableCommand {
             work.cancel()
         }
         defer { interrupts.cancel() }
+        CLIContext.output.onFailure { work.cancel() }
         let outcome = await work.result
         if let simulated { try target.simulator.save(simulated) }
         let result: OTAResult
@@ -217,6 +239,11 @@ struct Flash: AsyncParsableCommand {
         // A single device is not reconnected to read its new version back (a batch does that).
         printer.json(FlashEvents.Done(BatchOutcome(result, adapter: target.adapter, attempts: 1, seconds: result.seconds,
                                                    firmwareAfter: nil)))
+        if result.skipped {
+            printer.result("\(result.device): skipped, it already runs \(result.firmwareBefore.map { "\($0)" } ?? "that version") "
+                           + "(--skip-if-version); nothing sent")
+            return
+        }
         let what = result.activated ? "verified and activated" : "verified (not activated)"
         printer.result("\(result.device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                        + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
@@ -226,10 +253,9 @@ struct Flash: AsyncParsableCommand {
 extension Flash {
     var engineConfig: EngineConfig {
         EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
-                     replyTimeout: seconds(replyTimeout), verifyTimeout: seconds(verifyTimeout),
-                     activateTimeout: seconds(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
+                     replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
+                     activateTimeout: Ranges.activateTimeout.duration(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
                      skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
     }
 }
 
-func seconds(_ s: Double) -> Duration { .microseconds(Int64(s * 1e6)) }

@@ -12,6 +12,8 @@ public struct Otaflash: AsyncParsableCommand {
             `otaflash --simulator firmware-samples/seeded-256k.bin`.
 
             Every failure prints one line on stderr and exits with its own code (see `otaflash help flash` and README.md).
+
+            Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
             """,
         version: "0.1.0",
         subcommands: [Flash.self, Scan.self, Info.self, Simulate.self],
@@ -24,45 +26,75 @@ public struct Otaflash: AsyncParsableCommand {
 /// Runs `otaflash` with `arguments` (without the program name) and returns the exit code.
 /// Never traps on bad input: every error becomes one line on stderr and a documented code.
 public func runOtaflash(_ arguments: [String], output: any OutputSink = StandardOutput()) async -> Int32 {
-    await CLIContext.$output.withValue(output) {
-        // Flashing is the default command, so the root help shows its options too.
-        if arguments.isEmpty {
-            output.err("otaflash: error: no firmware image given: try `otaflash --simulator firmware.bin`, or see `otaflash --help`\n")
+    let code = await CLIContext.$output.withValue(output) { await runCommand(arguments, output: output) }
+    // Output that could not be written stops the run, whatever the command made of that.
+    if let failure = output.failure {
+        output.err("otaflash: error: \(failure); stopped (exit \(ExitCode.outputFailed.rawValue))\n")
+        return ExitCode.outputFailed.rawValue
+    }
+    return code
+}
+
+private func runCommand(_ arguments: [String], output: any OutputSink) async -> Int32 {
+    // Flashing is the default command, so the root help shows its options too.
+    if arguments.isEmpty {
+        output.err("otaflash: error: no firmware image given: try `otaflash --simulator firmware.bin`, or see `otaflash --help`\n")
+        return ExitCode.usage.rawValue
+    }
+    if arguments == ["--help"] || arguments == ["-h"] || arguments == ["help"] {
+        output.out(Otaflash.helpMessage() + "\n\nFLASH OPTIONS (the default command; `otaflash help flash` shows the same):\n"
+                   + Flash.helpMessage(includeHidden: false) + "\n")
+        return ExitCode.success.rawValue
+    }
+    if arguments.first == "help", let name = arguments.dropFirst().first, !Otaflash.commandNames.contains(name) {
+        output.err("otaflash: error: unknown command '\(name)': the commands are \(Otaflash.commandNames.joined(separator: ", "))\n"
+                   + "Run 'otaflash --help' for usage.\n")
+        return ExitCode.usage.rawValue
+    }
+    if let shell = Completions.requestedShell(arguments) {
+        guard let script = Completions.script(for: shell) else {
+            output.err("otaflash: error: --generate-completion-script takes bash, zsh or fish, got '\(shell)'\n")
             return ExitCode.usage.rawValue
         }
-        if arguments == ["--help"] || arguments == ["-h"] || arguments == ["help"] {
-            output.out(Otaflash.helpMessage() + "\n\nFLASH OPTIONS (the default command; `otaflash help flash` shows the same):\n"
-                       + Flash.helpMessage(includeHidden: false) + "\n")
+        output.out(script)
+        return ExitCode.success.rawValue
+    }
+    do {
+        var command = try Otaflash.parseAsRoot(arguments)
+        if var asyncCommand = command as? any AsyncParsableCommand {
+            try await asyncCommand.run()
+        } else {
+            try command.run()
+        }
+        return ExitCode.success.rawValue
+    } catch let failure as CLIFailure {
+        // The command has already reported it in its own mode; this is the closing line (unless
+        // output failed: that failure is the line, and the reason the command stopped).
+        if output.failure == nil { output.err("otaflash: error: \(failure.message)\n") }
+        return failure.code.rawValue
+    } catch {
+        let code = Otaflash.exitCode(for: error)
+        let message = Otaflash.fullMessage(for: error)
+        if code == .success {
+            output.out(message + "\n")  // --help, --version
             return ExitCode.success.rawValue
         }
-        do {
-            var command = try Otaflash.parseAsRoot(arguments)
-            if var asyncCommand = command as? any AsyncParsableCommand {
-                try await asyncCommand.run()
-            } else {
-                try command.run()
-            }
-            return ExitCode.success.rawValue
-        } catch let failure as CLIFailure {
-            // The command has already reported it in its own mode; this is the closing line.
-            output.err("otaflash: error: \(failure.message)\n")
-            return failure.code.rawValue
-        } catch {
-            let code = Otaflash.exitCode(for: error)
-            let message = Otaflash.fullMessage(for: error)
-            if code == .success {
-                output.out(message + "\n")  // --help, --version
-                return ExitCode.success.rawValue
-            }
-            var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
-            if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
-            // A script that asked for JSON gets its failure as JSON too.
-            if arguments.prefix(while: { $0 != "--" }).contains("--json") {
-                output.out(UsageErrorEvent(message: line).line + "\n")
-            }
-            output.err("otaflash: error: \(line)\n"
-                       + "Run 'otaflash --help' for usage.\n")
-            return ExitCode.usage.rawValue
+        var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
+        if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
+        line = Ranges.explain(line)
+        // A script that asked for JSON gets its failure as JSON too.
+        if arguments.prefix(while: { $0 != "--" }).contains("--json") {
+            output.out(UsageErrorEvent(message: line).line + "\n")
         }
+        output.err("otaflash: error: \(line)\n"
+                   + "Run 'otaflash --help' for usage.\n")
+        return ExitCode.usage.rawValue
+    }
+}
+
+extension Otaflash {
+    /// The subcommands' names, as `otaflash help <name>` takes them.
+    static var commandNames: [String] {
+        configuration.subcommands.map { $0._commandName } + ["help"]
     }
 }

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import OTA
 import OTAWire
 import Synchronization
@@ -9,25 +12,127 @@ public protocol OutputSink: Sendable {
     func err(_ text: String)
     /// True when stderr is a terminal (progress bars go there).
     var isTerminal: Bool { get }
+    /// The terminal's size (a live view cuts its lines to the width and fits the height).
+    var terminalSize: (columns: Int, rows: Int) { get }
+    /// Why output stopped, once a write failed for good (a closed pipe, a full disk): the command
+    /// then stops cleanly and exits `outputFailed`.
+    var failure: String? { get }
+    /// Calls `handler` once, when output first fails (at once if it already has).
+    func onFailure(_ handler: @escaping @Sendable () -> Void)
 }
 
+extension OutputSink {
+    public var terminalSize: (columns: Int, rows: Int) { (80, 24) }
+    public var failure: String? { nil }
+    public func onFailure(_ handler: @escaping @Sendable () -> Void) {}
+}
+
+/// The first output failure and who wants to hear of it: shared by every writer of a process's
+/// (or a capture's) output.
+final class OutputFailures: Sendable {
+    private let state = Mutex<(failure: String?, handlers: [@Sendable () -> Void])>((nil, []))
+
+    var failure: String? { state.withLock { $0.failure } }
+
+    /// Records the first failure and runs the handlers; later failures are ignored.
+    func fail(_ message: String) {
+        let handlers = state.withLock { s -> [@Sendable () -> Void] in
+            guard s.failure == nil else { return [] }
+            s.failure = message
+            defer { s.handlers = [] }
+            return s.handlers
+        }
+        for handler in handlers { handler() }
+    }
+
+    func onFailure(_ handler: @escaping @Sendable () -> Void) {
+        let failed = state.withLock { s -> Bool in
+            if s.failure == nil { s.handlers.append(handler) }
+            return s.failure != nil
+        }
+        if failed { handler() }
+    }
+}
+
+/// The process's stdout and stderr, written with write(2): a closed pipe (EPIPE, with SIGPIPE
+/// ignored) or a full disk (ENOSPC) ends that stream's output and is reported through `failure`,
+/// never as a trap.
 public struct StandardOutput: OutputSink {
-    public init() {}
-    public func out(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }
-    public func err(_ text: String) { FileHandle.standardError.write(Data(text.utf8)) }
+    private static let failures = OutputFailures()
+    /// Per stream: set once a write to it failed, so later writes are skipped.
+    private static let broken = Mutex<Set<Int32>>([])
+
+    public init() {
+        signal(SIGPIPE, SIG_IGN)
+    }
+
+    public func out(_ text: String) { Self.write(STDOUT_FILENO, "stdout", text) }
+    public func err(_ text: String) { Self.write(STDERR_FILENO, "stderr", text) }
     public var isTerminal: Bool { isatty(STDERR_FILENO) == 1 }
+    public var failure: String? { Self.failures.failure }
+    public func onFailure(_ handler: @escaping @Sendable () -> Void) { Self.failures.onFailure(handler) }
+
+    public var terminalSize: (columns: Int, rows: Int) {
+        var size = winsize()
+        guard ioctl(STDERR_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0, size.ws_row > 0 else { return (80, 24) }
+        return (Int(size.ws_col), Int(size.ws_row))
+    }
+
+    private static func write(_ fd: Int32, _ name: String, _ text: String) {
+        guard !broken.withLock({ $0.contains(fd) }) else { return }
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            if written >= 0 {
+                bytes = bytes.dropFirst(written)
+                continue
+            }
+            let code = errno
+            if code == EINTR { continue }
+            if code == EAGAIN {
+                var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                _ = poll(&ready, 1, 1000)
+                continue
+            }
+            broken.withLock { _ = $0.insert(fd) }
+            failures.fail("cannot write to \(name): \(String(cString: strerror(code)))")
+            return
+        }
+    }
 }
 
 /// Collects output in memory.
 public final class CapturedOutput: OutputSink {
-    private let state = Mutex<(out: String, err: String)>(("", ""))
+    private let state = Mutex<(out: String, err: String, outWrites: Int)>(("", "", 0))
+    private let failures = OutputFailures()
     public let isTerminal: Bool
+    public let terminalSize: (columns: Int, rows: Int)
+    /// After this many writes to stdout, stdout fails as a closed pipe does.
+    private let stdoutWritesBeforeFailure: Int?
 
-    public init(isTerminal: Bool = false) { self.isTerminal = isTerminal }
-    public func out(_ text: String) { state.withLock { $0.out += text } }
+    public init(isTerminal: Bool = false, terminalSize: (columns: Int, rows: Int) = (100, 40), stdoutFailsAfter writes: Int? = nil) {
+        self.isTerminal = isTerminal
+        self.terminalSize = terminalSize
+        self.stdoutWritesBeforeFailure = writes
+    }
+
+    public func out(_ text: String) {
+        let accepted = state.withLock { s -> Bool in
+            s.outWrites += 1
+            guard let limit = stdoutWritesBeforeFailure, s.outWrites > limit else {
+                s.out += text
+                return true
+            }
+            return false
+        }
+        if !accepted { failures.fail("cannot write to stdout: Broken pipe") }
+    }
+
     public func err(_ text: String) { state.withLock { $0.err += text } }
     public var stdout: String { state.withLock { $0.out } }
     public var stderr: String { state.withLock { $0.err } }
+    public var failure: String? { failures.failure }
+    public func onFailure(_ handler: @escaping @Sendable () -> Void) { failures.onFailure(handler) }
 }
 
 /// The output sink of the command being run.
@@ -92,11 +197,34 @@ public final class EventPrinter: Sendable {
     private let barShown = Mutex(false)
     /// False when several devices report at once: one bar cannot show them all.
     private let bars: Bool
+    /// With several devices on a terminal: one line per device, redrawn in place.
+    private let live: LiveView?
 
-    public init(mode: OutputMode, sink: any OutputSink = CLIContext.output, bars: Bool = true) {
+    /// - Parameter live: several devices report at once; on a terminal in human mode they share a
+    ///   view redrawn in place (`startLive`), elsewhere each event is a line naming its device.
+    public init(mode: OutputMode, sink: any OutputSink = CLIContext.output, bars: Bool = true, live: Bool = false) {
         self.mode = mode
         self.sink = sink
         self.bars = bars
+        self.live = mode == .human && live && sink.isTerminal ? LiveView(sink: sink) : nil
+    }
+
+    /// Shows the live view's devices (a terminal in human mode only).
+    public func startLive(devices: [String]) {
+        live?.start(devices: devices)
+    }
+
+    /// Draws the live view one last time with each device's result and leaves it on screen.
+    public func finishLive(results: [(device: String, result: String)] = []) {
+        live?.finish(results: results)
+    }
+
+    /// A problem that does not stop the run, on stderr in every mode but quiet.
+    public func warning(_ text: String) {
+        guard mode != .quiet else { return }
+        if let live, live.print("otaflash: warning: " + text) { return }
+        clearBar()
+        sink.err("otaflash: warning: \(text)\n")
     }
 
     /// A table for people (human mode only), columns aligned, on stdout.
@@ -122,6 +250,7 @@ public final class EventPrinter: Sendable {
     /// A line for people (human mode only), on stderr so stdout stays clean for results.
     public func note(_ text: String) {
         guard mode == .human else { return }
+        if let live, live.print(text) { return }
         clearBar()
         sink.err(text + "\n")
     }
@@ -129,6 +258,7 @@ public final class EventPrinter: Sendable {
     public func session(_ event: SessionEvent) {
         if mode == .json { sink.out(Self.jsonLine(event) + "\n") }
         guard mode == .human else { return }
+        if let live, live.update(event) { return }
         // With several devices at once, say which one each line is about.
         let who = bars ? "" : "\(event.device ?? "?"): "
         func note(_ text: String) { self.note(who + text) }
@@ -189,6 +319,170 @@ public final class EventPrinter: Sendable {
         guard mode == .human else { return }
         clearBar()
         sink.out(text + "\n")
+    }
+}
+
+/// Several devices' progress on a terminal: a header and one line per device (or, when the
+/// terminal is too short for that, a grid of cells), redrawn in place with ANSI cursor movement at
+/// most every 100 ms. Lines printed meanwhile (notes, warnings) scroll above it.
+final class LiveView: Sendable {
+    struct Row {
+        var phase = "waiting"
+        var progress: TransferProgress?
+        var result: String?
+    }
+
+    struct State {
+        var order: [String] = []
+        var rows: [String: Row] = [:]
+        var active = false
+        /// Lines of the frame on screen, counted from the cursor up.
+        var drawn = 0
+        var lastDraw: ContinuousClock.Instant?
+        var redrawScheduled = false
+    }
+
+    static let interval = Duration.milliseconds(100)
+    private let sink: any OutputSink
+    private let state = Mutex(State())
+
+    init(sink: any OutputSink) { self.sink = sink }
+
+    func start(devices: [String]) {
+        state.withLock { s in
+            s.order = devices
+            for device in devices { s.rows[device] = Row() }
+            s.active = true
+        }
+        draw(force: true)
+    }
+
+    /// Takes in a session event; false when the view is not showing (the caller prints a line).
+    func update(_ event: SessionEvent) -> Bool {
+        guard let device = event.device else { return false }
+        let shown = state.withLock { s -> Bool in
+            guard s.active else { return false }
+            var row = s.rows[device] ?? Row()
+            if s.rows[device] == nil { s.order.append(device) }
+            switch event {
+            case .connecting: row.phase = "connecting"
+            case .connected(_, let mtu, _): row.phase = "connected, MTU \(mtu)"
+            case .deviceInfo(_, let info): row.phase = "firmware \(info.firmwareVersion)"
+            case .transferStarted(_, let offset, let total):
+                row.phase = offset > 0 ? "resuming at \(formatBytes(offset)) of \(formatBytes(total))" : "sending"
+            case .progress(let p):
+                // The last progress report may follow the verify or activate event.
+                if row.phase != "verifying" && row.phase != "activating" { row.phase = "sending" }
+                row.progress = p
+            case .verifying: row.phase = "verifying"
+            case .activating: row.phase = "activating"
+            case .reconnecting(_, let attempt, let reason, _): row.phase = "reconnecting (attempt \(attempt)): \(reason)"
+            }
+            s.rows[device] = row
+            return true
+        }
+        if shown { draw(force: false) }
+        return shown
+    }
+
+    /// Prints `line` above the view; false when the view is not showing.
+    func print(_ line: String) -> Bool {
+        let text = state.withLock { s -> String? in
+            guard s.active else { return nil }
+            let text = Self.up(s.drawn) + "\u{1B}[J" + line + "\n" + frame(s)
+            s.drawn = frameLines(s)
+            s.lastDraw = .now
+            return text
+        }
+        guard let text else { return false }
+        sink.err(text)
+        return true
+    }
+
+    func finish(results: [(device: String, result: String)]) {
+        state.withLock { s in
+            for (device, result) in results { s.rows[device, default: Row()].result = result }
+        }
+        draw(force: true)
+        state.withLock { $0.active = false }
+    }
+
+    private func draw(force: Bool) {
+        let text = state.withLock { s -> String? in
+            guard s.active else { return nil }
+            if !force, let last = s.lastDraw, last.duration(to: .now) < Self.interval {
+                // Too soon: draw once the interval has passed, so the last state always shows.
+                if !s.redrawScheduled {
+                    s.redrawScheduled = true
+                    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(100)) { [self] in
+                        state.withLock { $0.redrawScheduled = false }
+                        draw(force: false)
+                    }
+                }
+                return nil
+            }
+            let text = Self.up(s.drawn) + frame(s) + "\u{1B}[J"
+            s.drawn = frameLines(s)
+            s.lastDraw = .now
+            return text
+        }
+        if let text { sink.err(text) }
+    }
+
+    /// Moves the cursor to the start of the frame `lines` lines up.
+    private static func up(_ lines: Int) -> String { lines > 0 ? "\r\u{1B}[\(lines)A" : "\r" }
+
+    private func frameLines(_ s: State) -> Int { layout(s).count }
+
+    private func frame(_ s: State) -> String {
+        layout(s).map { "\u{1B}[2K" + $0 + "\n" }.joined()
+    }
+
+    /// The frame's lines, each cut to the terminal's width.
+    private func layout(_ s: State) -> [String] {
+        let (columns, rows) = sink.terminalSize
+        let width = max(columns - 1, 20)
+        let rowsOf = s.order.map { ($0, s.rows[$0] ?? Row()) }
+        let ok = rowsOf.filter { $0.1.result == "ok" }.count
+        let failed = rowsOf.filter { $0.1.result?.hasPrefix("FAILED") == true }.count
+        let waiting = rowsOf.filter { $0.1.phase == "waiting" && $0.1.result == nil }.count
+        var header = "\(s.order.count) devices: "
+        header += rowsOf.allSatisfy({ $0.1.result != nil })
+            ? "\(ok) ok, \(rowsOf.count - ok - failed) skipped, \(failed) failed"
+            : "\(s.order.count - waiting) started, \(waiting) waiting"
+        var lines = [header]
+        if rowsOf.count + 1 < rows {
+            for (device, row) in rowsOf { lines.append(Self.line(device, row)) }
+        } else {
+            // Too many for one line each: a grid of short cells, as many lines as the terminal allows.
+            let cellWidth = 24
+            let perLine = max(1, width / cellWidth)
+            var cells = rowsOf.map { device, row in
+                (String(device.suffix(5)) + " " + Self.short(row)).padding(toLength: cellWidth, withPad: " ", startingAt: 0)
+            }
+            let maxLines = max(1, rows - 2)
+            while !cells.isEmpty && lines.count <= maxLines {
+                lines.append(cells.prefix(perLine).joined())
+                cells.removeFirst(min(perLine, cells.count))
+            }
+            if !cells.isEmpty { lines[lines.count - 1] = "… \(cells.count) more devices" }
+        }
+        return lines.map { $0.count > width ? String($0.prefix(width - 1)) + "…" : $0 }
+    }
+
+    private static func line(_ device: String, _ row: Row) -> String {
+        if let result = row.result { return "\(device)  \(result)" }
+        guard let p = row.progress, row.phase == "sending" else { return "\(device)  \(row.phase)" }
+        let width = 20
+        let filled = Int((p.fraction * Double(width)).rounded(.down))
+        let gauge = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
+        return "\(device)  [\(gauge)] " + String(format: "%3.0f%%", p.fraction * 100) + "  \(formatRate(p.rate))"
+    }
+
+    private static func short(_ row: Row) -> String {
+        if let result = row.result { return result.hasPrefix("FAILED") ? "FAILED" : result }
+        if let p = row.progress, row.phase == "sending" { return String(format: "%3.0f%%", p.fraction * 100) }
+        return String(row.phase.prefix(while: { $0 != "," && $0 != " " }))
     }
 }
 

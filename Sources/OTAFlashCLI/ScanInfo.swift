@@ -13,10 +13,13 @@ struct Scan: AsyncParsableCommand {
             """
     )
 
-    @OptionGroup var target: TargetOptions
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to scan on (default: the first powered one).", valueName: "hciN"))
+    var adapter: String?
+
+    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
     @OptionGroup var output: OutputOptions
 
-    @Option(name: .long, help: "Seconds to scan.")
+    @Option(name: .long, parsing: .unconditional, help: Ranges.scanTimeout.help("Seconds to scan", valueName: "seconds"))
     var timeout: Double = 5
 
     @Flag(name: .customLong("ota-only"), help: "Only devices advertising the OTA service.")
@@ -25,11 +28,12 @@ struct Scan: AsyncParsableCommand {
     @Option(name: .customLong("name-prefix"), help: "Only devices whose name starts with this.")
     var namePrefix: String?
 
-    @Option(name: .customLong("min-rssi"), help: "Only devices at least this strong (dBm, e.g. -70).")
+    @Option(name: .customLong("min-rssi"), parsing: .unconditional, help: Ranges.minRSSI.help("Only devices at least this strong, e.g. -70", valueName: "dBm"))
     var minRSSI: Int?
 
     mutating func validate() throws {
-        guard timeout > 0 else { throw ValidationError("--timeout must be positive, got \(timeout)") }
+        try Ranges.scanTimeout.check(timeout)
+        try Ranges.minRSSI.check(minRSSI)
     }
 
     func run() async throws {
@@ -43,13 +47,13 @@ struct Scan: AsyncParsableCommand {
     }
 
     private func scan(_ printer: EventPrinter) async throws {
-        let central = try target.central(address: target.simulator.enabled ? (try target.address()) : SimulatorOptions.defaultAddress)
+        let central = simulator.enabled ? simulator.central(address: SimulatorOptions.defaultAddress) : bluezCentral(adapter: adapter)
         let filter = ScanFilter(serviceUUIDs: otaOnly ? [OTAProtocol.serviceUUID] : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
         let found: [Advertisement]
         do {
-            found = try await central.scan(filter: filter, timeout: seconds(timeout))
+            found = try await central.scan(filter: filter, timeout: Ranges.scanTimeout.duration(timeout))
         } catch {
-            throw CLIFailure(OTAError.from(error, device: target.adapter ?? "the adapter"))
+            throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
         }
         for ad in found {
             let ota = ad.serviceUUIDs.contains(OTAProtocol.serviceUUID)
@@ -70,7 +74,8 @@ struct Info: AsyncParsableCommand {
             """
     )
 
-    @OptionGroup var target: TargetOptions
+    @OptionGroup var target: ConnectionOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
@@ -85,10 +90,10 @@ struct Info: AsyncParsableCommand {
     }
 
     private func info(_ printer: EventPrinter) async throws {
-        let address = try target.address()
-        let central = try target.central(address: address)
+        let address = try target.address(simulator: simulator.enabled)
+        let central = simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
         do {
-            let connection = try await central.connect(to: address, timeout: seconds(target.connectTimeout))
+            let connection = try await central.connect(to: address, timeout: Ranges.connectTimeout.duration(target.connectTimeout))
             defer { Task { await connection.disconnect() } }
             let report = try await DeviceReport.read(from: connection)
             printer.json(report.event(device: address.description))

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Synchronization
 
 /// Turns SIGINT/SIGTERM into task cancellation: the first signal asks the running work to stop
 /// cleanly (the current write finishes and the device stays resumable); a second one exits at
@@ -9,11 +10,15 @@ import Foundation
 /// async-unsafe runs in signal context.
 final class InterruptHandler {
     private let sources: [any DispatchSourceSignal]
+    private let count = ManagedCounter()
+
+    /// True once SIGINT or SIGTERM arrived: the run ends with the `interrupted` code.
+    var signalled: Bool { count.value > 0 }
 
     /// - Parameter onFirst: called on the first signal (cancel the work, print a note).
     init(onFirst: @escaping @Sendable (Int32) -> Void) {
         let queue = DispatchQueue(label: "otaflash.signals")
-        let count = ManagedCounter()
+        let count = self.count
         sources = [SIGINT, SIGTERM].map { sig in
             signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
@@ -21,7 +26,7 @@ final class InterruptHandler {
                 if count.increment() == 1 {
                     onFirst(sig)
                 } else {
-                    FileHandle.standardError.write(Data("otaflash: interrupted again; exiting now\n".utf8))
+                    StandardOutput().err("otaflash: interrupted again; exiting now\n")
                     exit(ExitCode.interrupted.rawValue)
                 }
             }
@@ -38,12 +43,14 @@ final class InterruptHandler {
     }
 }
 
-/// A counter touched only on the signal queue.
-private final class ManagedCounter: @unchecked Sendable {
-    // Accessed only from the serial signal queue that owns the sources.
-    private var value = 0
+/// A counter of signals received, read from any thread.
+private final class ManagedCounter: Sendable {
+    private let count = Mutex(0)
+    var value: Int { count.withLock { $0 } }
     func increment() -> Int {
-        value += 1
-        return value
+        count.withLock { c in
+            c += 1
+            return c
+        }
     }
 }

@@ -32,13 +32,13 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .long, help: "Name to advertise.")
     var name: String = "otaflash-sim"
 
-    @Option(name: .customLong("slot-size"), help: "Bytes the device's image slot holds.")
+    @Option(name: .customLong("slot-size"), parsing: .unconditional, help: Ranges.slotSize.help("Bytes the device's image slot holds", valueName: "bytes"))
     var slotSize: Int = 1 << 20
 
     @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update.")
     var firmwareVersion: String = "1.0.0"
 
-    @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"))
+    @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
 
     @OptionGroup(title: "Faults")
@@ -47,7 +47,7 @@ struct Simulate: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
 
     mutating func validate() throws {
-        guard slotSize > 0 else { throw ValidationError("--slot-size must be positive, got \(slotSize)") }
+        try Ranges.slotSize.check(slotSize)
         guard FirmwareVersion(firmwareVersion) != nil else {
             throw ValidationError("--firmware-version must look like 1.2.3, got '\(firmwareVersion)'")
         }
@@ -75,6 +75,7 @@ struct Simulate: AsyncParsableCommand {
         let stop = StopLatch()
         let signals = InterruptHandler { stop.fire(.signal($0)) }
         defer { signals.cancel() }
+        CLIContext.output.onFailure { stop.fire(.outputFailed) }
 
         let host: PeripheralHost
         do {
@@ -84,7 +85,7 @@ struct Simulate: AsyncParsableCommand {
         }
         var trace: (@Sendable (String) -> Void)?
         if output.verbose {
-            trace = { line in FileHandle.standardError.write(Data("otaflash: \(line)\n".utf8)) }
+            trace = { line in StandardOutput().err("otaflash: \(line)\n") }
         }
         let config = OTAPeripheralConfig(name: name, slotSize: slotSize, firmwareVersion: FirmwareVersion(firmwareVersion)!,
                                          faults: faults.plan, storeDirectory: store, trace: trace)
@@ -124,6 +125,8 @@ struct Simulate: AsyncParsableCommand {
                 printer.note("\(number == SIGINT ? "SIGINT" : "SIGTERM"): unregistering and exiting")
             case .stackGone:
                 failure = CLIFailure(.bluetoothUnavailable, "bluetoothd stopped (org.bluez left the bus); the OTA target is gone")
+            case .outputFailed:
+                break  // runOtaflash reports it and exits outputFailed
             }
         } catch let error as CLIFailure {
             failure = error
@@ -150,19 +153,7 @@ struct Simulate: AsyncParsableCommand {
     }
 
     static func prepareStore(_ directory: String) throws {
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
-            guard isDirectory.boolValue else { throw CLIFailure(.usage, "--store \(directory) is not a directory") }
-        } else {
-            do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            } catch {
-                throw CLIFailure(.usage, "cannot create the --store directory \(directory): \(error.localizedDescription)")
-            }
-        }
-        guard FileManager.default.isWritableFile(atPath: directory) else {
-            throw CLIFailure(.usage, "the --store directory \(directory) is not writable")
-        }
+        try OutputPaths.prepareDirectory(directory, option: "--store")
     }
 
     static func print(_ event: OTAPeripheralEvent, _ printer: EventPrinter) {
@@ -205,6 +196,8 @@ struct Simulate: AsyncParsableCommand {
 enum StopReason: Sendable {
     case signal(Int32)
     case stackGone
+    /// stdout or stderr could not be written.
+    case outputFailed
 }
 
 /// Resolves one waiter with the first reason it is given; later reasons are ignored.

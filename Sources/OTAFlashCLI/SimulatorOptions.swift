@@ -4,43 +4,57 @@ import OTADevice
 import OTAWire
 import Simulator
 
-/// Options of the built-in simulated peripheral: its link model and the faults it injects.
+/// The simulated peripheral as `scan` and `info` see it: whether to use it, and what it reports.
+public struct SimulatedDeviceOptions: ParsableArguments {
+    @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device.")
+    public var enabled = false
+
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds", valueName: "bytes"))
+    public var slotSize: Int = 1 << 20
+
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version the device reports before the update.", valueName: "version"))
+    public var firmwareVersion: String = "1.0.0"
+
+    @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
+    public var noOTAService = false
+
+    public init() {}
+
+    public func validate() throws {
+        try Ranges.simSlotSize.check(slotSize)
+        guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
+    }
+}
+
+/// Options of the built-in simulated peripheral: the device, its link model and the faults it injects.
 public struct SimulatorOptions: ParsableArguments {
+    @OptionGroup public var device: SimulatedDeviceOptions
+
     @OptionGroup(title: "Simulated faults")
     public var faultOptions: FaultOptions
 
     /// Seed of the fault generator (also seeds the reconnect jitter).
     public var seed: UInt64 { faultOptions.seed }
+    public var enabled: Bool { device.enabled }
+    public var slotSize: Int { device.slotSize }
 
-    @Flag(name: .customLong("simulator"), help: "Flash the built-in simulated peripheral instead of a Bluetooth device.")
-    public var enabled = false
-
-    @Option(name: .customLong("sim-mtu"), help: "Negotiated ATT MTU (23–517).")
+    @Option(name: .customLong("sim-mtu"), parsing: .unconditional, help: Ranges.mtu.help("Negotiated ATT MTU", valueName: "bytes"))
     public var mtu: Int = 247
 
-    @Option(name: .customLong("sim-phy"), help: "Radio PHY: 1M or 2M.")
+    @Option(name: .customLong("sim-phy"), help: ArgumentHelp("Radio PHY: 1M or 2M.", valueName: "1M|2M"), completion: .list(["1M", "2M"]))
     public var phy: String = "2M"
 
-    @Option(name: .customLong("sim-interval-ms"), help: "Connection interval in milliseconds (7.5–4000).")
+    @Option(name: .customLong("sim-interval-ms"), parsing: .unconditional, help: Ranges.interval.help("Connection interval in milliseconds", valueName: "ms"))
     public var intervalMs: Double = 15
 
-    @Option(name: .customLong("sim-packets-per-event"), help: "Most link-layer packets per connection event (default: as many as fit).")
+    @Option(name: .customLong("sim-packets-per-event"), parsing: .unconditional, help: Ranges.packetsPerEvent.help("Most link-layer packets per connection event (default: as many as fit)", valueName: "n"))
     public var packetsPerEvent: Int?
 
-    @Option(name: .customLong("sim-time"), help: "real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.")
+    @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "real|virtual|unlimited"), completion: .list(["real", "virtual", "unlimited"]))
     public var time: String = "real"
 
-    @Option(name: .customLong("sim-slot-size"), help: "Bytes the device's image slot holds.")
-    public var slotSize: Int = 1 << 20
-
-    @Option(name: .customLong("sim-firmware-version"), help: "Firmware version the device reports before the update.")
-    public var firmwareVersion: String = "1.0.0"
-
-    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"))
+    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"), completion: .directory)
     public var stateDir: String?
-
-    @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
-    public var noOTAService = false
 
     @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")
     public var dataWithoutWriteWithoutResponse = false
@@ -48,18 +62,16 @@ public struct SimulatorOptions: ParsableArguments {
     public init() {}
 
     public mutating func validate() throws {
-        guard !enabled || (23...517).contains(mtu) else { throw ValidationError("--sim-mtu must be between 23 and 517, got \(mtu)") }
+        try Ranges.mtu.check(mtu)
         guard LinkModel.PHY(rawValue: phy.uppercased()) != nil else { throw ValidationError("--sim-phy must be 1M or 2M, got '\(phy)'") }
-        guard (7.5...4000).contains(intervalMs) else { throw ValidationError("--sim-interval-ms must be between 7.5 and 4000, got \(intervalMs)") }
+        try Ranges.interval.check(intervalMs)
         guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
-        guard slotSize > 0 else { throw ValidationError("--sim-slot-size must be positive, got \(slotSize)") }
-        guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
-        if let ppe = packetsPerEvent, ppe < 1 { throw ValidationError("--sim-packets-per-event must be at least 1") }
+        try Ranges.packetsPerEvent.check(packetsPerEvent)
     }
 
     public var link: LinkModel {
         LinkModel(mtu: mtu, phy: LinkModel.PHY(rawValue: phy.uppercased()) ?? .le2M,
-                  connectionInterval: .microseconds(Int64(intervalMs * 1000)), packetsPerEvent: packetsPerEvent,
+                  connectionInterval: Ranges.interval.duration(intervalMs), packetsPerEvent: packetsPerEvent,
                   timed: time != "unlimited")
     }
 
@@ -67,10 +79,11 @@ public struct SimulatorOptions: ParsableArguments {
 
     /// The simulated device at `address`.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
-        SimulatedDeviceConfig(address: address, slotSize: slotSize,
-                              firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
-                              link: link, faults: faults, hasOTAService: !noOTAService,
-                              dataProperties: dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse])
+        var config = device.deviceConfig(address: address)
+        config.link = link
+        config.faults = faults
+        config.dataProperties = dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse]
+        return config
     }
 
     /// The simulated device (restored from `--sim-state` when given) and a central that reaches it.
@@ -97,56 +110,71 @@ public struct SimulatorOptions: ParsableArguments {
     public static let defaultAddress = DeviceAddress("C0:FF:EE:00:00:01")!
 }
 
+extension SimulatedDeviceOptions {
+    /// The simulated device at `address`, with the default link and no faults.
+    public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
+        SimulatedDeviceConfig(address: address, slotSize: slotSize,
+                              firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
+                              hasOTAService: !noOTAService)
+    }
+
+    /// A central that reaches the simulated device at `address` on the real clock.
+    func central(address: DeviceAddress) -> any GATTCentral {
+        SimulatedCentral(devices: [SimulatedDevice(deviceConfig(address: address))], clock: SystemClock())
+    }
+}
+
 /// Faults a simulated device injects, in process (`--simulator`) or served through BlueZ
 /// (`otaflash simulate`): one set of names, so a fault means the same thing on either.
 public struct FaultOptions: ParsableArguments {
     public init() {}
 
-    @Option(name: .customLong("sim-seed"), help: "Seed of the fault generator; the same seed replays the same faults.")
+    @Option(name: .customLong("sim-seed"), parsing: .unconditional, help: Ranges.seed.help("Seed of the fault generator; the same seed replays the same faults", valueName: "n"))
     var seed: UInt64 = 1
 
-    @Option(name: .customLong("sim-drop-rate"), help: "Fraction (0–1) of data packets the device drops.")
+    @Option(name: .customLong("sim-drop-rate"), parsing: .unconditional, help: Ranges.dropRate.help("Fraction of data packets the device drops", valueName: "fraction"))
     var dropRate: Double = 0
 
-    @Option(name: .customLong("sim-disconnect-at"), help: "Drop the link when the device receives this image offset (repeatable).")
+    @Option(name: .customLong("sim-disconnect-at"), parsing: .unconditionalSingleValue, help: Ranges.disconnectAt.help("Drop the link when the device receives this image offset; repeatable", valueName: "offset"))
     var disconnectAt: [Int] = []
 
-    @Option(name: .customLong("sim-reboot-at"), help: "Power-cycle the device when it receives this offset (repeatable).")
+    @Option(name: .customLong("sim-reboot-at"), parsing: .unconditionalSingleValue, help: Ranges.rebootAt.help("Power-cycle the device when it receives this offset; repeatable", valueName: "offset"))
     var rebootAt: [Int] = []
 
-    @Option(name: .customLong("sim-corrupt-at"), help: "Flip the byte at this offset as it arrives (repeatable).")
+    @Option(name: .customLong("sim-corrupt-at"), parsing: .unconditionalSingleValue, help: Ranges.corruptAt.help("Flip the byte at this offset as it arrives; repeatable", valueName: "offset"))
     var corruptAt: [Int] = []
 
-    @Option(name: .customLong("sim-corrupt-rate"), help: "Fraction (0–1) of data packets corrupted as they arrive.")
+    @Option(name: .customLong("sim-corrupt-rate"), parsing: .unconditional, help: Ranges.corruptRate.help("Fraction of data packets corrupted as they arrive", valueName: "fraction"))
     var corruptRate: Double = 0
 
-    @Option(name: .customLong("sim-gatt-error-rate"), help: "Fraction (0–1) of control point writes answered with an ATT error.")
+    @Option(name: .customLong("sim-gatt-error-rate"), parsing: .unconditional, help: Ranges.gattErrorRate.help("Fraction of control point writes answered with an ATT error", valueName: "fraction"))
     var gattErrorRate: Double = 0
 
-    @Option(name: .customLong("sim-lost-notification-rate"), help: "Fraction (0–1) of replies not notified.")
+    @Option(name: .customLong("sim-lost-notification-rate"), parsing: .unconditional, help: Ranges.lostNotificationRate.help("Fraction of replies not notified", valueName: "fraction"))
     var lostNotificationRate: Double = 0
 
-    @Option(name: .customLong("sim-slow-flash-ms"), help: "Extra flash time per KiB, in milliseconds.")
+    @Option(name: .customLong("sim-slow-flash-ms"), parsing: .unconditional, help: Ranges.slowFlash.help("Extra flash time per KiB, in milliseconds", valueName: "ms"))
     var slowFlashMs: Double = 0
 
-    @Option(name: .customLong("sim-flash-bitflip-at"), help: "Rot this flash byte after it is written (verify must reject the image).")
+    @Option(name: .customLong("sim-flash-bitflip-at"), parsing: .unconditional, help: Ranges.flashBitflipAt.help("Rot this flash byte after it is written (verify must reject the image)", valueName: "offset"))
     var flashBitflipAt: Int?
 
     public func validate() throws {
-        for (name, rate) in [("--sim-drop-rate", dropRate), ("--sim-corrupt-rate", corruptRate),
-                             ("--sim-gatt-error-rate", gattErrorRate), ("--sim-lost-notification-rate", lostNotificationRate)] {
-            guard (0...1).contains(rate) else { throw ValidationError("\(name) must be a fraction between 0 and 1, got \(rate)") }
+        for (bounds, rate) in [(Ranges.dropRate, dropRate), (Ranges.corruptRate, corruptRate),
+                               (Ranges.gattErrorRate, gattErrorRate), (Ranges.lostNotificationRate, lostNotificationRate)] {
+            try bounds.check(rate)
         }
-        guard slowFlashMs >= 0 else { throw ValidationError("--sim-slow-flash-ms must not be negative") }
-        for offset in disconnectAt + rebootAt + corruptAt + (flashBitflipAt.map { [$0] } ?? []) where offset < 0 {
-            throw ValidationError("fault offsets must not be negative, got \(offset)")
-        }
+        try Ranges.slowFlash.check(slowFlashMs)
+        try Ranges.disconnectAt.check(disconnectAt)
+        try Ranges.rebootAt.check(rebootAt)
+        try Ranges.corruptAt.check(corruptAt)
+        try Ranges.flashBitflipAt.check(flashBitflipAt)
     }
 
     public var plan: FaultPlan {
         FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
                   corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
                   lostNotificationRate: lostNotificationRate,
-                  slowFlashPerKiB: .microseconds(Int64(slowFlashMs * 1000)), flashBitFlipAt: flashBitflipAt)
+                  slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt)
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import OTAFlashCLI
 import Testing
 
 @Suite("otaflash batch")
@@ -103,5 +104,142 @@ struct BatchTests {
         let run = await otaflash(["--count", "3", samplePath("seeded-4k.bin")])
         #expect(run.code == 2)
         #expect(run.errorLines.first?.contains("--simulator") == true)
+    }
+
+    /// Every output path is checked before any radio time: a typo costs nothing.
+    @Test(arguments: [
+        (["--report", "/nonexistent/x.csv"], "--report /nonexistent/x.csv: the folder /nonexistent does not exist"),
+        (["--report", "{dir}"], "is a directory"),
+        (["--log-dir", "{dir}/file"], "--log-dir {dir}/file is a file, not a directory"),
+        (["--sim-state", "{dir}/file"], "--sim-state {dir}/file is a file, not a directory"),
+        (["--journal-dir", "{dir}/file"], "--journal-dir {dir}/file is a file, not a directory"),
+        (["--log-dir", "{dir}/file/logs"], "cannot create the --log-dir directory {dir}/file/logs"),
+    ])
+    func anUnusableOutputPathIsAUsageErrorBeforeAnyDeviceIsTouched(extra: [String], says: String) async throws {
+        let scratch = try Scratch()
+        _ = try scratch.file("file", "x")
+        let dir = scratch.url.path
+        let args = (simulator + ["--count", "3", "--json"] + extra + [samplePath("seeded-4k.bin")])
+            .map { $0.replacingOccurrences(of: "{dir}", with: dir) }
+        let run = await otaflash(args)
+        #expect(run.code == 2, "\(run.stderr)")
+        #expect(run.errorLines.count == 1, "\(run.stderr)")
+        #expect(run.errorLines.first?.contains(says.replacingOccurrences(of: "{dir}", with: dir)) == true, "\(run.stderr)")
+        #expect(!run.stdout.contains("connecting"), "a device was touched: \(run.stdout)")
+        #expect(!run.stdout.contains("\"event\":\"summary\""))
+    }
+
+    @Test func simulateChecksItsStoreBeforeServing() async throws {
+        let scratch = try Scratch()
+        let file = try scratch.file("file", "x")
+        let run = await otaflash(["simulate", "--store", file])
+        #expect(run.code == 2)
+        #expect(run.errorLines == ["otaflash: error: --store \(file) is a file, not a directory"])
+    }
+
+    /// A device log that cannot be written (here: a full disk) is one warning; the flash goes on.
+    @Test func aLogThatCannotBeWrittenIsOneWarningAndTheBatchGoesOn() async throws {
+        let scratch = try Scratch()
+        let logs = scratch.url.appendingPathComponent("logs")
+        try FileManager.default.createDirectory(at: logs, withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: logs.appendingPathComponent("C0FFEE000001.jsonl").path,
+                                                   withDestinationPath: try fullDevice())
+        let run = await otaflash(simulator + ["--count", "2", "--json", "--log-dir", logs.path, samplePath("seeded-4k.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let warnings = run.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: warning:") }
+        #expect(warnings.count == 1, "\(run.stderr)")
+        #expect(warnings.first?.contains("C0FFEE000001.jsonl: No space left on device") == true, "\(run.stderr)")
+        #expect(run.jsonEvents.last?["ok"] as? Int == 2)
+        let other = try String(contentsOfFile: logs.appendingPathComponent("C0FFEE000002.jsonl").path, encoding: .utf8)
+        #expect(other.contains("\"event\":\"done\""))
+    }
+
+    /// Ctrl-C (or SIGTERM) in a batch: every device stops after its current write, each reports,
+    /// the summary is the last line, and the run exits 130.
+    @Test(arguments: [SIGINT, SIGTERM])
+    func aSignalStopsTheBatchWithExit130(signal: Int32) throws {
+        let child = try Child(["--simulator", "--count", "3", "--json", samplePath("seeded-1m.bin")])
+        #expect(child.waitForLine { $0.contains("\"event\":\"progress\"") } != nil)
+        kill(child.process.processIdentifier, signal)
+        let (stdout, exit) = child.finish()
+        #expect(!exit.signalled)
+        #expect(exit.status == 130, "\(exit.stderr)")
+        let lines = stdout.split(separator: "\n")
+        let summary = try #require(lines.last.flatMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] })
+        #expect(summary["event"] as? String == "summary", "\(stdout.suffix(500))")
+        #expect(summary["exit_code"] as? Int == 130)
+        #expect(lines.filter { $0.contains("\"event\":\"done\"") }.count == 3)
+        let errors = exit.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }
+        #expect(errors.count == 1 && errors.first?.contains("interrupted") == true, "\(exit.stderr)")
+    }
+
+    /// On a terminal, several devices share a view redrawn in place: one line per device, no scroll.
+    @Test func onATerminalEachDeviceHasOneLiveLine() async throws {
+        let output = CapturedOutput(isTerminal: true, terminalSize: (100, 40))
+        let code = await runOtaflash(simulator + ["--count", "4", "--retries", "0", "--sim-device-fault", "3:small-slot",
+                                                  samplePath("seeded-256k.bin")], output: output)
+        #expect(code == 14)
+        #expect(output.stderr.contains("\u{1B}[2K"))
+        let screen = Terminal.render(output.stderr)
+        // The view: a header and one line per device with its result, then the failure with its full reason.
+        let header = try #require(screen.firstIndex { $0.hasPrefix("4 devices:") }, "\(screen)")
+        #expect(screen[header] == "4 devices: 3 ok, 0 skipped, 1 failed")
+        let rows = Array(screen[(header + 1)...].prefix(4))
+        #expect(rows.map { String($0.prefix(17)) } == (1...4).map { "C0:FF:EE:00:00:0\($0)" })
+        #expect(rows.filter { $0.hasSuffix("  ok") }.count == 3, "\(rows)")
+        #expect(rows[2].contains("FAILED:"))
+        #expect(screen.contains { $0.hasPrefix("C0:FF:EE:00:00:03 failed: ") && $0.contains("1024") }, "\(screen)")
+        // No per-event lines scrolled by.
+        #expect(!screen.contains { $0.contains("connecting to") })
+        #expect(screen.count < 12, "\(screen)")
+    }
+
+    /// Off a terminal, human mode stays one line per event, each naming its device.
+    @Test func offATerminalEventsAreLinesNamingTheirDevice() async {
+        let run = await otaflash(simulator + ["--count", "2", samplePath("seeded-4k.bin")])
+        #expect(run.code == 0)
+        #expect(!run.stderr.contains("\u{1B}["))
+        #expect(run.stderr.contains("C0:FF:EE:00:00:02: connecting to C0:FF:EE:00:00:02"))
+    }
+}
+
+/// Plays terminal output back the way a terminal shows it: `\r`, `\n`, and the ANSI sequences
+/// the live view uses (cursor up `ESC[nA`, erase line `ESC[2K` / `ESC[K`, erase below `ESC[J`).
+enum Terminal {
+    static func render(_ text: String) -> [String] {
+        var lines: [[Character]] = [[]]
+        var row = 0, column = 0
+        var chars = Array(text)[...]
+        func put(_ c: Character) {
+            while lines[row].count < column { lines[row].append(" ") }
+            if column < lines[row].count { lines[row][column] = c } else { lines[row].append(c) }
+            column += 1
+        }
+        while let c = chars.popFirst() {
+            switch c {
+            case "\r": column = 0
+            case "\n":
+                row += 1
+                column = 0
+                if row == lines.count { lines.append([]) }
+            case "\u{1B}":
+                guard chars.first == "[" else { continue }
+                chars.removeFirst()
+                var number = ""
+                while let d = chars.first, d.isNumber { number.append(d); chars.removeFirst() }
+                let command = chars.popFirst()
+                switch command {
+                case "A": row = max(0, row - (Int(number) ?? 1))
+                case "K" where number == "2": lines[row] = []
+                case "K": lines[row].removeSubrange(min(column, lines[row].count)...)
+                case "J":
+                    lines[row].removeSubrange(min(column, lines[row].count)...)
+                    lines.removeSubrange((row + 1)...)
+                default: Issue.record("unexpected escape sequence ESC[\(number)\(command.map(String.init) ?? "")")
+                }
+            default: put(c)
+            }
+        }
+        return lines.map { String($0) }.filter { !$0.isEmpty }
     }
 }

@@ -67,6 +67,26 @@ struct FlashCommandTests {
         #expect((done["bytes_resent"] as? Int ?? 0) > 0)
     }
 
+    /// A device that already runs the version is left alone, and the run says so.
+    @Test func skipIfVersionOnOneDeviceSaysItSkipped() async throws {
+        let json = await otaflash(simulator + ["--json", "--skip-if-version", "1.0.0", samplePath("seeded-4k.bin")])
+        #expect(json.code == 0, "\(json.stderr)")
+        let done = try #require(json.jsonEvents.last)
+        #expect(done["event"] as? String == "done")
+        #expect(done["result"] as? String == "skipped")
+        #expect(done["activated"] as? Bool == false)
+        #expect(!json.stdout.contains("\"event\":\"transfer\""))
+
+        let human = await otaflash(simulator + ["--skip-if-version", "1.0.0", samplePath("seeded-4k.bin")])
+        #expect(human.code == 0)
+        #expect(human.stdout.contains("skipped, it already runs 1.0.0"), "\(human.stdout)")
+        #expect(!human.stdout.contains("verified"))
+
+        // Another version on the device: flashed as usual.
+        let other = await otaflash(simulator + ["--json", "--skip-if-version", "2.0.0", samplePath("seeded-4k.bin")])
+        #expect(other.jsonEvents.last?["result"] as? String == "ok")
+    }
+
     @Test func noActivateStopsAfterVerify() async throws {
         let run = await otaflash(simulator + ["--json", "--no-activate", samplePath("seeded-4k.bin")])
         #expect(run.code == 0)
@@ -134,5 +154,120 @@ struct ErrorTests {
         #expect(ExitCode.verifyFailed.name == "verify_failed")
         #expect(ExitCode.bluetoothUnavailable.name == "bluetooth_unavailable")
         #expect(ExitCode.success.name == "success")
+    }
+}
+
+/// The built `otaflash` as a child process, for what only a real process shows: signals, closed
+/// pipes, full disks. Its stdout is read line by line; a watchdog kills it after `limit`.
+final class Child: @unchecked Sendable {
+    let process = Process()
+    private let out = Pipe()
+    private let err = Pipe()
+    private var buffer = Data()
+
+    struct Exit {
+        let status: Int32
+        let signalled: Bool
+        let stderr: String
+    }
+
+    init(_ arguments: [String], stdout: FileHandle? = nil, limit: Double = 60) throws {
+        process.executableURL = try #require(ExecutableTests.executable, "the otaflash executable is not built next to the tests")
+        process.arguments = arguments
+        process.standardOutput = stdout ?? out
+        process.standardError = err
+        try process.run()
+        let pid = process.processIdentifier
+        DispatchQueue.global().asyncAfter(deadline: .now() + limit) { [process] in
+            if process.isRunning { kill(pid, SIGKILL) }
+        }
+    }
+
+    /// The next stdout line `accept` takes, or nil at end of file.
+    func waitForLine(_ accept: (String) -> Bool) -> String? {
+        while true {
+            while let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: buffer[buffer.startIndex..<newline], as: UTF8.self)
+                buffer.removeSubrange(buffer.startIndex...newline)
+                if accept(line) { return line }
+            }
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { return nil }
+            buffer += chunk
+        }
+    }
+
+    /// Closes the reading end of stdout, as `| head -1` does once it has its line.
+    func closeStdout() throws { try out.fileHandleForReading.close() }
+
+    /// The rest of stdout, then the exit.
+    func finish() -> (stdout: String, exit: Exit) {
+        let rest = (try? out.fileHandleForReading.readToEnd()) ?? nil
+        let stderr = (try? err.fileHandleForReading.readToEnd()) ?? nil
+        process.waitUntilExit()
+        let stdout = String(decoding: buffer + (rest ?? Data()), as: UTF8.self)
+        return (stdout, Exit(status: process.terminationStatus, signalled: process.terminationReason == .uncaughtSignal,
+                             stderr: String(decoding: stderr ?? Data(), as: UTF8.self)))
+    }
+
+    func exit() -> Exit {
+        let stderr = (try? err.fileHandleForReading.readToEnd()) ?? nil
+        process.waitUntilExit()
+        return Exit(status: process.terminationStatus, signalled: process.terminationReason == .uncaughtSignal,
+                    stderr: String(decoding: stderr ?? Data(), as: UTF8.self))
+    }
+}
+
+/// /dev/full, the device whose every write fails with ENOSPC; a test that needs it fails loudly
+/// when something replaced it with a plain file (as an atomic write over it as root does).
+func fullDevice() throws -> String {
+    var info = stat()
+    try #require(stat("/dev/full", &info) == 0 && (info.st_mode & S_IFMT) == S_IFCHR,
+                 "/dev/full is not the full device; restore it with `mknod -m 666 /dev/full c 1 7`")
+    return "/dev/full"
+}
+
+/// Output that cannot be written (a closed pipe, a full disk) is a clean stop with exit 16, never a crash.
+@Suite("otaflash output failures")
+struct OutputFailureTests {
+    @Test func aClosedStdoutPipeStopsTheFlashWithExit16() throws {
+        let child = try Child(["--simulator", "--json", samplePath("seeded-256k.bin")])
+        let first = try #require(child.waitForLine { _ in true })
+        #expect(first.contains("\"event\":\"start\""))
+        try child.closeStdout()
+        let exit = child.exit()
+        #expect(!exit.signalled, "otaflash died of a signal: \(exit.stderr)")
+        #expect(exit.status == 16, "\(exit.stderr)")
+        let errors = exit.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }
+        #expect(errors.count == 1, "\(exit.stderr)")
+        #expect(errors.first?.contains("cannot write to stdout: Broken pipe") == true, "\(exit.stderr)")
+    }
+
+    @Test func aFullDiskUnderStdoutStopsWithExit16() throws {
+        let full = try #require(FileHandle(forWritingAtPath: try fullDevice()))
+        let child = try Child(simulator + ["--json", samplePath("seeded-4k.bin")], stdout: full)
+        let exit = child.exit()
+        #expect(!exit.signalled)
+        #expect(exit.status == 16, "\(exit.stderr)")
+        #expect(exit.stderr.contains("cannot write to stdout: No space left on device"), "\(exit.stderr)")
+    }
+
+    @Test func aReportOnAFullDiskExits16AfterTheSummary() async throws {
+        let run = await otaflash(simulator + ["--count", "2", "--json", "--report", try fullDevice(), samplePath("seeded-4k.bin")])
+        #expect(run.code == 16, "\(run.stderr)")
+        #expect(run.errorLines == ["otaflash: error: cannot write the report /dev/full: No space left on device"])
+        let summary = try #require(run.jsonEvents.last)
+        #expect(summary["event"] as? String == "summary")
+        #expect(summary["exit_code"] as? Int == 16)
+    }
+
+    /// In process: the sink's stdout fails after its first line; the session is cancelled and the run exits 16.
+    @Test func aSinkThatFailsStopsTheSessionCleanly() async {
+        let output = CapturedOutput(stdoutFailsAfter: 1)
+        let code = await runOtaflash(simulator + ["--json", samplePath("seeded-256k.bin")], output: output)
+        #expect(code == 16)
+        #expect(output.stdout.split(separator: "\n").count == 1)
+        let errors = output.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }
+        #expect(errors == ["otaflash: error: cannot write to stdout: Broken pipe; stopped (exit 16)"])
     }
 }

@@ -58,4 +58,117 @@ struct HelpAndReadmeTests {
             #expect(documented[code.rawValue]?.contains(code.name) == true, "README's row for \(code.rawValue) does not name \(code.name)")
         }
     }
+
+    /// `otaflash --help` sends readers to `otaflash help flash` for the exit codes: they are there,
+    /// every one of them, generated from the code's own list.
+    @Test(arguments: [["help", "flash"], ["flash", "--help"], ["--help"]])
+    func flashHelpListsEveryExitCode(arguments: [String]) async {
+        let run = await otaflash(arguments)
+        #expect(run.code == 0)
+        let lines = run.stdout.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+        for code in ExitCode.allCases {
+            #expect(lines.contains("\(code.rawValue)".padding(toLength: 5, withPad: " ", startingAt: 0) + code.name),
+                    "\(arguments.joined(separator: " ")) does not list exit code \(code.rawValue) \(code.name)")
+        }
+    }
+
+    @Test(arguments: ["bogus", "flahs"])
+    func helpForAnUnknownCommandIsAUsageError(name: String) async {
+        let run = await otaflash(["help", name])
+        #expect(run.code == 2)
+        #expect(run.errorLines == ["otaflash: error: unknown command '\(name)': the commands are flash, scan, info, simulate, help"])
+        #expect(run.stdout.isEmpty)
+    }
+
+    /// `scan` and `info` show the simulator switch and what the simulated device reports, not the
+    /// link model and fault options that only a transfer uses.
+    @Test(arguments: ["scan", "info"])
+    func scanAndInfoHelpListOnlyTheSimulatorOptionsThatApply(command: String) async {
+        let run = await otaflash([command, "--help"])
+        #expect(run.code == 0)
+        let simOptions = Set(run.stdout.matches(of: /--sim[-a-z]*/).map { String($0.output) })
+        #expect(simOptions == ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service"], "\(simOptions.sorted())")
+        for option in ["--checkpoint-interval", "--write-path", "--parallel"] {
+            #expect(!run.stdout.contains(option), "\(command) --help lists \(option)")
+        }
+    }
+
+    @Test func infoReadsTheSimulatedDevice() async throws {
+        let run = await otaflash(["info", "--simulator", "--sim-firmware-version", "3.1.4", "--json"])
+        #expect(run.code == 0, "\(run.stderr)")
+        let info = try #require(run.jsonEvents.first { $0["event"] as? String == "info" })
+        #expect(info["ota_firmware_version"] as? String == "3.1.4")
+    }
+
+    /// Completes `line` (the cursor at its end) with the bash script otaflash generates, in a real bash.
+    static func bashCompletions(_ line: String, in directory: URL) async throws -> [String] {
+        let scratch = try Scratch()
+        let script = scratch.url.appendingPathComponent("otaflash.bash")
+        let output = CapturedOutput()
+        let code = await runOtaflash(["--generate-completion-script", "bash"], output: output)
+        try #require(code == 0)
+        try output.stdout.write(to: script, atomically: true, encoding: .utf8)
+        let bash = Process()
+        bash.executableURL = URL(fileURLWithPath: "/bin/bash")
+        bash.currentDirectoryURL = directory
+        bash.environment = ["PATH": "/usr/bin:/bin", "LINE": line]
+        bash.arguments = ["-c", """
+            source "\(script.path)"
+            read -r -a COMP_WORDS <<<"$LINE"
+            [[ "$LINE" == *" " ]] && COMP_WORDS+=("")
+            COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMP_LINE="$LINE"; COMP_POINT=${#LINE}
+            _otaflash otaflash "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
+            printf '%s\\n' "${COMPREPLY[@]}"
+            """]
+        let out = Pipe()
+        bash.standardOutput = out
+        try bash.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        bash.waitUntilExit()
+        try #require(bash.terminationStatus == 0)
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+    }
+
+    /// Bash completion works for the form README uses (flash is the default command) and offers
+    /// images for the image argument.
+    @Test(arguments: [
+        ("otaflash --dev", ["--device", "--devices-file"]),
+        ("otaflash --simulator --sim-mt", ["--sim-mtu"]),
+        ("otaflash --simulator --sim-time virtual --sim-fl", ["--sim-flash-bitflip-at"]),
+        ("otaflash flash --dev", ["--device", "--devices-file"]),
+        ("otaflash sc", ["scan"]),
+        ("otaflash ", ["flash", "scan", "info", "simulate", "help", "app.bin", "app.hex", "images"]),
+        ("otaflash --simulator ", ["app.bin", "app.hex", "images"]),
+        ("otaflash --write-path ", ["acquire-write", "write-value"]),
+        ("otaflash --simulator --sim-time ", ["real", "virtual", "unlimited"]),
+        ("otaflash --simulator --sim-state ", ["images"]),
+        ("otaflash scan --sim", ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service"]),
+    ])
+    func bashCompletesTheDefaultCommand(line: String, expected: [String]) async throws {
+        let scratch = try Scratch()
+        for name in ["app.bin", "app.hex", "notes.txt"] { _ = try scratch.file(name, "") }
+        try FileManager.default.createDirectory(at: scratch.url.appendingPathComponent("images"), withIntermediateDirectories: true)
+        let offered = try await Self.bashCompletions(line, in: scratch.url)
+        #expect(offered.sorted() == expected.sorted(), "\(line)<TAB>")
+    }
+
+    @Test(arguments: ["zsh", "fish"])
+    func otherShellsGetAScript(shell: String) async {
+        let run = await otaflash(["--generate-completion-script", shell])
+        #expect(run.code == 0)
+        #expect(run.stdout.contains("sim-mtu"))
+    }
+
+    @Test func anUnknownShellIsAUsageError() async {
+        let run = await otaflash(["--generate-completion-script", "tcsh"])
+        #expect(run.code == 2)
+        #expect(run.errorLines.first?.contains("bash, zsh or fish") == true)
+    }
+
+    @Test func readmeSaysHowToInstallCompletions() throws {
+        let readme = try String(contentsOf: repositoryRoot.appendingPathComponent("README.md"), encoding: .utf8)
+        for shell in ["bash", "zsh", "fish"] {
+            #expect(readme.contains("otaflash --generate-completion-script \(shell)"), "README does not say how to install \(shell) completions")
+        }
+    }
 }

@@ -1,0 +1,175 @@
+import ArgumentParser
+import Foundation
+import OTA
+
+/// A number an option accepts: whole numbers and fractions print as a person would write them.
+protocol OptionNumber: Comparable, Sendable {
+    var optionText: String { get }
+}
+
+extension Int: OptionNumber { var optionText: String { String(self) } }
+extension UInt64: OptionNumber { var optionText: String { String(self) } }
+extension Double: OptionNumber {
+    var optionText: String {
+        isFinite && self == rounded() && Swift.abs(self) < 1e15 ? String(Int64(self)) : "\(self)"
+    }
+}
+
+/// A numeric option's documented range: stated in its help text and checked in `validate()`, so
+/// that no value (negative, huge, `inf`, `nan`) reaches code that could trap on it.
+struct Bounds<Value: OptionNumber>: Sendable {
+    let option: String
+    let range: ClosedRange<Value>
+    /// The unit after the numbers, e.g. " seconds" (with its leading space), or "".
+    let unit: String
+
+    init(_ option: String, _ range: ClosedRange<Value>, unit: String = "") {
+        self.option = option
+        self.range = range
+        self.unit = unit
+    }
+
+    /// "23–517", or "0.001–86400 seconds".
+    var text: String { "\(range.lowerBound.optionText)–\(range.upperBound.optionText)\(unit)" }
+
+    /// Help text ending with the range, e.g. "Negotiated ATT MTU (23–517).".
+    func help(_ what: String, valueName: String? = nil) -> ArgumentHelp {
+        ArgumentHelp("\(what) (\(text)).", valueName: valueName)
+    }
+
+    func check(_ value: Value) throws(ValidationError) {
+        guard range.contains(value) else {
+            throw ValidationError("\(option) must be between \(range.lowerBound.optionText) and \(range.upperBound.optionText)\(unit), got \(value.optionText)")
+        }
+    }
+
+    func check(_ value: Value?) throws(ValidationError) {
+        if let value { try check(value) }
+    }
+
+    func check(_ values: [Value]) throws(ValidationError) {
+        for value in values { try check(value) }
+    }
+}
+
+extension Bounds where Value == Double {
+    /// The option's value as a duration: the one conversion every seconds (or milliseconds) option
+    /// goes through. The value is clamped into the range first, so even an unchecked `inf` or
+    /// `nan` cannot trap here; `validate()` has refused those with a line that names the range.
+    func duration(_ value: Double) -> Duration {
+        let clamped = value.isNaN ? range.lowerBound : Swift.min(Swift.max(value, range.lowerBound), range.upperBound)
+        let scale = unit == " ms" ? 1e3 : 1e6
+        return .microseconds(Int64((clamped * scale).rounded()))
+    }
+}
+
+/// Every numeric option's range, in one place: the help texts, `validate()` and the parse-error
+/// lines all read them from here.
+enum Ranges {
+    static let day = 86_400.0
+    static func timeout(_ option: String) -> Bounds<Double> { Bounds(option, 0.001...day, unit: " seconds") }
+
+    static let connectTimeout = timeout("--connect-timeout")
+    static let replyTimeout = timeout("--reply-timeout")
+    static let verifyTimeout = timeout("--verify-timeout")
+    static let activateTimeout = timeout("--activate-timeout")
+    static let reconnectWindow = Bounds("--reconnect-window", 0...day, unit: " seconds")
+    static let scanWindow = timeout("--scan-window")
+    static let scanTimeout = timeout("--timeout")
+    static let checkpointInterval = Bounds("--checkpoint-interval", 256...(16 << 20), unit: " bytes")
+    /// Bluetooth Core 5.x, Vol 4, Part E, 7.7.65.2: an advertising report's RSSI is -127 to +20 dBm.
+    static let minRSSI = Bounds("--min-rssi", -127...20, unit: " dBm")
+    static let count = Bounds("--count", 1...1000)
+    static let parallel = Bounds("--parallel", 1...1000)
+    static let perAdapter = Bounds("--per-adapter", 1...64)
+    static let retries = Bounds("--retries", 0...100)
+    static let simDevice = Bounds("--sim-device-fault N", 1...1000)
+    /// Bluetooth Core 5.x, Vol 3, Part F, 3.2.8: ATT_MTU of LE is at least 23; 517 holds the longest attribute value.
+    static let mtu = Bounds("--sim-mtu", 23...517)
+    /// Bluetooth Core 5.x, Vol 6, Part B, 4.5.1: a connection interval is 7.5 ms to 4 s.
+    static let interval = Bounds("--sim-interval-ms", 7.5...4000, unit: " ms")
+    static let packetsPerEvent = Bounds("--sim-packets-per-event", 1...1000)
+    /// The device reports its slot as a 32-bit size.
+    static let simSlotSize = Bounds("--sim-slot-size", 1...Int(UInt32.max), unit: " bytes")
+    static let slotSize = Bounds("--slot-size", 1...Int(UInt32.max), unit: " bytes")
+    static let seed = Bounds("--sim-seed", 0...UInt64.max)
+    static func rate(_ option: String) -> Bounds<Double> { Bounds(option, 0...1) }
+    static let dropRate = rate("--sim-drop-rate")
+    static let corruptRate = rate("--sim-corrupt-rate")
+    static let gattErrorRate = rate("--sim-gatt-error-rate")
+    static let lostNotificationRate = rate("--sim-lost-notification-rate")
+    static let slowFlash = Bounds("--sim-slow-flash-ms", 0...1e9, unit: " ms")
+    /// Offsets past the largest image otaflash sends would never fire.
+    static func offset(_ option: String) -> Bounds<Int> { Bounds(option, 0...FirmwareImage.maximumSize) }
+    static let disconnectAt = offset("--sim-disconnect-at")
+    static let rebootAt = offset("--sim-reboot-at")
+    static let corruptAt = offset("--sim-corrupt-at")
+    static let flashBitflipAt = offset("--sim-flash-bitflip-at")
+
+    /// Each option's range as text, for the line that reports a value that is not a number at all.
+    static let texts: [String: String] = {
+        let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
+                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt]
+        let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow,
+                                         scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
+                                         lostNotificationRate, slowFlash]
+        var texts: [String: String] = [seed.option: "a whole number " + seed.text]
+        for b in ints { texts[b.option] = "a whole number " + b.text }
+        for b in doubles { texts[b.option] = "a number " + b.text }
+        return texts
+    }()
+
+    /// ArgumentParser's "The value 'x' is invalid for '--opt <v>'" with the option's range added.
+    static func explain(_ line: String) -> String {
+        guard line.hasPrefix("The value "),
+              let match = line.firstMatch(of: /is invalid for '(-[-A-Za-z0-9]+)/),
+              let text = texts[String(match.1)] else { return line }
+        return line + ": expected " + text
+    }
+}
+
+/// Checks of the paths a run writes to, made before any radio time so that a typo costs nothing.
+enum OutputPaths {
+    /// A file the run will create or replace: its folder must exist and be writable, and it must
+    /// not be a folder itself.
+    static func checkFile(_ path: String, option: String) throws(CLIFailure) {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            if isDirectory.boolValue { throw CLIFailure(.usage, "\(option) \(path) is a directory; give a file path") }
+            guard access(path, W_OK) == 0 else { throw CLIFailure(.usage, "\(option) \(path) is not writable") }
+            return
+        }
+        let parent = (path as NSString).deletingLastPathComponent
+        let folder = parent.isEmpty ? "." : parent
+        guard FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw CLIFailure(.usage, "\(option) \(path): the folder \(folder) does not exist; create it first")
+        }
+        guard access(folder, W_OK | X_OK) == 0 else {
+            throw CLIFailure(.usage, "\(option) \(path): the folder \(folder) is not writable")
+        }
+    }
+
+    /// A folder the run will write into: created when missing; it must be a writable folder.
+    static func prepareDirectory(_ path: String, option: String) throws(CLIFailure) {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else { throw CLIFailure(.usage, "\(option) \(path) is a file, not a directory") }
+        } else {
+            do {
+                try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            } catch {
+                throw CLIFailure(.usage, "cannot create the \(option) directory \(path): \(reason(error))")
+            }
+        }
+        guard access(path, W_OK | X_OK) == 0 else { throw CLIFailure(.usage, "the \(option) directory \(path) is not writable") }
+    }
+
+    /// The POSIX reason of a Foundation file error ("Permission denied"), else its description.
+    static func reason(_ error: any Error) -> String {
+        let ns = error as NSError
+        if let underlying = ns.userInfo[NSUnderlyingErrorKey] as? NSError, underlying.domain == NSPOSIXErrorDomain {
+            return String(cString: strerror(Int32(underlying.code)))
+        }
+        return ns.localizedDescription
+    }
+}
