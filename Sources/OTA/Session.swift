@@ -376,7 +376,7 @@ public actor OTASession {
             guard let limit = stallDeadline(), clock.now >= limit else { return }
             stall.hold(at: clock.now)
             throw OTAError(.timeout, "\(device) confirmed no new data in \(stall.limit.seconds) s of connected time (\(engine.acked) of \(image.size) bytes confirmed, \(engine.stats.rewinds) rewinds, \(engine.stats.rollbacks) rollbacks)",
-                           hint: "the link loses or corrupts the data, or the device stopped answering: check the link and the device, then run the same command again to resume",
+                           hint: "the link loses or corrupts the data, the device writes its flash too slowly, or it stopped answering: check the link and the device, then run the same command again to resume",
                            resumable: true)
         }
 

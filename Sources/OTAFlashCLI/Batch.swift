@@ -171,7 +171,7 @@ extension Flash {
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
         let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: config,
-                                   timeouts: SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout)),
+                                   timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory))
         let logs = batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }

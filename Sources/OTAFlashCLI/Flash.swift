@@ -139,12 +139,16 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("reconnect-window"), parsing: .unconditional, help: Ranges.reconnectWindow.help("Seconds to keep reconnecting after the link is lost; 0: do not reconnect", valueName: "seconds"))
     var reconnectWindow: Double = 60
 
+    @Option(name: .customLong("stall-timeout"), parsing: .unconditional, help: Ranges.stallTimeout.help("Seconds of connected time without new data confirmed before the transfer gives up (never below --reply-timeout)", valueName: "seconds"))
+    var stallTimeout: Double = 30
+
     mutating func validate() throws {
         try Ranges.checkpointInterval.check(checkpointInterval)
         try Ranges.replyTimeout.check(replyTimeout)
         try Ranges.verifyTimeout.check(verifyTimeout)
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
+        try Ranges.stallTimeout.check(stallTimeout)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -208,7 +212,7 @@ struct Flash: AsyncParsableCommand {
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
         let session = OTASession(central: central, address: address, image: firmware, config: config,
-                                 timeouts: SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout)),
+                                 timeouts: sessionTimeouts,
                                  reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                  journal: journal,
                                  logger: output.logger("otaflash.session"))
@@ -251,6 +255,10 @@ struct Flash: AsyncParsableCommand {
 }
 
 extension Flash {
+    var sessionTimeouts: SessionTimeouts {
+        SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
+    }
+
     var engineConfig: EngineConfig {
         EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),

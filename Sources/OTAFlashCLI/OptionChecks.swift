@@ -74,6 +74,7 @@ enum Ranges {
     static let verifyTimeout = timeout("--verify-timeout")
     static let activateTimeout = timeout("--activate-timeout")
     static let reconnectWindow = Bounds("--reconnect-window", 0...day, unit: " seconds")
+    static let stallTimeout = timeout("--stall-timeout")
     static let scanWindow = timeout("--scan-window")
     static let scanTimeout = timeout("--timeout")
     static let checkpointInterval = Bounds("--checkpoint-interval", 256...(16 << 20), unit: " bytes")
@@ -105,12 +106,13 @@ enum Ranges {
     static let rebootAt = offset("--sim-reboot-at")
     static let corruptAt = offset("--sim-corrupt-at")
     static let flashBitflipAt = offset("--sim-flash-bitflip-at")
+    static let stopAnsweringAt = offset("--sim-stop-answering-at")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
-                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt]
-        let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow,
+                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt]
+        let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
                                          lostNotificationRate, slowFlash]
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]

@@ -159,6 +159,9 @@ public struct FaultOptions: ParsableArguments {
     @Option(name: .customLong("sim-flash-bitflip-at"), parsing: .unconditional, help: Ranges.flashBitflipAt.help("Rot this flash byte after it is written (verify must reject the image)", valueName: "offset"))
     var flashBitflipAt: Int?
 
+    @Option(name: .customLong("sim-stop-answering-at"), parsing: .unconditional, help: Ranges.stopAnsweringAt.help("The device hangs when it receives this offset: it ignores data and answers no command", valueName: "offset"))
+    var stopAnsweringAt: Int?
+
     public func validate() throws {
         for (bounds, rate) in [(Ranges.dropRate, dropRate), (Ranges.corruptRate, corruptRate),
                                (Ranges.gattErrorRate, gattErrorRate), (Ranges.lostNotificationRate, lostNotificationRate)] {
@@ -169,12 +172,13 @@ public struct FaultOptions: ParsableArguments {
         try Ranges.rebootAt.check(rebootAt)
         try Ranges.corruptAt.check(corruptAt)
         try Ranges.flashBitflipAt.check(flashBitflipAt)
+        try Ranges.stopAnsweringAt.check(stopAnsweringAt)
     }
 
     public var plan: FaultPlan {
         FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
                   corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
                   lostNotificationRate: lostNotificationRate,
-                  slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt)
+                  slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt, stopAnsweringAt: stopAnsweringAt)
     }
 }

@@ -271,3 +271,29 @@ struct OutputFailureTests {
         #expect(errors == ["otaflash: error: cannot write to stdout: Broken pipe; stopped (exit 16)"])
     }
 }
+
+/// A device that accepts commands but never confirms data still ends, with its own exit code and
+/// a line that says why, within the bound the options give (README, "Time limits").
+@Suite("otaflash flash: devices that never confirm")
+struct NeverConfirmingDeviceTests {
+    @Test(arguments: [
+        (["--sim-drop-rate", "1"], Int32(10), "no new data in 2.0 s of connected time"),
+        (["--sim-corrupt-rate", "1"], Int32(9), "no new data in 64 recoveries in a row"),
+        (["--sim-stop-answering-at", "2000"], Int32(10), "no new data in 2.0 s of connected time"),
+    ])
+    func endsWithItsOwnCodeAndLine(fault: [String], code: Int32, line: String) async throws {
+        let run = await otaflash(simulator + fault + ["--stall-timeout", "2", "--reply-timeout", "0.5", "--reconnect-window", "0",
+                                                      samplePath("seeded-256k.bin")])
+        #expect(run.code == code, "\(run.stderr)")
+        #expect(run.errorLines.count == 1, "\(run.stderr)")
+        #expect(run.errorLines.first?.contains(line) == true, "\(run.stderr)")
+    }
+
+    @Test func theStallTimeoutHasARange() async {
+        for value in ["0", "inf", "nan", "-3"] {
+            let run = await otaflash(simulator + ["--stall-timeout", value, samplePath("seeded-4k.bin")])
+            #expect(run.code == 2)
+            #expect(run.stderr.contains("--stall-timeout must be between 0.001 and 86400 seconds"), "\(run.stderr)")
+        }
+    }
+}
