@@ -109,8 +109,9 @@ public protocol TransferEngine: Sendable {
     var failedIn: TransferPhase? { get }
     /// How long to wait for the reply to the command in flight.
     var currentTimeout: Duration { get }
-    /// Whether a command awaits its reply (else an idle stream is a stalled engine).
-    var hasCommandInFlight: Bool { get }
+    /// Whether the engine waits for the device: a command's reply, or a receipt it asked for.
+    /// An engine that has nothing to send and waits for nothing is stalled (a bug).
+    var isAwaitingReply: Bool { get }
     /// Next image offset to send.
     var sent: Int { get }
     /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
@@ -198,6 +199,17 @@ public protocol OTAProfile: Sendable {
     /// Image bytes per data packet at ATT MTU `mtu`.
     func chunkSize(mtu: Int) -> Int
     func makeEngine(image: FirmwareImage, config: EngineConfig) -> Engine
+
+    /// Runs `session` with this profile's concrete types, so that per data packet the session
+    /// calls the engine directly rather than through an existential. The default implementation
+    /// is the only right one.
+    func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult
+}
+
+extension OTAProfile {
+    public func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        try await session.run(self, events: events)
+    }
 }
 
 extension OTAProfile {

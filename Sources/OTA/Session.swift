@@ -205,11 +205,12 @@ public actor OTASession {
     /// Throws `OTAError` with a one-line message. Cancelling the task stops it between two writes,
     /// leaving the device resumable (`interrupted`).
     public func run(events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async throws(OTAError) -> OTAResult {
-        try await run(profile, events: events)
+        try await profile.run(self, events: events)
     }
 
-    /// `run` with the profile's type known, so the engine is a concrete value in the hot loop.
-    private func run<Profile: OTAProfile>(_ profile: Profile,
+    /// `run` with the profile's type known, so the engine is a concrete value in the hot loop
+    /// (reached through `OTAProfile.run(_:events:)`, which specializes it per profile).
+    func run<Profile: OTAProfile>(_ profile: Profile,
                                           events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         var engine = profile.makeEngine(image: image, config: config)
         if config.restart {
@@ -444,7 +445,7 @@ public actor OTASession {
                 }
             }
             if !actions.isEmpty { continue }
-            guard engine.hasCommandInFlight else {
+            guard engine.isAwaitingReply else {
                 throw OTAError(.internalError, "the engine stalled with nothing in flight in phase \(engine.phase); please report this")
             }
 

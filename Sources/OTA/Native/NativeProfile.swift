@@ -78,7 +78,7 @@ public struct NativeEngine: TransferEngine {
     public var phase: TransferPhase { core.phase }
     public var failedIn: TransferPhase? { core.failedIn }
     public var currentTimeout: Duration { core.currentTimeout }
-    public var hasCommandInFlight: Bool { core.commandInFlight != nil }
+    public var isAwaitingReply: Bool { core.commandInFlight != nil }
     public var sent: Int { core.sent }
     public var acked: Int { core.acked }
     public var ackedCRC: UInt32 { core.ackedCRC }
