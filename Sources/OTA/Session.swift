@@ -340,6 +340,17 @@ public actor OTASession {
                                       rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - started).seconds)))
         }
 
+        /// Before a command goes out: the events of the phase it belongs to (a streaming engine
+        /// may send its first verifying command as a stream step or as an action).
+        func announcePhase() {
+            if engine.phase == .verifying, streamEnd == nil {
+                streamEnd = clock.now
+                report(force: true)
+                events(.verifying(device: device))
+            }
+            if engine.phase == .activating { events(.activating(device: device)) }
+        }
+
         var journaled = engine.acked
         /// Records a newly confirmed checkpoint in the journal.
         func recordProgress() {
@@ -380,12 +391,7 @@ public actor OTASession {
             for action in actions {
                 switch action {
                 case .write(let write):
-                    if engine.phase == .verifying, streamEnd == nil {
-                        streamEnd = clock.now
-                        report(force: true)
-                        events(.verifying(device: device))
-                    }
-                    if engine.phase == .activating { events(.activating(device: device)) }
+                    announcePhase()
                     if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
                                                      on: connection, profile: profile.name) {
                         commandTicket = ticket
@@ -435,6 +441,7 @@ public actor OTASession {
                     }
                     report(force: false)
                 case .write(let write):
+                    announcePhase()
                     if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
                                                      on: connection, profile: profile.name) {
                         commandTicket = ticket
