@@ -211,7 +211,7 @@ public actor OTASession {
     /// `run` with the profile's type known, so the engine is a concrete value in the hot loop
     /// (reached through `OTAProfile.run(_:events:)`, which specializes it per profile).
     func run<Profile: OTAProfile>(_ profile: Profile,
-                                          events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+                                  events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         var engine = profile.makeEngine(image: image, config: config)
         if config.restart {
             journal?.remove(device: device, image: image)

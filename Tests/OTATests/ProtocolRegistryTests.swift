@@ -3,26 +3,12 @@ import OTA
 import OTAWire
 import Testing
 
-/// A second protocol for the registry to choose from: it sends packages, and its service is Nordic's.
-private struct PackageProfile: OTAProfile {
-    var name: String { "package" }
-    var serviceUUID: BluetoothUUID { BluetoothUUID(uint16: 0xFE59) }
-    var imageFormats: Set<ImageFormat.Kind> { [.nordicDFUPackage] }
-    func attach(to connection: any GATTConnection, device: String,
-                discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<DeviceInfo> {
-        throw OTAError(.incompatibleDevice, "not attachable")
-    }
-    func chunkSize(mtu: Int) -> Int { mtu - 3 }
-    func makeEngine(image: FirmwareImage, config: EngineConfig) -> NativeEngine {
-        NativeEngine(OTAEngine(image: image, config: config))
-    }
-}
+/// Another protocol for the registry to choose from; nothing attaches to it.
+private struct OtherProfile: OTAProfile {
+    let name: String
+    let serviceUUID: BluetoothUUID
+    let imageFormats: Set<ImageFormat.Kind>
 
-/// A protocol that also sends raw binaries, registered after native.
-private struct RawProfile: OTAProfile {
-    var name: String { "raw" }
-    var serviceUUID: BluetoothUUID { BluetoothUUID(uint16: 0x1234) }
-    var imageFormats: Set<ImageFormat.Kind> { [.rawBinary] }
     func attach(to connection: any GATTConnection, device: String,
                 discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<DeviceInfo> {
         throw OTAError(.incompatibleDevice, "not attachable")
@@ -34,7 +20,12 @@ private struct RawProfile: OTAProfile {
 }
 
 @Suite struct ProtocolRegistryTests {
-    let registry = ProtocolRegistry([NativeProfile(), PackageProfile(), RawProfile()])
+    /// Native; one that sends packages under Nordic's service; one that also sends raw binaries.
+    let registry = ProtocolRegistry([
+        NativeProfile(),
+        OtherProfile(name: "package", serviceUUID: BluetoothUUID(uint16: 0xFE59), imageFormats: [.nordicDFUPackage]),
+        OtherProfile(name: "raw", serviceUUID: BluetoothUUID(uint16: 0x1234), imageFormats: [.rawBinary]),
+    ])
 
     @Test func theStandardRegistryHasNative() throws {
         #expect(ProtocolRegistry.standard.names == ["native"])
