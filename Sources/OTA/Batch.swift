@@ -25,6 +25,8 @@ public struct BatchOptions: Sendable {
     /// Whole-session attempts after the first, once a session's own reconnects gave up.
     public var retries: Int
     public var config: EngineConfig
+    /// The protocol spoken to every device.
+    public var profile: any OTAProfile
     public var timeouts: SessionTimeouts
     public var reconnect: ReconnectPolicy
     public var journal: JournalStore?
@@ -32,12 +34,13 @@ public struct BatchOptions: Sendable {
     public var readBackVersion: Bool
 
     public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
-                timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
                 journal: JournalStore? = nil, readBackVersion: Bool = true) {
         self.parallel = parallel
         self.perAdapter = perAdapter
         self.retries = retries
         self.config = config
+        self.profile = profile
         self.timeouts = timeouts
         self.reconnect = reconnect
         self.journal = journal
@@ -139,7 +142,7 @@ public struct BatchRunner: Sendable {
         while attempt <= options.retries {
             attempt += 1
             if Task.isCancelled { break }
-            let session = OTASession(central: target.central, address: target.address, image: image, config: options.config,
+            let session = OTASession(central: target.central, address: target.address, image: image, config: options.config, profile: options.profile,
                                      timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
                                      logger: logger)
             do {
@@ -165,10 +168,10 @@ public struct BatchRunner: Sendable {
         do {
             let connection = try await target.central.connect(to: target.address, timeout: options.timeouts.connect)
             defer { Task { await connection.disconnect() } }
-            let chars = try await OTASession.discover(on: connection)
-            let info = try DeviceInfo(decoding: try await connection.read(chars.info))
+            let version = try await options.profile.firmwareVersion(on: connection, device: target.address.description,
+                                                                    discoveryTimeout: options.timeouts.discovery)
             await connection.disconnect()
-            return info.firmwareVersion
+            return version
         } catch {
             logger.debug("could not read the version back", metadata: ["device": "\(target.address)", "error": "\(error)"])
             return nil

@@ -7,7 +7,8 @@ import OTAWire
 public enum SessionEvent: Sendable {
     case connecting(device: String)
     case connected(device: String, mtu: Int, chunkSize: Int)
-    case deviceInfo(device: String, info: DeviceInfo)
+    /// The profile attached to the device and read its state.
+    case deviceInfo(device: String, info: DeviceSummary)
     /// BEGIN accepted; `resumeOffset` > 0 when the device already held part of this image.
     case transferStarted(device: String, resumeOffset: Int, total: Int)
     case progress(TransferProgress)
@@ -77,7 +78,7 @@ public struct OTAResult: Sendable, Hashable {
     /// The device already ran `EngineConfig.skipIfVersion`: nothing was sent.
     public var skipped: Bool = false
     public var firmwareBefore: FirmwareVersion?
-    public var stats: OTAEngine.Stats
+    public var stats: TransferStats
 
     /// Image bytes this run brought to the device (less what it already held), per second.
     public var throughput: Double {
@@ -139,15 +140,20 @@ struct StallBudget {
     var deadline: Duration? { since.map { $0 + left } }
 }
 
-/// Drives one `OTAEngine` over one `GATTConnection`: the thin layer that does the I/O.
+/// Drives one protocol's engine over one `GATTConnection`: the thin layer that does the I/O, and
+/// the supervisor around it.
 ///
-/// It connects, finds the OTA service and checks its characteristics, reads the device's info,
-/// then feeds the engine every event and carries out every action. Data packets go through the
-/// transport's non-waiting fast path when it has room, so a fast link costs no suspension per packet.
+/// It connects, lets the profile find its service and read the device's state, then feeds the
+/// engine every event and carries out every action. Data packets go through the transport's
+/// non-waiting fast path when it has room, so a fast link costs no suspension per packet. Any
+/// `OTAProfile` runs here the same way: reconnects, the stall budget, the journal and the events
+/// are the session's, never the protocol's.
 public actor OTASession {
     public let device: String
     public let image: FirmwareImage
     public let config: EngineConfig
+    /// The protocol spoken to the device.
+    public let profile: any OTAProfile
     public let timeouts: SessionTimeouts
     public let reconnect: ReconnectPolicy
     /// Where confirmed progress is recorded (nil: nowhere).
@@ -159,7 +165,7 @@ public actor OTASession {
     public static let progressInterval: Duration = .milliseconds(250)
 
     public init(device: String, image: FirmwareImage, config: EngineConfig = EngineConfig(),
-                timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
                 journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
                 logger: Logger = Logger(label: "otaflash.session"),
                 connect: @escaping @Sendable () async throws(GATTError) -> any GATTConnection) {
@@ -167,6 +173,7 @@ public actor OTASession {
         self.device = device
         self.image = image
         self.config = config
+        self.profile = profile
         self.timeouts = timeouts
         self.reconnect = reconnect
         self.clock = clock
@@ -176,34 +183,14 @@ public actor OTASession {
 
     /// Connects to `address` through `central`.
     public init(central: any GATTCentral, address: DeviceAddress, image: FirmwareImage,
-                config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
+                config: EngineConfig = EngineConfig(), profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
                 logger: Logger = Logger(label: "otaflash.session")) {
         let connectTimeout = timeouts.connect
-        self.init(device: address.description, image: image, config: config, timeouts: timeouts, reconnect: reconnect,
+        self.init(device: address.description, image: image, config: config, profile: profile, timeouts: timeouts, reconnect: reconnect,
                   journal: journal, clock: central.clock, logger: logger) { () async throws(GATTError) in
             try await central.connect(to: address, timeout: connectTimeout)
         }
-    }
-
-    /// The OTA characteristics of a connected device, checked for the properties the protocol needs.
-    public struct OTACharacteristics: Sendable {
-        public let controlPoint: GATTCharacteristic
-        public let data: GATTCharacteristic
-        public let info: GATTCharacteristic
-    }
-
-    /// Finds the OTA service and checks each characteristic, naming what is missing.
-    public static func discover(on connection: any GATTConnection) async throws(GATTError) -> OTACharacteristics {
-        let service = try await connection.discoverService(OTAProtocol.serviceUUID, name: "OTA")
-        let cp = try service.requireCharacteristic(OTAProtocol.controlPointUUID, name: "control point")
-        let data = try service.requireCharacteristic(OTAProtocol.dataUUID, name: "data")
-        let info = try service.requireCharacteristic(OTAProtocol.infoUUID, name: "info")
-        try cp.require(.write, for: "writing commands to the control point")
-        try cp.require(.notify, for: "notifications from the control point")
-        try data.require(.writeWithoutResponse, for: "streaming to the data characteristic with write without response")
-        try info.require(.read, for: "reading the info characteristic")
-        return OTACharacteristics(controlPoint: cp, data: data, info: info)
     }
 
     /// The longest a run goes on after the device last confirmed new data (or after it started),
@@ -218,7 +205,14 @@ public actor OTASession {
     /// Throws `OTAError` with a one-line message. Cancelling the task stops it between two writes,
     /// leaving the device resumable (`interrupted`).
     public func run(events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async throws(OTAError) -> OTAResult {
-        var engine = OTAEngine(image: image, config: config)
+        try await profile.run(self, events: events)
+    }
+
+    /// `run` with the profile's type known, so the engine is a concrete value in the hot loop
+    /// (reached through `OTAProfile.run(_:events:)`, which specializes it per profile).
+    func run<Profile: OTAProfile>(_ profile: Profile,
+                                  events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        var engine = profile.makeEngine(image: image, config: config)
         if config.restart {
             journal?.remove(device: device, image: image)
         } else if let entry = journal?.load(device: device, image: image) {
@@ -231,14 +225,14 @@ public actor OTASession {
         var outageStart: Duration?
         let started = clock.now
         while true {
-            try checkCancelled(engine)
+            try checkCancelled(confirmed: engine.acked)
             events(.connecting(device: device))
             let ackedBefore = engine.acked
             let failure: OTAError
             do {
                 let connection = try await connectOrThrow()
                 do {
-                    var result = try await drive(&engine, on: connection, stall: &stall, events: events)
+                    var result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
                     await connection.disconnect()
                     journal?.remove(device: device, image: image)
                     result.seconds = (clock.now - started).seconds
@@ -250,7 +244,7 @@ public actor OTASession {
             } catch {
                 failure = error
             }
-            if Task.isCancelled { throw interrupted(engine) }
+            if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
             if failure.code == .verifyFailed { journal?.remove(device: device, image: image) }
             // A new connection helps a lost or stuck link; it cannot make a device confirm data it
             // keeps losing (the stall budget is spent) or verify faster.
@@ -275,7 +269,7 @@ public actor OTASession {
             do {
                 try await clock.sleep(for: delay)
             } catch {
-                throw interrupted(engine)
+                throw interrupted(confirmed: engine.acked)
             }
         }
     }
@@ -288,44 +282,43 @@ public actor OTASession {
         }
     }
 
-    private func checkCancelled(_ engine: OTAEngine) throws(OTAError) {
-        if Task.isCancelled { throw interrupted(engine) }
+    private func checkCancelled(confirmed: Int) throws(OTAError) {
+        if Task.isCancelled { throw interrupted(confirmed: confirmed) }
     }
 
-    private func interrupted(_ engine: OTAEngine) -> OTAError {
-        OTAError(.interrupted, "interrupted with \(engine.acked) of \(image.size) bytes confirmed by \(device)",
+    private func interrupted(confirmed: Int) -> OTAError {
+        OTAError(.interrupted, "interrupted with \(confirmed) of \(image.size) bytes confirmed by \(device)",
                  hint: "the device keeps them: run the same command again to resume", resumable: true)
     }
 
-    private func drive(_ engine: inout OTAEngine, on connection: any GATTConnection, stall: inout StallBudget,
-                       events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+    private func drive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, on connection: any GATTConnection,
+                                            stall: inout StallBudget,
+                                            events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let clock = connection.clock
         let started = clock.now
-        let chars: OTACharacteristics
-        let info: DeviceInfo
+        let link = try await profile.attach(to: connection, device: device, discoveryTimeout: timeouts.discovery)
         let mtu: Int
         do {
-            chars = try await withTimeout(timeouts.discovery, clock: clock, "discovering the OTA service") { () async throws(GATTError) in
-                try await Self.discover(on: connection)
-            }
-            try await connection.setNotifications(true, for: chars.controlPoint)
-            info = try DeviceInfo(decoding: try await connection.read(chars.info))
             mtu = try await connection.mtu()
-        } catch let error as GATTError {
-            throw OTAError.from(error, device: device)
         } catch {
-            throw OTAError(.protocolError, "\(device) sent an info value otaflash cannot read: \(error)", cause: error)
+            throw OTAError.from(error, device: device)
         }
-        events(.deviceInfo(device: device, info: info))
-        if let skip = config.skipIfVersion, info.firmwareVersion == skip {
+        guard let control = link.characteristics[.control], let data = link.characteristics[.data] else {
+            throw OTAError(.internalError, "the \(profile.name) profile attached without a control and a data characteristic; please report this")
+        }
+        // Notifications by characteristic, looked up without hashing.
+        let roles = link.characteristics.map { (id: $0.value.id, role: $0.key) }
+        events(.deviceInfo(device: device, info: link.summary))
+        if let skip = config.skipIfVersion, link.firmwareVersion == skip {
             return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu, chunkSize: 0, seconds: 0,
-                             transferSeconds: 0, activated: false, skipped: true, firmwareBefore: info.firmwareVersion,
+                             transferSeconds: 0, activated: false, skipped: true, firmwareBefore: link.firmwareVersion,
                              stats: engine.stats)
         }
-        events(.connected(device: device, mtu: mtu, chunkSize: OTAProtocol.chunkSize(mtu: mtu)))
+        events(.connected(device: device, mtu: mtu, chunkSize: profile.chunkSize(mtu: mtu)))
         defer { stall.hold(at: clock.now) }
-        var actions = engine.handle(.connected(info: info, mtu: mtu))
-        logger.debug("connected", metadata: ["device": "\(device)", "mtu": "\(mtu)", "slot": "\(info.maxImageSize)"])
+        var actions = engine.handle(.connected(link.peer, mtu: mtu))
+        logger.debug("connected", metadata: ["device": "\(device)", "protocol": "\(profile.name)", "mtu": "\(mtu)",
+                                             "slot": "\(link.summary.slotSize.map(String.init) ?? "?")"])
 
         var meter = RateMeter(start: clock.now)
         var lastProgress = clock.now - Self.progressInterval
@@ -334,7 +327,6 @@ public actor OTASession {
         var announcedStart = false
         var streamStart: Duration?
         var streamEnd: Duration?
-        let bytes = image.bytes
 
         func report(force: Bool) {
             let now = clock.now
@@ -346,6 +338,17 @@ public actor OTASession {
             let left = Double(image.size - engine.sent)
             events(.progress(TransferProgress(device: device, bytes: engine.sent, confirmed: engine.acked, total: image.size,
                                       rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - started).seconds)))
+        }
+
+        /// Before a command goes out: the events of the phase it belongs to (a streaming engine
+        /// may send its first verifying command as a stream step or as an action).
+        func announcePhase() {
+            if engine.phase == .verifying, streamEnd == nil {
+                streamEnd = clock.now
+                report(force: true)
+                events(.verifying(device: device))
+            }
+            if engine.phase == .activating { events(.activating(device: device)) }
         }
 
         var journaled = engine.acked
@@ -381,24 +384,17 @@ public actor OTASession {
         }
 
         while true {
-            try checkCancelled(engine)
+            try checkCancelled(confirmed: engine.acked)
             try checkStall()
             recordProgress()
             // Carry out what the engine asked for.
             for action in actions {
                 switch action {
-                case .send(let request):
-                    if request == .verify, streamEnd == nil {
-                        streamEnd = clock.now
-                        report(force: true)
-                        events(.verifying(device: device))
-                    }
-                    if request == .activate { events(.activating(device: device)) }
-                    do {
-                        commandTicket = try connection.submitWrite(request.encoded, to: chars.controlPoint)
-                    } catch {
-                        if error.code == .notConnected { break }
-                        throw OTAError.from(error, device: device)
+                case .write(let write):
+                    announcePhase()
+                    if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
+                                                     on: connection, profile: profile.name) {
+                        commandTicket = ticket
                     }
                     deadline = clock.now + engine.currentTimeout
                 case .finished:
@@ -407,7 +403,7 @@ public actor OTASession {
                     return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu,
                                      chunkSize: engine.chunkSize, seconds: (clock.now - started).seconds,
                                      transferSeconds: streamed.seconds,
-                                     activated: config.activate, firmwareBefore: info.firmwareVersion, stats: engine.stats)
+                                     activated: config.activate, firmwareBefore: link.firmwareVersion, stats: engine.stats)
                 case .failed(let error):
                     throw error
                 }
@@ -423,10 +419,10 @@ public actor OTASession {
             streaming: while true {
                 switch engine.nextStreamStep() {
                 case .data(let offset, let count):
-                    let packet = DataPacket.encode(offset: UInt32(offset), payload: bytes[offset..<(offset + count)])
+                    let packet = engine.dataPacket(offset: offset, count: count)
                     do {
-                        if try !connection.tryWriteWithoutResponse(packet, to: chars.data) {
-                            try await connection.write(packet, to: chars.data, type: .withoutResponse)
+                        if try !connection.tryWriteWithoutResponse(packet, to: data) {
+                            try await connection.write(packet, to: data, type: .withoutResponse)
                         }
                     } catch {
                         if error.code == .notConnected {
@@ -435,8 +431,8 @@ public actor OTASession {
                         }
                         throw OTAError.from(error, device: device)
                     }
-                    if Task.isCancelled { throw interrupted(engine) }
-                    if let event = connection.pollEvent(), let mapped = map(event, chars, &commandTicket) {
+                    if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
+                    if let event = connection.pollEvent(), let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
                         actions = engine.handle(mapped)
                         if !actions.isEmpty { break streaming }
                         // A device that keeps answering with rewinds never lets the stream idle.
@@ -444,11 +440,11 @@ public actor OTASession {
                         recordProgress()
                     }
                     report(force: false)
-                case .command(let request):
-                    do {
-                        commandTicket = try connection.submitWrite(request.encoded, to: chars.controlPoint)
-                    } catch {
-                        if error.code != .notConnected { throw OTAError.from(error, device: device) }
+                case .write(let write):
+                    announcePhase()
+                    if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
+                                                     on: connection, profile: profile.name) {
+                        commandTicket = ticket
                     }
                     deadline = clock.now + engine.currentTimeout
                 case .idle:
@@ -456,32 +452,51 @@ public actor OTASession {
                 }
             }
             if !actions.isEmpty { continue }
-            guard engine.commandInFlight != nil else {
+            guard engine.isAwaitingReply else {
                 throw OTAError(.internalError, "the engine stalled with nothing in flight in phase \(engine.phase); please report this")
             }
 
             // Wait for the reply, an event, or the deadline.
             let until = min(deadline, stallDeadline() ?? deadline)
             let next = await connection.nextEvent(timeout: max(.zero, until - clock.now))
-            try checkCancelled(engine)
+            try checkCancelled(confirmed: engine.acked)
             guard let event = next else {
                 if clock.now < deadline { continue }  // the stall deadline: checked at the loop's top
                 actions = engine.handle(.timeout)
                 if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
                 continue
             }
-            if let mapped = map(event, chars, &commandTicket) {
+            if let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
                 actions = engine.handle(mapped)
             }
             report(force: false)
         }
     }
 
+    /// Writes a command: with response through the ticketed path (its failure comes back as an
+    /// event, so the ticket is returned), else without. A link already gone is left to its
+    /// disconnect event.
+    private func submit(_ write: TransferWrite, to target: GATTCharacteristic?, on connection: any GATTConnection,
+                        profile: String) async throws(OTAError) -> WriteTicket? {
+        guard let target else {
+            throw OTAError(.internalError, "the \(profile) engine wrote to \(write.role), which its profile did not attach; please report this")
+        }
+        do {
+            if write.withResponse { return try connection.submitWrite(write.bytes, to: target) }
+            try await connection.write(write.bytes, to: target, type: .withoutResponse)
+        } catch {
+            if error.code != .notConnected { throw OTAError.from(error, device: device) }
+        }
+        return nil
+    }
+
     /// Turns a transport event into an engine event; nil for events the engine does not need.
-    private func map(_ event: GATTEvent, _ chars: OTACharacteristics, _ ticket: inout WriteTicket?) -> OTAEngine.Event? {
+    private func map<Peer: Sendable>(_ event: GATTEvent, _ roles: [(id: String, role: CharacteristicRole)], _ ticket: inout WriteTicket?,
+                           as: Peer.Type) -> TransferEvent<Peer>? {
         switch event {
         case .notification(let id, let value):
-            return id == chars.controlPoint.id ? .notification(value) : nil
+            guard let role = roles.first(where: { $0.id == id })?.role else { return nil }
+            return .notification(role, value)
         case .writeCompleted(let t, let error):
             guard t == ticket, let error else { return nil }
             ticket = nil

@@ -42,7 +42,7 @@ public struct DeviceModel: Sendable {
     /// Identifies one held CHECKPOINT; a token whose CHECKPOINT was since answered, replaced or
     /// cancelled wakes nothing.
     public struct Token: Sendable, Hashable {
-        fileprivate let id: UInt64
+        let id: UInt64
     }
 
     /// An output and when it is due.

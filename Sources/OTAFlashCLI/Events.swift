@@ -246,8 +246,8 @@ public enum FlashEvents {
         case .connected(let device, let mtu, let chunk):
             Connected(device: device, mtu: mtu, chunk: chunk)
         case .deviceInfo(let device, let info):
-            DeviceInfo(device: device, protocol: Int(info.protocolVersion), state: info.state.description,
-                       slotSize: Int(info.maxImageSize), firmwareVersion: info.firmwareVersion.description)
+            DeviceInfo(device: device, protocol: info.protocolVersion ?? 0, state: info.state,
+                       slotSize: info.slotSize ?? 0, firmwareVersion: info.firmwareVersion?.description ?? "unknown")
         case .transferStarted(let device, let offset, let total):
             Transfer(device: device, resumeOffset: offset, total: total)
         case .progress(let p):

@@ -268,7 +268,8 @@ public final class EventPrinter: Sendable {
         case .connected(_, let mtu, let chunk):
             note("connected: MTU \(mtu), \(chunk) image bytes per packet")
         case .deviceInfo(_, let info):
-            note("device firmware \(info.firmwareVersion), slot \(formatBytes(Int(info.maxImageSize))), state \(info.state)")
+            let slot = info.slotSize.map { ", slot \(formatBytes($0))" } ?? ""
+            note("device firmware \(info.firmwareVersion?.description ?? "unknown")\(slot), state \(info.state)")
         case .transferStarted(_, let offset, let total):
             if offset > 0 { note("resuming at \(formatBytes(offset)) of \(formatBytes(total))") }
         case .progress(let p):

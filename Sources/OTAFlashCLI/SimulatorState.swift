@@ -27,7 +27,7 @@ enum SimulatorState {
     static func save(_ device: SimulatedDevice, to dir: String) throws {
         let fm = FileManager.default
         try fm.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let target = device.target
+        guard let target = device.target else { return }  // only the native model's state is saved
         let base = URL(fileURLWithPath: dir)
         try Data(target.flash).write(to: base.appendingPathComponent("flash.bin"), options: .atomic)
         let encoder = JSONEncoder()

@@ -29,7 +29,7 @@ public final class SimulatedCentral: GATTCentral {
         // A rebooting device does not advertise: the attempt waits for it to come back, and
         // fails as a connection error when that is past the deadline.
         let (availableAt, gone) = device.state.withLock { s in
-            (s.model.availableAt, s.model.device.refusesConnection(after: s.connections))
+            (s.model.availableAt, s.model.refusesConnection(after: s.connections))
         }
         if gone || availableAt > deadline {
             try await sleep(until: deadline)

@@ -57,11 +57,11 @@ public final class SimulatedConnection: GATTConnection {
             try await waitUntil { l, now throws(GATTError) in
                 try l.requireUp(at: now)
                 guard l.model.timed else {
-                    l.enqueue(.command(characteristic.id, value), device: device, now: now)
+                    l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
                     return .done
                 }
                 if l.forward.count - l.forwardHead < l.model.txQueueDepth {
-                    l.enqueue(.command(characteristic.id, value), device: device, now: now)
+                    l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
                     return .done
                 }
                 return .wait(l.nextSendTime)
@@ -87,7 +87,7 @@ public final class SimulatedConnection: GATTConnection {
             l.run(until: now, device: device)
             try l.requireUp(at: now)
             guard !l.model.timed || l.forward.count - l.forwardHead < l.model.txQueueDepth else { return false }
-            l.enqueue(.command(characteristic.id, value), device: device, now: now)
+            l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
             return true
         }
     }
@@ -104,7 +104,7 @@ public final class SimulatedConnection: GATTConnection {
         let ticket = WriteTicket(l.nextTicket)
         l.outstanding.insert(ticket)
         if blocking { l.blocking.insert(ticket) }
-        l.enqueue(.request(c.id, value, ticket), device: device, now: now)
+        l.enqueue(.request(c.uuid, value, ticket), device: device, now: now)
         return ticket
     }
 
@@ -222,8 +222,10 @@ struct Link {
     var blockingResults: [WriteTicket: GATTError?] = [:]
 
     enum Forward {
-        case command(String, [UInt8])
-        case request(String, [UInt8], WriteTicket)
+        /// A write without response to the characteristic with this UUID.
+        case command(BluetoothUUID, [UInt8])
+        /// A write with response, answered with a completion of `WriteTicket`.
+        case request(BluetoothUUID, [UInt8], WriteTicket)
 
         var bytes: [UInt8] {
             switch self {
@@ -404,55 +406,36 @@ struct Link {
     }
 
     /// The peripheral receives a PDU at time `t`: the device model decides what follows and when
-    /// (`DeviceModel`), the link carries it out.
+    /// (`PeripheralModel`), the link carries it out.
     private mutating func deliver(_ pdu: Forward, at t: Duration, device: SimulatedDevice) {
-        var outputs: [DeviceModel.Timed] = []
-        var replies: [Reverse] = []
-        device.state.withLock { d in
-            switch pdu {
-            case .command(let id, let bytes):
-                guard id == SimulatedDevice.Handle.data else { return }
-                outputs = d.model.receiveData(bytes, at: t)
-
-            case .request(let id, let bytes, let ticket) where id == SimulatedDevice.Handle.data:
-                let (acknowledged, notifications) = d.model.receiveAcknowledgedData(bytes, at: t)
-                replies.append(Reverse(time: acknowledged, event: .writeCompleted(ticket, nil), size: 1))
-                outputs = notifications
-
-            case .request(let id, let bytes, let ticket):
-                guard id == SimulatedDevice.Handle.controlPoint else {
-                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.writeNotPermitted, "writing \(id)")), size: 5))
-                    return
-                }
-                let result = d.model.receiveCommand(bytes, at: t)
-                switch result.reply {
-                case .success(let at):
-                    replies.append(Reverse(time: at, event: .writeCompleted(ticket, nil), size: 1))
-                case .injectedError:
-                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(.unlikelyError, "writing the control point")), size: 5))
-                case .busy:
-                    replies.append(Reverse(time: t, event: .writeCompleted(ticket, .att(ATTError(rawValue: 0x80 | OTAStatus.busy.rawValue), "writing the control point")), size: 5))
-                case .away:
-                    break  // nothing answers; the link is already down
-                }
-                outputs = result.outputs
+        let result: PeripheralWriteResult
+        switch pdu {
+        case .command(let uuid, let bytes):
+            result = device.state.withLock { $0.model.write(bytes, to: uuid, withResponse: false, from: nil, at: t) }
+        case .request(let uuid, let bytes, let ticket):
+            result = device.state.withLock { $0.model.write(bytes, to: uuid, withResponse: true, from: nil, at: t) }
+            switch result.reply {
+            case .success(let at):
+                enqueueReverse(Reverse(time: at, event: .writeCompleted(ticket, nil), size: 1))
+            case .failure(let error, let what):
+                enqueueReverse(Reverse(time: t, event: .writeCompleted(ticket, .att(error, what)), size: 5))
+            case .away:
+                break  // nothing answers; the link is already down
             }
         }
-        for r in replies { enqueueReverse(r) }
-        carryOut(outputs, now: t, device: device)
+        if !result.outputs.isEmpty { carryOut(result.outputs, now: t, device: device) }
     }
 
-    /// Held CHECKPOINTs' deadlines (`DeviceModel.Output.wake`), in the order they were set.
-    var wakes: [(at: Duration, token: DeviceModel.Token)] = []
+    /// Held checkpoints' deadlines (`PeripheralOutput.wake`), in the order they were set.
+    var wakes: [(at: Duration, token: UInt64)] = []
 
     /// Does what the device model decided, each at its time.
-    private mutating func carryOut(_ outputs: [DeviceModel.Timed], now t: Duration, device: SimulatedDevice) {
-        let notifyCP = notifying.contains(SimulatedDevice.Handle.controlPoint)
+    private mutating func carryOut(_ outputs: [PeripheralTimed], now t: Duration, device: SimulatedDevice) {
         for timed in outputs {
             switch timed.output {
-            case .notify(let value):
-                if notifyCP {
-                    enqueueReverse(Reverse(time: timed.at, event: .notification(characteristicID: SimulatedDevice.Handle.controlPoint, value: value), size: value.count + 3))
+            case .notify(let uuid, let value):
+                if let id = device.handle(of: uuid), notifying.contains(id) {
+                    enqueueReverse(Reverse(time: timed.at, event: .notification(characteristicID: id, value: value), size: value.count + 3))
                 }
             case .dropLink(let reason):
                 drop(at: timed.at, reason: .linkLost(reason), noticeAfter: model.supervisionTimeout, device: device)
@@ -517,7 +500,7 @@ struct Link {
         wakes.removeAll()
         device?.state.withLock { d in
             d.connected = false
-            d.model.linkDropped()
+            d.model.linkDropped(central: nil)
         }
     }
 }

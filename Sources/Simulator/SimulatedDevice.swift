@@ -50,12 +50,18 @@ public struct SimulatedDeviceConfig: Sendable {
 
 /// A simulated peripheral that outlives its connections: its flash and transfer state persist
 /// across disconnects and reboots, as a real device's do.
+///
+/// It hosts any protocol's device model (`PeripheralModel`): the model says what the device
+/// exposes and does, the device gives its characteristics handles and the link carries out the
+/// model's timed outputs. The native OTA device (`NativePeripheral`) is the default.
 public final class SimulatedDevice: Sendable {
     public let config: SimulatedDeviceConfig
     let state: Mutex<DeviceState>
+    /// The GATT table, with attribute handles as characteristic ids (fixed for the device's life).
+    let services: [GATTService]
 
     struct DeviceState {
-        var model: DeviceModel
+        var model: any PeripheralModel
         var connections = 0
         var connected = false
     }
@@ -65,63 +71,77 @@ public final class SimulatedDevice: Sendable {
     }
 
     /// A device that continues from a saved state (see `saveState`), e.g. across runs of a tool.
-    public init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
-        self.config = config
-        state = Mutex(DeviceState(model: DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: config.timing)))
+    public convenience init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
+        let model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: config.timing)
+        self.init(config, model: NativePeripheral(model: model, manufacturer: config.manufacturer, modelNumber: config.model,
+                                                  hasOTAService: config.hasOTAService, dataProperties: config.dataProperties))
     }
 
-    /// The OTA state machine, for inspection by tests and tools.
-    public var target: OTATarget { state.withLock { $0.model.target } }
+    /// A device running `model`, another protocol's device among them. Of `config`, only the
+    /// identity (address, name, RSSI) and the link apply; the model brings the rest.
+    public init(_ config: SimulatedDeviceConfig, model: any PeripheralModel) {
+        self.config = config
+        self.services = Self.table(model.services)
+        state = Mutex(DeviceState(model: model))
+    }
 
-    /// The image most recently activated, if any.
-    public var activatedImage: [UInt8]? { state.withLock { $0.model.target.lastActivation?.image } }
+    /// Attribute handles as BLE servers lay them out: each service at a multiple of 0x10 from
+    /// 0x0010, each characteristic's value handle three after the previous one.
+    private static func table(_ services: [PeripheralService]) -> [GATTService] {
+        services.enumerated().map { index, service in
+            let base = 0x10 * (index + 1)
+            let characteristics = service.characteristics.enumerated().map { offset, c in
+                GATTCharacteristic(uuid: c.uuid, properties: c.properties, id: handle(base + 2 + 3 * offset))
+            }
+            return GATTService(uuid: service.uuid, characteristics: characteristics, id: handle(base))
+        }
+    }
 
-    public var firmwareVersion: FirmwareVersion { state.withLock { $0.model.target.firmwareVersion } }
+    private static func handle(_ value: Int) -> String {
+        let hex = String(value, radix: 16)
+        return "0x" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
+    }
+
+    /// The characteristic with handle `id`.
+    func characteristic(_ id: String) -> GATTCharacteristic? {
+        for service in services {
+            if let c = service.characteristics.first(where: { $0.id == id }) { return c }
+        }
+        return nil
+    }
+
+    /// The handle of the characteristic `uuid` (the first, if several services have one).
+    func handle(of uuid: BluetoothUUID) -> String? {
+        for service in services {
+            if let c = service.characteristics.first(where: { $0.uuid == uuid }) { return c.id }
+        }
+        return nil
+    }
+
+    /// The hosted model, when it is an `M`.
+    public func model<M: PeripheralModel>(as type: M.Type) -> M? {
+        state.withLock { $0.model as? M }
+    }
+
+    /// The native OTA state machine, for inspection by tests and tools (nil for another protocol's model).
+    public var target: OTATarget? { model(as: NativePeripheral.self)?.model.target }
+
+    /// The image most recently activated by the native model, if any.
+    public var activatedImage: [UInt8]? { target?.lastActivation?.image }
+
+    /// The firmware version the native model runs (nil for another protocol's model).
+    public var firmwareVersion: FirmwareVersion? { target?.firmwareVersion }
 
     /// Number of connections accepted so far.
     public var connectionCount: Int { state.withLock { $0.connections } }
 
     public var advertisement: Advertisement {
         Advertisement(address: config.address, name: config.name, rssi: config.rssi,
-                      serviceUUIDs: config.hasOTAService ? [OTAProtocol.serviceUUID] : [])
-    }
-
-    /// The GATT table, with attribute handles as characteristic ids.
-    var services: [GATTService] {
-        var out: [GATTService] = []
-        if config.hasOTAService {
-            out.append(GATTService(uuid: OTAProtocol.serviceUUID, characteristics: [
-                GATTCharacteristic(uuid: OTAProtocol.controlPointUUID, properties: [.write, .notify], id: Handle.controlPoint),
-                GATTCharacteristic(uuid: OTAProtocol.dataUUID, properties: config.dataProperties, id: Handle.data),
-                GATTCharacteristic(uuid: OTAProtocol.infoUUID, properties: [.read], id: Handle.info),
-            ], id: "0x0010"))
-        }
-        out.append(GATTService(uuid: DeviceInformationService.serviceUUID, characteristics: [
-            GATTCharacteristic(uuid: DeviceInformationService.manufacturerNameUUID, properties: [.read], id: Handle.manufacturer),
-            GATTCharacteristic(uuid: DeviceInformationService.modelNumberUUID, properties: [.read], id: Handle.model),
-            GATTCharacteristic(uuid: DeviceInformationService.firmwareRevisionUUID, properties: [.read], id: Handle.firmwareRevision),
-        ], id: "0x0020"))
-        return out
-    }
-
-    enum Handle {
-        static let controlPoint = "0x0012"
-        static let data = "0x0015"
-        static let info = "0x0017"
-        static let manufacturer = "0x0022"
-        static let model = "0x0024"
-        static let firmwareRevision = "0x0026"
+                      serviceUUIDs: state.withLock { $0.model.advertisedServices })
     }
 
     func readValue(_ id: String) -> [UInt8]? {
-        state.withLock { s in
-            switch id {
-            case Handle.info: s.model.target.info.encoded
-            case Handle.manufacturer: Array(config.manufacturer.utf8)
-            case Handle.model: Array(config.model.utf8)
-            case Handle.firmwareRevision: Array(s.model.target.firmwareVersion.description.utf8)
-            default: nil
-            }
-        }
+        guard let uuid = characteristic(id)?.uuid else { return nil }
+        return state.withLock { $0.model.read(uuid) }
     }
 }

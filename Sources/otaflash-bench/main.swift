@@ -75,7 +75,7 @@ func baselineGoodput(_ link: LinkModel, batch: Int) async throws -> Double {
     let d = device(link)
     let central = SimulatedCentral(devices: [d])
     let conn = try await central.connect(to: d.config.address, timeout: .seconds(5))
-    let chars = try await OTASession.discover(on: conn)
+    let chars = try await NativeProfile.discover(on: conn)
     try await conn.setNotifications(true, for: chars.controlPoint)
     let chunk = OTAProtocol.chunkSize(mtu: try await conn.mtu())
     let clock = conn.clock

@@ -171,7 +171,7 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     var record = RunRecord(outcome: "", violation: nil, reconnects: reconnects.value, resumeResends: [],
                            bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall,
                            afterProgress: (clock.now - lastProgress.at).seconds, neverConfirms: scenario.neverConfirms != nil)
-    let activation = device.target.lastActivation
+    let activation = device.target?.lastActivation
     if let activation, activation.image != image.bytes || activation.crc != image.crc32 {
         record.violation = "activated an image that differs from the one sent"
     }

@@ -44,8 +44,8 @@ struct SimulatedSessionTests {
         #expect(result.bytes == entry.size)
         #expect(result.activated)
         #expect(device.activatedImage == image.bytes)
-        #expect(device.target.lastActivation?.crc == image.crc32)
-        #expect(device.target.activationCount == 1)
+        #expect(device.target?.lastActivation?.crc == image.crc32)
+        #expect(device.target?.activationCount == 1)
         #expect(result.stats.bytesSent == image.size)
         #expect(result.seconds > 0)
     }
@@ -93,7 +93,7 @@ struct SimulatedSessionTests {
         let result = try await flash(Self.image, to: device, config: Self.config).get()
         #expect(fault.fired(result.stats), "the fault did not fire: \(result.stats)")
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activationCount == 1)
+        #expect(device.target?.activationCount == 1)
     }
 
     /// A session with `device` alone on a virtual clock, each of whose connections goes through `wrap`.
@@ -116,7 +116,7 @@ struct SimulatedSessionTests {
         #expect(result.stats.commandRetries > 0, "no notification was lost: \(result.stats)")
         #expect(result.activated)
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activationCount == 1)
+        #expect(device.target?.activationCount == 1)
     }
 
     /// Without reconnecting, a lost ACTIVATE reply ends the run with a resumable connection error
@@ -129,7 +129,7 @@ struct SimulatedSessionTests {
         #expect(error.resumable)
         #expect(error.message.contains("while activating: the image was verified, but activation was not confirmed"), "\(error)")
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activationCount == 1)
+        #expect(device.target?.activationCount == 1)
     }
 
     @Test func slowFlashTakesLongerAndStillActivatesTheImage() async throws {
@@ -148,7 +148,7 @@ struct SimulatedSessionTests {
         }
         #expect(error.code == .verifyFailed)
         #expect(device.activatedImage == nil)
-        #expect(device.target.activationCount == 0)
+        #expect(device.target?.activationCount == 0)
         #expect(device.firmwareVersion == FirmwareVersion(major: 1, minor: 0, patch: 0))
     }
 
@@ -194,7 +194,7 @@ struct SimulatedSessionTests {
         #expect(error.code == .connection)
         #expect(error.resumable)
         #expect(device.activatedImage == nil)
-        let held = device.target.received
+        let held = try #require(device.target?.received)
         #expect(held > 0)
 
         let result = try await flash(Self.image, to: device, through: central, config: Self.config).get()
@@ -218,7 +218,7 @@ struct SimulatedSessionTests {
         #expect(result.stats.resumedFrom.last ?? 0 > 0)
         #expect(result.stats.bytesSent - Self.image.size <= Self.config.window)
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activationCount == 1)
+        #expect(device.target?.activationCount == 1)
     }
 
     /// The device booted the image but its reply to ACTIVATE never arrived. Reconnecting must not
@@ -231,7 +231,7 @@ struct SimulatedSessionTests {
         #expect(result.activated)
         #expect(device.connectionCount == 2)
         #expect(device.activatedImage == Self.image.bytes)
-        #expect(device.target.activationCount == 1, "the image was activated \(device.target.activationCount) times")
+        #expect(device.target?.activationCount == 1, "the image was activated \(device.target?.activationCount) times")
         #expect(result.stats.bytesSent == Self.image.size, "sent \(result.stats.bytesSent) bytes for a \(Self.image.size)-byte image")
         #expect(result.stats.bytesResent == 0)
         // The second connection sent no BEGIN: the engine started only once.
@@ -254,9 +254,9 @@ struct SimulatedSessionTests {
         #expect(result.stats.packets == 0)
         #expect(result.stats.checkpoints == 0)
         #expect(result.stats.resumedFrom.isEmpty, "BEGIN was sent")
-        #expect(device.target.pending == nil)
-        #expect(device.target.received == 0)
-        #expect((device.target.activationCount == 0))
+        #expect(device.target?.pending == nil)
+        #expect(device.target?.received == 0)
+        #expect((device.target?.activationCount == 0))
         #expect(device.connectionCount == 1)
     }
 
@@ -283,8 +283,8 @@ struct SimulatedSessionTests {
         #expect(error.description == "the device is busy with another central's transfer; wait for it to finish, then run the same command again")
         // It is not a link problem: no reconnect, and nothing reached the device.
         #expect(device.connectionCount == 1)
-        #expect(device.target.pending == nil)
-        #expect(device.target.received == 0)
+        #expect(device.target?.pending == nil)
+        #expect(device.target?.received == 0)
     }
 
     /// After a reboot the device keeps only what its last committed checkpoint covered.
@@ -293,7 +293,7 @@ struct SimulatedSessionTests {
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
         let first = await flash(Self.image, to: device, through: central, config: Self.config)
         #expect(first.failureKind == .connection, "\(first)")
-        let target = device.target
+        let target = try #require(device.target)
         #expect(target.received == target.committed)
         #expect(target.committed > 0 && target.committed <= 40_000)
         // At most one checkpoint window was unconfirmed when the device went down.
@@ -305,7 +305,7 @@ struct SimulatedSessionTests {
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
         let first = await flash(Self.image, to: device, through: central, config: Self.config)
         #expect(first.failureKind == .connection, "\(first)")
-        #expect(device.target.received > 0)
+        #expect(try #require(device.target?.received) > 0)
         let restart = EngineConfig(checkpointInterval: 4096, restart: true)
         let result = try await flash(Self.image, to: device, through: central, config: restart).get()
         #expect(result.stats.bytesSent == Self.image.size)
@@ -321,7 +321,7 @@ struct SimulatedSessionTests {
             return
         }
         #expect(error.code == .imageTooLarge)
-        #expect(device.target.pending == nil)
+        #expect(device.target?.pending == nil)
     }
 
     @Test func deviceWithoutTheOTAServiceIsIncompatible() async {

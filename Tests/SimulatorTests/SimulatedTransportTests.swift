@@ -113,7 +113,7 @@ struct SimulatedTransportTests {
             return
         }
         #expect(why.contains("disconnect"))
-        #expect(device.target.received == 0)
+        #expect(device.target?.received == 0)
         #expect(throws: GATTError.self) { _ = try connection.tryWriteWithoutResponse([0, 0, 0, 0, 1], to: data) }
     }
 

@@ -60,9 +60,7 @@ public struct EngineConfig: Sendable, Hashable {
 ///   make the device roll back to its last committed checkpoint; when that fails too, restart.
 /// - VERIFY after the last checkpoint; ACTIVATE only after VERIFY reported the image's own CRC.
 public struct OTAEngine: Sendable {
-    public enum Phase: String, Sendable, Hashable {
-        case idle, beginning, streaming, verifying, activating, done, failed
-    }
+    public typealias Phase = TransferPhase
 
     public enum Event: Sendable {
         /// Connected, services found, info read: (re)start the protocol.
@@ -95,28 +93,7 @@ public struct OTAEngine: Sendable {
     }
 
     /// Counters for reports, the soak and benchmarks.
-    public struct Stats: Sendable, Hashable {
-        /// Image bytes put on the data characteristic, resends included.
-        public var bytesSent = 0
-        /// Bytes sent again after a rewind, resume or restart.
-        public var bytesResent = 0
-        public var packets = 0
-        public var checkpoints = 0
-        public var rewinds = 0
-        public var rollbacks = 0
-        public var restarts = 0
-        public var commandRetries = 0
-        /// The device's offset each time the engine (re)started on a connection.
-        public var resumedFrom: [Int] = []
-        /// Bytes re-sent on each connection, first connection first: after a resume, what the
-        /// device had lost (at most one checkpoint window).
-        public var resentPerConnection: [Int] = []
-        /// For each resume (a connection after the first): the bytes it had to send again, from
-        /// where streaming restarted up to where the engine stood when the link was lost.
-        public var resumeResends: [Int] = []
-        /// Connections used (1 + reconnects).
-        public var connections: Int { resentPerConnection.count }
-    }
+    public typealias Stats = TransferStats
 
     public let image: FirmwareImage
     public let config: EngineConfig

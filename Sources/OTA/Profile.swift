@@ -1,0 +1,222 @@
+import GATT
+import OTAWire
+
+// The contracts between the shared session (supervisor, journal, batch, progress, events) and one
+// protocol. A protocol brings a profile (how to find and check its service, how to build its
+// engine) and a pure engine; `OTASession` drives any of them the same way. docs/ARCHITECTURE.md,
+// "Adding a protocol".
+
+/// Where a transfer stands, in terms every protocol shares. The session watches it: the stall
+/// budget is spent only while `beginning` or `streaming`; the progress events start with
+/// `streaming`; `verifying` and `activating` each have a deadline of their own.
+public enum TransferPhase: String, Sendable, Hashable {
+    case idle, beginning, streaming, verifying, activating, done, failed
+}
+
+/// Counters for reports, the soak and benchmarks, kept by every engine.
+public struct TransferStats: Sendable, Hashable {
+    /// Image bytes put on the data characteristic, resends included.
+    public var bytesSent = 0
+    /// Bytes sent again after a rewind, resume or restart.
+    public var bytesResent = 0
+    public var packets = 0
+    /// Points at which the device confirmed what it holds (checkpoints, receipts, checksums).
+    public var checkpoints = 0
+    public var rewinds = 0
+    public var rollbacks = 0
+    public var restarts = 0
+    public var commandRetries = 0
+    /// The device's offset each time the engine (re)started on a connection.
+    public var resumedFrom: [Int] = []
+    /// Bytes re-sent on each connection, first connection first: after a resume, what the
+    /// device had lost (at most one checkpoint window).
+    public var resentPerConnection: [Int] = []
+    /// For each resume (a connection after the first): the bytes it had to send again, from
+    /// where streaming restarted up to where the engine stood when the link was lost.
+    public var resumeResends: [Int] = []
+    /// Connections used (1 + reconnects).
+    public var connections: Int { resentPerConnection.count }
+
+    public init() {}
+}
+
+/// The part a characteristic plays in a protocol. An open set: a protocol may name its own.
+public struct CharacteristicRole: Hashable, Sendable, CustomStringConvertible {
+    public let name: String
+    public init(_ name: String) { self.name = name }
+    public var description: String { name }
+
+    /// Where commands are written and their replies notified.
+    public static let control = CharacteristicRole("control")
+    /// Where image data is streamed with write without response.
+    public static let data = CharacteristicRole("data")
+}
+
+/// Bytes an engine wants written to the characteristic that plays `role`.
+public struct TransferWrite: Sendable, Hashable {
+    public var role: CharacteristicRole
+    public var bytes: [UInt8]
+    /// True: a write request, whose failure comes back as `TransferEvent.commandFailed`.
+    public var withResponse: Bool
+
+    public init(_ bytes: [UInt8], to role: CharacteristicRole = .control, withResponse: Bool = true) {
+        self.role = role
+        self.bytes = bytes
+        self.withResponse = withResponse
+    }
+}
+
+/// What happens to an engine: the session turns transport events into these.
+public enum TransferEvent<Peer: Sendable>: Sendable {
+    /// Connected, characteristics checked, the device's state read: (re)start the protocol.
+    case connected(Peer, mtu: Int)
+    /// A notification or indication from the characteristic playing `role`.
+    case notification(CharacteristicRole, [UInt8])
+    /// The write with response in flight failed.
+    case commandFailed(GATTError)
+    /// Nothing arrived within `currentTimeout`.
+    case timeout
+    case disconnected(DisconnectReason)
+}
+
+/// What an engine asks the session to do after an event.
+public enum TransferAction: Sendable, Hashable {
+    case write(TransferWrite)
+    /// The transfer is over: the image was checked and, if configured, activated.
+    case finished
+    case failed(OTAError)
+}
+
+/// What an engine sends next while streaming.
+public enum TransferStep: Sendable, Hashable {
+    /// Write `dataPacket(offset:count:)` to the `.data` characteristic without response.
+    case data(offset: Int, count: Int)
+    /// Write this now (a checkpoint or receipt request), then go on streaming.
+    case write(TransferWrite)
+    /// Nothing to send until an event arrives.
+    case idle
+}
+
+/// The central side of one protocol as a pure state machine: events in, actions out, no I/O and
+/// no clock, so its tests need no transport. `OTASession` drives it; the properties below are
+/// what the shared supervisor, journal and progress read.
+public protocol TransferEngine: Sendable {
+    /// What the engine learns of the device on each connection (the profile reads it).
+    associatedtype Peer: Sendable
+
+    var phase: TransferPhase { get }
+    /// The phase the engine was in when it failed.
+    var failedIn: TransferPhase? { get }
+    /// How long to wait for the reply to the command in flight.
+    var currentTimeout: Duration { get }
+    /// Whether the engine waits for the device: a command's reply, or a receipt it asked for.
+    /// An engine that has nothing to send and waits for nothing is stalled (a bug).
+    var isAwaitingReply: Bool { get }
+    /// Next image offset to send.
+    var sent: Int { get }
+    /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
+    var acked: Int { get }
+    var ackedCRC: UInt32 { get }
+    /// The highest offset ever sent.
+    var highWater: Int { get }
+    /// The furthest position the device reported with a CRC that matched the image: what the
+    /// session's stall budget watches.
+    var furthestAgreed: Int { get }
+    /// Image bytes per data packet on the current connection.
+    var chunkSize: Int { get }
+    var stats: TransferStats { get }
+
+    /// Takes a confirmed position from the journal: only a shortcut for later CRC checks.
+    mutating func seed(confirmedOffset: Int, crc: UInt32)
+    mutating func handle(_ event: TransferEvent<Peer>) -> [TransferAction]
+    /// The next thing to send while streaming. Called repeatedly until `.idle`.
+    mutating func nextStreamStep() -> TransferStep
+    /// The bytes of the data packet carrying `image[offset..<offset+count]`.
+    func dataPacket(offset: Int, count: Int) -> [UInt8]
+}
+
+/// What a profile says about a device it attached to, for the `device_info` event.
+public struct DeviceSummary: Sendable, Hashable {
+    /// The profile's name: "native".
+    public var protocolName: String
+    /// The protocol version the device speaks, where the protocol has one.
+    public var protocolVersion: Int?
+    /// The version the device runs now, when the protocol tells it.
+    public var firmwareVersion: FirmwareVersion?
+    /// The device's transfer state in the protocol's words: "idle", "receiving".
+    public var state: String
+    /// The largest image the device takes, when it says.
+    public var slotSize: Int?
+
+    public init(protocolName: String, protocolVersion: Int? = nil, firmwareVersion: FirmwareVersion? = nil,
+                state: String, slotSize: Int? = nil) {
+        self.protocolName = protocolName
+        self.protocolVersion = protocolVersion
+        self.firmwareVersion = firmwareVersion
+        self.state = state
+        self.slotSize = slotSize
+    }
+}
+
+/// A connection a profile has checked and prepared (notifications enabled, state read).
+public struct AttachedLink<Peer: Sendable>: Sendable {
+    /// The characteristics by the role they play.
+    public var characteristics: [CharacteristicRole: GATTCharacteristic]
+    /// What the engine needs on `.connected`.
+    public var peer: Peer
+    public var summary: DeviceSummary
+
+    public init(characteristics: [CharacteristicRole: GATTCharacteristic], peer: Peer, summary: DeviceSummary) {
+        self.characteristics = characteristics
+        self.peer = peer
+        self.summary = summary
+    }
+
+    /// The version the device runs (compared with `--skip-if-version`).
+    public var firmwareVersion: FirmwareVersion? { summary.firmwareVersion }
+}
+
+/// One protocol as the session sees it: its service, how to attach to a device, and its engine.
+public protocol OTAProfile: Sendable {
+    associatedtype Engine: TransferEngine
+
+    /// The name `--protocol` takes: "native".
+    var name: String { get }
+    /// The service a device running this protocol exposes (and usually advertises).
+    var serviceUUID: BluetoothUUID { get }
+    /// The image formats this protocol sends (`--protocol auto` picks from them).
+    var imageFormats: Set<ImageFormat.Kind> { get }
+
+    /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
+    /// missing), enables notifications and reads the device's state.
+    ///
+    /// - Parameters:
+    ///   - device: the device's name in messages.
+    ///   - discoveryTimeout: the limit on finding the service.
+    /// - Throws: `OTAError` with a one-line message.
+    func attach(to connection: any GATTConnection, device: String,
+                discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<Engine.Peer>
+    /// Image bytes per data packet at ATT MTU `mtu`.
+    func chunkSize(mtu: Int) -> Int
+    func makeEngine(image: FirmwareImage, config: EngineConfig) -> Engine
+
+    /// Runs `session` with this profile's concrete types, so that per data packet the session
+    /// calls the engine directly rather than through an existential. The default implementation
+    /// is the only right one.
+    func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult
+}
+
+extension OTAProfile {
+    public func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        try await session.run(self, events: events)
+    }
+}
+
+extension OTAProfile {
+    /// Attaches to a connected device and returns the version it runs (nil when the protocol does
+    /// not tell): how a batch reads back what a device runs after its update.
+    public func firmwareVersion(on connection: any GATTConnection, device: String,
+                                discoveryTimeout: Duration) async throws(OTAError) -> FirmwareVersion? {
+        try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).firmwareVersion
+    }
+}

@@ -1,0 +1,192 @@
+import GATT
+import OTAWire
+
+/// A characteristic a device model exposes; the transport gives it a handle.
+public struct PeripheralCharacteristic: Sendable, Hashable {
+    public var uuid: BluetoothUUID
+    public var properties: CharacteristicProperties
+
+    public init(_ uuid: BluetoothUUID, _ properties: CharacteristicProperties) {
+        self.uuid = uuid
+        self.properties = properties
+    }
+}
+
+/// A service a device model exposes.
+public struct PeripheralService: Sendable, Hashable {
+    public var uuid: BluetoothUUID
+    public var characteristics: [PeripheralCharacteristic]
+
+    public init(_ uuid: BluetoothUUID, _ characteristics: [PeripheralCharacteristic]) {
+        self.uuid = uuid
+        self.characteristics = characteristics
+    }
+}
+
+/// Something a transport must do for a device model at a given time.
+public enum PeripheralOutput: Sendable, Hashable {
+    /// Notify (or indicate) these bytes on the characteristic, if the central enabled it.
+    case notify(BluetoothUUID, [UInt8])
+    /// Drop the link to the central that wrote (an injected disconnect).
+    case dropLink(reason: String)
+    /// Drop every link and stay away until `until`: not advertising, refusing connections.
+    case reboot(until: Duration, reason: String)
+    /// Call `wake(_:at:)` with this token then.
+    case wake(UInt64)
+}
+
+/// An output and when it is due.
+public struct PeripheralTimed: Sendable, Hashable {
+    public var at: Duration
+    public var output: PeripheralOutput
+
+    public init(at: Duration, _ output: PeripheralOutput) {
+        self.at = at
+        self.output = output
+    }
+}
+
+/// How a write with response is completed.
+public enum PeripheralReply: Sendable, Hashable {
+    /// With a write response at `at`.
+    case success(at: Duration)
+    /// At once, with this ATT error; `what` names the write for the message.
+    case failure(ATTError, String)
+    /// Not at all: the device is away. The transport drops the link that carried the write.
+    case away
+}
+
+/// What a write led to.
+public struct PeripheralWriteResult: Sendable, Hashable {
+    /// For a write with response: how it completes. Ignored for a write without response.
+    public var reply: PeripheralReply
+    public var outputs: [PeripheralTimed]
+
+    public init(reply: PeripheralReply, outputs: [PeripheralTimed]) {
+        self.reply = reply
+        self.outputs = outputs
+    }
+}
+
+/// One protocol's device as a transport serves it: its GATT table and its behaviour over
+/// injected time (writes in, timed outputs out). The simulator hosts any conformer the same way;
+/// `NativePeripheral` is the native protocol's.
+///
+/// Pure: time comes in as `now`, nothing here sleeps or reads a clock.
+public protocol PeripheralModel: Sendable {
+    /// The GATT table, in order.
+    var services: [PeripheralService] { get }
+    /// The services the device advertises.
+    var advertisedServices: [BluetoothUUID] { get }
+    /// When the device can next be connected to (`.zero` when it never went away).
+    var availableAt: Duration { get }
+    /// Whether the device refuses every connection after `connections` accepted ones (gone for good).
+    func refusesConnection(after connections: Int) -> Bool
+    /// The value of a readable characteristic; nil when it cannot be read.
+    func read(_ characteristic: BluetoothUUID) -> [UInt8]?
+    /// A write reached the device at `now`.
+    mutating func write(_ bytes: [UInt8], to characteristic: BluetoothUUID, withResponse: Bool,
+                        from central: String?, at now: Duration) -> PeripheralWriteResult
+    /// A `.wake` output is due.
+    mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed]
+    /// The link to `central` (nil: every link) went down.
+    mutating func linkDropped(central: String?)
+}
+
+/// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device
+/// Information Service.
+public struct NativePeripheral: PeripheralModel {
+    public private(set) var model: DeviceModel
+    public var manufacturer: String
+    public var modelNumber: String
+    /// False: the device does not expose the OTA service (e.g. it runs a firmware without it).
+    public var hasOTAService: Bool
+    /// Properties of the data characteristic; remove `.writeWithoutResponse` to model a broken table.
+    public var dataProperties: CharacteristicProperties
+
+    public init(model: DeviceModel, manufacturer: String, modelNumber: String, hasOTAService: Bool = true,
+                dataProperties: CharacteristicProperties = [.writeWithoutResponse]) {
+        self.model = model
+        self.manufacturer = manufacturer
+        self.modelNumber = modelNumber
+        self.hasOTAService = hasOTAService
+        self.dataProperties = dataProperties
+    }
+
+    public var services: [PeripheralService] {
+        var out: [PeripheralService] = []
+        if hasOTAService {
+            out.append(PeripheralService(OTAProtocol.serviceUUID, [
+                PeripheralCharacteristic(OTAProtocol.controlPointUUID, [.write, .notify]),
+                PeripheralCharacteristic(OTAProtocol.dataUUID, dataProperties),
+                PeripheralCharacteristic(OTAProtocol.infoUUID, [.read]),
+            ]))
+        }
+        out.append(PeripheralService(DeviceInformationService.serviceUUID, [
+            PeripheralCharacteristic(DeviceInformationService.manufacturerNameUUID, [.read]),
+            PeripheralCharacteristic(DeviceInformationService.modelNumberUUID, [.read]),
+            PeripheralCharacteristic(DeviceInformationService.firmwareRevisionUUID, [.read]),
+        ]))
+        return out
+    }
+
+    public var advertisedServices: [BluetoothUUID] { hasOTAService ? [OTAProtocol.serviceUUID] : [] }
+    public var availableAt: Duration { model.availableAt }
+
+    public func refusesConnection(after connections: Int) -> Bool {
+        model.device.refusesConnection(after: connections)
+    }
+
+    public func read(_ characteristic: BluetoothUUID) -> [UInt8]? {
+        switch characteristic {
+        case OTAProtocol.infoUUID where hasOTAService: model.target.info.encoded
+        case DeviceInformationService.manufacturerNameUUID: Array(manufacturer.utf8)
+        case DeviceInformationService.modelNumberUUID: Array(modelNumber.utf8)
+        case DeviceInformationService.firmwareRevisionUUID: Array(model.target.firmwareVersion.description.utf8)
+        default: nil
+        }
+    }
+
+    public mutating func write(_ bytes: [UInt8], to characteristic: BluetoothUUID, withResponse: Bool,
+                               from central: String?, at now: Duration) -> PeripheralWriteResult {
+        if characteristic == OTAProtocol.dataUUID, hasOTAService {
+            guard withResponse else {
+                return PeripheralWriteResult(reply: .success(at: now), outputs: Self.timed(model.receiveData(bytes, from: central, at: now)))
+            }
+            let (acknowledged, outputs) = model.receiveAcknowledgedData(bytes, at: now)
+            return PeripheralWriteResult(reply: .success(at: acknowledged), outputs: Self.timed(outputs))
+        }
+        guard withResponse else { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
+        guard characteristic == OTAProtocol.controlPointUUID, hasOTAService else {
+            return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
+        }
+        let result = model.receiveCommand(bytes, from: central, at: now)
+        let reply: PeripheralReply
+        switch result.reply {
+        case .success(let at): reply = .success(at: at)
+        case .injectedError: reply = .failure(.unlikelyError, "writing the control point")
+        case .busy: reply = .failure(ATTError(rawValue: 0x80 | OTAStatus.busy.rawValue), "writing the control point")
+        case .away: reply = .away
+        }
+        return PeripheralWriteResult(reply: reply, outputs: Self.timed(result.outputs))
+    }
+
+    public mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] {
+        Self.timed(model.wake(DeviceModel.Token(id: token), at: now))
+    }
+
+    public mutating func linkDropped(central: String?) {
+        model.linkDropped(central: central)
+    }
+
+    private static func timed(_ outputs: [DeviceModel.Timed]) -> [PeripheralTimed] {
+        outputs.map { timed in
+            switch timed.output {
+            case .notify(let bytes): PeripheralTimed(at: timed.at, .notify(OTAProtocol.controlPointUUID, bytes))
+            case .dropLink(let reason): PeripheralTimed(at: timed.at, .dropLink(reason: reason))
+            case .reboot(let until, let reason): PeripheralTimed(at: timed.at, .reboot(until: until, reason: reason))
+            case .wake(let token): PeripheralTimed(at: timed.at, .wake(token.id))
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+import GATT
+import OTA
+import OTAWire
+import Testing
+
+/// Another protocol for the registry to choose from; nothing attaches to it.
+private struct OtherProfile: OTAProfile {
+    let name: String
+    let serviceUUID: BluetoothUUID
+    let imageFormats: Set<ImageFormat.Kind>
+
+    func attach(to connection: any GATTConnection, device: String,
+                discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<DeviceInfo> {
+        throw OTAError(.incompatibleDevice, "not attachable")
+    }
+    func chunkSize(mtu: Int) -> Int { mtu - 3 }
+    func makeEngine(image: FirmwareImage, config: EngineConfig) -> NativeEngine {
+        NativeEngine(OTAEngine(image: image, config: config))
+    }
+}
+
+@Suite struct ProtocolRegistryTests {
+    /// Native; one that sends packages under Nordic's service; one that also sends raw binaries.
+    let registry = ProtocolRegistry([
+        NativeProfile(),
+        OtherProfile(name: "package", serviceUUID: BluetoothUUID(uint16: 0xFE59), imageFormats: [.nordicDFUPackage]),
+        OtherProfile(name: "raw", serviceUUID: BluetoothUUID(uint16: 0x1234), imageFormats: [.rawBinary]),
+    ])
+
+    @Test func theStandardRegistryHasNative() throws {
+        #expect(ProtocolRegistry.standard.names == ["native"])
+        let profile = try #require(ProtocolRegistry.standard.profile(named: "native"))
+        #expect(profile.serviceUUID == OTAProtocol.serviceUUID)
+        #expect(profile.imageFormats == [.rawBinary, .intelHex])
+        #expect(ProtocolRegistry.standard.profile(named: "nordic") == nil)
+    }
+
+    @Test(arguments: [(ImageFormat.Kind.intelHex, "native"), (.nordicDFUPackage, "package"), (.rawBinary, "native")])
+    func autoPicksFromTheImageAlone(format: ImageFormat.Kind, expected: String) throws {
+        let pick = try registry.resolve("auto", format: format)
+        #expect(pick.profile.name == expected)
+        #expect(pick.reason.hasPrefix("picked \(expected): "))
+        #expect(pick.reason.contains(format.name))
+    }
+
+    @Test func autoPicksTheProtocolWhoseServiceTheDeviceExposes() throws {
+        let pick = try registry.resolve("auto", format: .rawBinary, services: [BluetoothUUID(uint16: 0x1234), BluetoothUUID(uint16: 0x180A)])
+        #expect(pick.profile.name == "raw")
+        #expect(pick.reason == "picked raw: the device exposes \(BluetoothUUID(uint16: 0x1234))")
+
+        let native = try registry.resolve("auto", format: .rawBinary, services: [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0x1234)])
+        #expect(native.profile.name == "native")
+        #expect(native.reason == "picked native: the device exposes \(OTAProtocol.serviceUUID)")
+    }
+
+    @Test func theImageOutranksTheServices() throws {
+        // A device running its application may expose several services; the package decides.
+        let pick = try registry.resolve("auto", format: .nordicDFUPackage, services: [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0xFE59)])
+        #expect(pick.profile.name == "package")
+    }
+
+    @Test func autoWithoutTheImageUsesTheServices() throws {
+        let pick = try registry.resolve("auto", services: [BluetoothUUID(uint16: 0xFE59)])
+        #expect(pick.profile.name == "package")
+    }
+
+    @Test func aDeviceWithoutAFittingServiceIsRefusedNamingWhatWasLookedFor() {
+        #expect {
+            try registry.resolve("auto", format: .rawBinary, services: [BluetoothUUID(uint16: 0xFE59)])
+        } throws: { error in
+            guard let error = error as? OTAError else { return false }
+            return error.code == .incompatibleDevice && error.message.contains("native (\(OTAProtocol.serviceUUID))")
+                && error.message.contains("raw (")
+        }
+    }
+
+    @Test func anImageNoProtocolSendsIsRefused() {
+        #expect {
+            try registry.resolve("auto", format: .elf)
+        } throws: { error in
+            (error as? OTAError)?.code == .image && (error as? OTAError)?.message.contains("elf") == true
+        }
+    }
+
+    @Test func aNamedProtocolIsUsedWhateverTheDeviceExposes() throws {
+        let pick = try registry.resolve("native", format: .intelHex, services: [BluetoothUUID(uint16: 0xFE59)])
+        #expect(pick.profile.name == "native")
+        #expect(pick.reason == "using native: asked for with --protocol")
+    }
+
+    @Test func aNamedProtocolMustSendTheImage() {
+        #expect {
+            try registry.resolve("native", format: .nordicDFUPackage)
+        } throws: { error in
+            (error as? OTAError)?.code == .image && (error as? OTAError)?.message.contains("nordic-dfu-package") == true
+        }
+    }
+
+    @Test func anUnknownNameListsTheKnownOnes() {
+        #expect {
+            try registry.resolve("smp")
+        } throws: { error in
+            (error as? OTAError)?.message == "unknown protocol 'smp'; otaflash speaks auto, native, package, raw"
+        }
+    }
+}

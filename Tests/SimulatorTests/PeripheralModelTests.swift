@@ -1,0 +1,120 @@
+import GATT
+import OTADevice
+import OTAWire
+import Simulator
+import Testing
+
+/// A device model of another protocol: writes to its command characteristic are answered, after
+/// a delay, with the bytes reversed; `EE` is refused with ATT error 0x81; `AA` asks for a wake 20 ms later that notifies `BB`; its
+/// counter characteristic reads how many commands it took.
+private struct EchoModel: PeripheralModel {
+    static let service = BluetoothUUID(uint16: 0xFFF0)
+    static let command = BluetoothUUID(uint16: 0xFFF1)
+    static let counter = BluetoothUUID(uint16: 0xFFF2)
+    var commands = 0
+    var woken: [UInt64] = []
+
+    var services: [PeripheralService] {
+        [PeripheralService(Self.service, [PeripheralCharacteristic(Self.command, [.write, .notify]),
+                                          PeripheralCharacteristic(Self.counter, [.read])])]
+    }
+    var advertisedServices: [BluetoothUUID] { [Self.service] }
+    var availableAt: Duration { .zero }
+    func refusesConnection(after connections: Int) -> Bool { false }
+
+    func read(_ characteristic: BluetoothUUID) -> [UInt8]? {
+        characteristic == Self.counter ? [UInt8(commands)] : nil
+    }
+
+    mutating func write(_ bytes: [UInt8], to characteristic: BluetoothUUID, withResponse: Bool,
+                        from central: String?, at now: Duration) -> PeripheralWriteResult {
+        guard characteristic == Self.command else {
+            return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
+        }
+        if bytes == [0xEE] {
+            return PeripheralWriteResult(reply: .failure(ATTError(rawValue: 0x81), "writing the command"), outputs: [])
+        }
+        commands += 1
+        if bytes == [0xAA] {
+            return PeripheralWriteResult(reply: .success(at: now), outputs: [PeripheralTimed(at: now + .milliseconds(20), .wake(7))])
+        }
+        return PeripheralWriteResult(reply: .success(at: now + .milliseconds(1)),
+                                     outputs: [PeripheralTimed(at: now + .milliseconds(5), .notify(Self.command, bytes.reversed()))])
+    }
+
+    mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] {
+        woken.append(token)
+        return [PeripheralTimed(at: now, .notify(Self.command, [0xBB]))]
+    }
+
+    mutating func linkDropped(central: String?) {}
+}
+
+/// The simulator hosts any protocol's device model: the model's table, replies and timed outputs
+/// reach the central unchanged.
+@Suite struct PeripheralModelTests {
+    func connect() async throws -> (SimulatedDevice, any GATTConnection, VirtualClock) {
+        let device = SimulatedDevice(SimulatedDeviceConfig(), model: EchoModel())
+        let clock = VirtualClock()
+        let central = SimulatedCentral(devices: [device], clock: clock)
+        let connection = try await central.connect(to: device.config.address, timeout: .seconds(5))
+        return (device, connection, clock)
+    }
+
+    func nextNotification(_ connection: any GATTConnection) async -> (String, [UInt8])? {
+        while let event = await connection.nextEvent(timeout: .seconds(5)) {
+            if case .notification(let id, let value) = event { return (id, value) }
+        }
+        return nil
+    }
+
+    @Test func theModelsTableAndAdvertisementAreServed() async throws {
+        let (device, connection, _) = try await connect()
+        #expect(device.advertisement.serviceUUIDs == [EchoModel.service])
+        let service = try await connection.discoverService(EchoModel.service, name: "echo")
+        #expect(service.characteristic(EchoModel.command)?.properties == [.write, .notify])
+        #expect(service.characteristic(EchoModel.counter)?.properties == [.read])
+        #expect(device.target == nil)
+        #expect(device.activatedImage == nil)
+    }
+
+    @Test func aWriteIsAnsweredWithTheModelsNotificationAtItsTime() async throws {
+        let (device, connection, clock) = try await connect()
+        let service = try await connection.discoverService(EchoModel.service, name: "echo")
+        let command = try #require(service.characteristic(EchoModel.command))
+        try await connection.setNotifications(true, for: command)
+        let start = clock.now
+        try await connection.write([1, 2, 3], to: command, type: .withResponse)
+        let (id, value) = try #require(await nextNotification(connection))
+        #expect(id == command.id)
+        #expect(value == [3, 2, 1])
+        #expect(clock.now - start >= .milliseconds(5))
+        let counter = try #require(service.characteristic(EchoModel.counter))
+        #expect(try await connection.read(counter) == [1])
+        #expect(device.model(as: EchoModel.self)?.commands == 1)
+    }
+
+    @Test func aWakeTheModelAsksForIsRunAtItsTime() async throws {
+        let (device, connection, clock) = try await connect()
+        let service = try await connection.discoverService(EchoModel.service, name: "echo")
+        let command = try #require(service.characteristic(EchoModel.command))
+        try await connection.setNotifications(true, for: command)
+        let start = clock.now
+        try await connection.write([0xAA], to: command, type: .withResponse)
+        let (_, value) = try #require(await nextNotification(connection))
+        #expect(value == [0xBB])
+        #expect(clock.now - start >= .milliseconds(20))
+        #expect(device.model(as: EchoModel.self)?.woken == [7])
+    }
+
+    @Test func aWriteTheModelRefusesFailsWithItsATTError() async throws {
+        let (_, connection, _) = try await connect()
+        let service = try await connection.discoverService(EchoModel.service, name: "echo")
+        let command = try #require(service.characteristic(EchoModel.command))
+        await #expect {
+            try await connection.write([0xEE], to: command, type: .withResponse)
+        } throws: { error in
+            (error as? GATTError)?.attError == ATTError(rawValue: 0x81)
+        }
+    }
+}
