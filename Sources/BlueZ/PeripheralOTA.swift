@@ -110,6 +110,11 @@ public actor OTAPeripheral {
     /// `Device1.Disconnect` calls in flight, by central: a request that arrives meanwhile fails
     /// only once the link is down.
     private var linkDrops: [String: Task<String, Never>] = [:]
+    /// Reads and writes whose D-Bus reply has not gone out yet. A link is dropped only once they
+    /// are answered: bluetoothd 5.66 crashes (a use after free in its write completion) when a
+    /// WriteValue is still unanswered as the link it came on goes down.
+    private var unanswered = 0
+    private var answered: [CheckedContinuation<Void, Never>] = []
     private var lastProgress = 0
     /// Due outputs, in time order (ties in the order they were decided).
     private var queue: [Job] = []
@@ -215,7 +220,7 @@ public actor OTAPeripheral {
     /// Whether a central may talk to the device now; a rebooting device refuses it.
     private func admit(_ central: String?) async -> Bool {
         if model.isAway(at: clock.now) {
-            if let central { await refuse(central) }
+            if let central { refuse(central) }
             return false
         }
         if let central, centrals.insert(central).inserted { events(.connected(central: central)) }
@@ -228,12 +233,42 @@ public actor OTAPeripheral {
         events(.disconnected(central: central, reason: reason))
     }
 
-    /// A rebooting device has no link: drop the one a central has.
-    private func refuse(_ central: String) async {
-        let first = linkDrops[central] == nil
-        if first { events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting")) }
-        let what = await dropLinkOnce(central)
-        if first { linkDropped(central, reason: "the device is rebooting", what: what) }
+    /// A rebooting device has no link: drop the one a central has, once the request that showed
+    /// it is answered.
+    private func refuse(_ central: String) {
+        guard linkDrops[central] == nil, !dropping.contains(central) else { return }
+        events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting"))
+        dropping.insert(central)
+        enqueue(Job(at: clock.now, sequence: 0, work: .output(.dropLink(reason: "the device is rebooting"), central: central)))
+    }
+
+    /// Counts a request until its reply is on its way (the handler returned).
+    private func answering() { unanswered += 1 }
+
+    private func answeredOne() {
+        unanswered -= 1
+        guard unanswered == 0 else { return }
+        let waiting = answered
+        answered = []
+        for waiter in waiting { waiter.resume() }
+    }
+
+    /// Waits until every request received so far is answered, or `limit` passed (a reply held
+    /// for slow flash is not waited for longer than that).
+    private func allAnswered(within limit: Duration) async {
+        guard unanswered > 0 else { return }
+        let deadline = Task { [weak self] in
+            try? await Task.sleep(for: limit)
+            await self?.releaseWaiters()
+        }
+        await withCheckedContinuation { answered.append($0) }
+        deadline.cancel()
+    }
+
+    private func releaseWaiters() {
+        let waiting = answered
+        answered = []
+        for waiter in waiting { waiter.resume() }
     }
 
     /// Drops the link to `central`, or waits for the drop already under way.
@@ -247,21 +282,26 @@ public actor OTAPeripheral {
         return what
     }
 
-    /// What a read or write that reached a rebooting device fails with, once its link is dropped:
-    /// the central sees a lost connection and reconnects when the device is back.
+    /// What a read or write that reached a rebooting device fails with; its link is dropped right
+    /// after the reply, and the central reconnects when the device is back.
     private static let rebooting = GATTServerError.failed("the device is rebooting")
+    /// The longest a link drop waits for the replies still owed on it.
+    static let replyGrace: Duration = .seconds(10)
 
     // MARK: Characteristics
 
     func read(_ request: GATTServerRequest, _ value: @Sendable (OTATarget) -> [UInt8]) async throws -> [UInt8] {
+        answering()
+        defer { answeredOne() }
         guard await admit(request.device) else { throw Self.rebooting }
         return value(model.target)
     }
 
     func command(_ bytes: [UInt8], _ request: GATTServerRequest) async throws {
+        answering()
+        defer { answeredOne() }
         guard await admit(request.device) else { throw Self.rebooting }
         if let central = request.device, dropping.contains(central) {
-            _ = await linkDrops[central]?.value
             throw GATTServerError.failed("the link is going down")
         }
         let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
@@ -269,7 +309,7 @@ public actor OTAPeripheral {
         config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(result.reply)")
         switch result.reply {
         case .away:
-            if let central = request.device { await refuse(central) }
+            if let central = request.device { refuse(central) }
             throw Self.rebooting
         case .injectedError:
             events(.note("injected fault: control point write answered with an ATT error"))
@@ -290,6 +330,8 @@ public actor OTAPeripheral {
     }
 
     func data(_ bytes: [UInt8], _ request: GATTServerRequest) async {
+        answering()
+        defer { answeredOne() }
         guard await admit(request.device) else { return }
         if let central = request.device, dropping.contains(central) {
             config.trace?("data write ignored while the link goes down")
@@ -386,9 +428,11 @@ public actor OTAPeripheral {
         let what: String
         if let central {
             dropping.insert(central)
+            await allAnswered(within: Self.replyGrace)
             what = await dropLinkOnce(central)
             dropping.remove(central)
         } else {
+            await allAnswered(within: Self.replyGrace)
             what = await link.dropLink(device: nil)
         }
         linkDropped(central, reason: reason, what: what)

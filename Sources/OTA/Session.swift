@@ -291,12 +291,29 @@ public actor OTASession {
                  hint: "the device keeps them: run the same command again to resume", resumable: true)
     }
 
+    /// How long a refused setup step waits to see whether the link drops right after it.
+    static let linkLossGrace: Duration = .seconds(2)
+
+    /// A setup step the device refused just before its link dropped (a device that reboots
+    /// answers what reaches it with an error, then drops the link) is a link loss: resumable.
+    private func linkLossExplaining(_ error: OTAError, on connection: any GATTConnection) async -> OTAError {
+        guard error.code == .protocolError, error.cause is GATTError,
+              case .disconnected(let reason)? = await connection.nextEvent(timeout: Self.linkLossGrace) else { return error }
+        return OTAError(.connection, "\(reason) while setting up (\(error.message))",
+                        hint: "run the same command again to resume", resumable: true, cause: error)
+    }
+
     private func drive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, on connection: any GATTConnection,
                                             stall: inout StallBudget,
                                             events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let clock = connection.clock
         let started = clock.now
-        let link = try await profile.attach(to: connection, device: device, discoveryTimeout: timeouts.discovery)
+        let link: AttachedLink<Profile.Engine.Peer>
+        do throws(OTAError) {
+            link = try await profile.attach(to: connection, device: device, discoveryTimeout: timeouts.discovery)
+        } catch {
+            throw await linkLossExplaining(error, on: connection)
+        }
         let mtu: Int
         do {
             mtu = try await connection.mtu()
