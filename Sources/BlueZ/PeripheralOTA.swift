@@ -89,8 +89,8 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
 /// - Link drops (disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
 ///   that fails. A reboot (fault, or booting an activated image after its reply went out) drops
 ///   the links and stops advertising for `FaultPlan.rebootDuration`: a central's connection
-///   attempt fails as a connection error. A central that shows up anyway is disconnected before
-///   its read or write is failed, so it sees a lost link, never a protocol error.
+///   attempt fails as a connection error. A central that shows up anyway has its read or write
+///   refused, then its link dropped: every request is answered before its link goes down.
 /// - A held CHECKPOINT's deadline wakes the model, which answers `gap` only if that very
 ///   CHECKPOINT is still held.
 ///
@@ -107,8 +107,7 @@ public actor OTAPeripheral {
     private var centrals: Set<String> = []
     /// Centrals whose link is being dropped: their writes are ignored until it is down.
     private var dropping: Set<String> = []
-    /// `Device1.Disconnect` calls in flight, by central: a request that arrives meanwhile fails
-    /// only once the link is down.
+    /// `Device1.Disconnect` calls in flight, by central.
     private var linkDrops: [String: Task<String, Never>] = [:]
     /// Reads and writes whose D-Bus reply has not gone out yet. A link is dropped only once they
     /// are answered: bluetoothd 5.66 crashes (a use after free in its write completion) when a
