@@ -14,6 +14,8 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
+        .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -30,6 +32,11 @@ let package = Package(
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
+        // and the bootloader's device model, each in its own folder.
+        .target(name: "NordicDFU", dependencies: [
+            "GATT", "OTAWire", "OTA", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
@@ -53,6 +60,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI"], exclude: ["fake_bluez"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
     ],
     swiftLanguageModes: [.v6]
