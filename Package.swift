@@ -19,13 +19,14 @@ let package = Package(
     ],
     targets: [
         // C shims: the only places C comes in.
-        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // Named OTAZlib: ZIPFoundation brings a module called CZlib of its own.
+        .systemLibrary(name: "OTAZlib", path: "Sources/CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
 
         // Transport abstraction: value types and the connection protocol. No C.
         .target(name: "GATT"),
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
-        .target(name: "OTAWire", dependencies: ["CZlib", "GATT"]),
+        .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.

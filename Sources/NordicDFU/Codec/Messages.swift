@@ -168,14 +168,15 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
         guard bytes[0] == DFUOpcode.response.rawValue else {
             throw DFUWireError("notification starts with 0x\(hex2(bytes[0])), not the response code 0x60")
         }
-        request = DFUOpcode(rawValue: bytes[1])
-        result = DFUResultCode(rawValue: bytes[2])
+        let request = DFUOpcode(rawValue: bytes[1])
+        let result = DFUResultCode(rawValue: bytes[2])
         var r = ByteReader(bytes[3...])
         func exact(_ n: Int) throws(DFUWireError) {
             guard r.remaining == n else {
                 throw DFUWireError("\(request) response carries \(r.remaining) bytes after the result, expected \(n)")
             }
         }
+        let payload: Payload
         switch (result, request) {
         case (.success, .select):
             try exact(12)
@@ -192,6 +193,7 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
             try exact(0)
             payload = .none
         }
+        self.init(request: request, result: result, payload: payload)
     }
 
     /// The refusal in one line (result, or extended error when the result is 0x0B).
