@@ -91,6 +91,9 @@ public struct NordicDFUEngine: Sendable {
         public var checksumRequests = 0
         /// Receipts or checksums whose offset or CRC disagreed with the image.
         public var crcMismatches = 0
+        /// CALCULATE CHECKSUM showed the device lacks the end of an object (its CRC matching
+        /// up to there): the rest was sent again without re-creating the object.
+        public var tailsResent = 0
         public var commandRetries = 0
         /// The firmware offset SELECT reported on each connection.
         public var resumedFrom: [Int] = []
@@ -472,6 +475,7 @@ public struct NordicDFUEngine: Sendable {
         if final {
             // The device lacks the object's tail: send it again from where the device stands.
             guard bumpRecoveries() else { return tooManyRecoveries() }
+            stats.tailsResent += 1
             sent = offset
             runningCRC = CRC32(value: crc)
             objectState = .streaming

@@ -1,3 +1,5 @@
+import Crypto
+
 /// The firmware type an init packet announces (dfu-cc.proto `FwType`).
 public struct DFUFirmwareType: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
     public let rawValue: UInt32
@@ -59,6 +61,29 @@ public struct DFUInitCommand: Hashable, Sendable {
     }
 
     public init() {}
+
+    /// An application's init command as `nrfutil pkg generate --application` makes it.
+    public static func application(firmware: [UInt8], version: UInt32, hardwareVersion: UInt32 = 52,
+                                   softDeviceRequirements: [UInt32] = [0xFFFE], isDebug: Bool = false) -> DFUInitCommand {
+        var c = DFUInitCommand()
+        c.firmwareVersion = version
+        c.hardwareVersion = hardwareVersion
+        c.softDeviceRequirements = softDeviceRequirements
+        c.type = .application
+        c.softDeviceSize = 0
+        c.bootloaderSize = 0
+        c.applicationSize = UInt32(clamping: firmware.count)
+        c.hashType = .sha256
+        c.hash = hashField(for: firmware)
+        c.isDebug = isDebug
+        c.bootValidation = [BootValidation(type: 1, bytes: [])]
+        return c
+    }
+
+    /// The `hash` field for firmware: its SHA-256, byte-reversed as nrfutil stores it.
+    public static func hashField(for firmware: [UInt8]) -> [UInt8] {
+        Array(SHA256.hash(data: firmware)).reversed()
+    }
 
     /// The image size the command announces: `sd_size + bl_size + app_size`.
     public var totalSize: UInt64 {
@@ -130,7 +155,12 @@ public struct DFUInitCommand: Hashable, Sendable {
         var w = ProtobufWriter()
         if let firmwareVersion { w.varint(1, UInt64(firmwareVersion)) }
         if let hardwareVersion { w.varint(2, UInt64(hardwareVersion)) }
-        for sd in softDeviceRequirements { w.varint(3, UInt64(sd)) }
+        if !softDeviceRequirements.isEmpty {
+            // Packed, as nrfutil writes it.
+            var packed = ProtobufWriter()
+            for sd in softDeviceRequirements { packed.rawVarint(UInt64(sd)) }
+            w.bytes(3, packed.bytes)
+        }
         if let type { w.varint(4, UInt64(type.rawValue)) }
         if let softDeviceSize { w.varint(5, UInt64(softDeviceSize)) }
         if let bootloaderSize { w.varint(6, UInt64(bootloaderSize)) }

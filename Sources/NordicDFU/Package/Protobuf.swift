@@ -107,6 +107,9 @@ struct ProtobufWriter {
         bytes += value
     }
 
+    /// A bare varint, for packed repeated fields.
+    mutating func rawVarint(_ value: UInt64) { raw(value) }
+
     private mutating func raw(_ value: UInt64) {
         var v = value
         while v >= 0x80 {
