@@ -94,6 +94,9 @@ public struct NordicDFUEngine: Sendable {
         /// CALCULATE CHECKSUM showed the device lacks the end of an object (its CRC matching
         /// up to there): the rest was sent again without re-creating the object.
         public var tailsResent = 0
+        /// Transfers started over from the init packet (CREATE of the command object resets the
+        /// device's progress) after the device's data disagreed in a way CREATE cannot repair.
+        public var restarts = 0
         public var commandRetries = 0
         /// The firmware offset SELECT reported on each connection.
         public var resumedFrom: [Int] = []
@@ -121,6 +124,8 @@ public struct NordicDFUEngine: Sendable {
     /// The bootloader reported the firmware already present (extended error 0x0E).
     public private(set) var alreadyPresent = false
     public private(set) var failedIn: Phase?
+    /// Why the transfer last started over from the init packet, for logs.
+    public private(set) var lastRestartReason: String?
 
     /// The object being sent: its type and range in its payload.
     private var objectType = DFUObjectType.command
@@ -161,6 +166,8 @@ public struct NordicDFUEngine: Sendable {
     /// but never filled (link lost right after CREATE), so it is re-created.
     private var resumeExecute = false
     private var recoveries = 0
+    private var sameObjectRecreates = 0
+    private var lastRecreatedStart = -1
 
     public init(initPacket: [UInt8], firmware: FirmwareImage, config: NordicDFUConfig = NordicDFUConfig()) {
         self.initPacket = initPacket
@@ -343,9 +350,9 @@ public struct NordicDFUEngine: Sendable {
         let boundary = offset - remainder
         guard local == crc else {
             stats.crcMismatches += 1
-            // An executed object cannot be taken back by CREATE: start over from the init packet.
-            if remainder == 0 { return restartFromInitPacket(because: "the bootloader's executed data disagrees with the image at \(offset)") }
-            return createObject(start: boundary, recreate: true)
+            // Drop back to the start of the object in progress: at a boundary, the object before
+            // it (written whole but not executed). CREATE discards it on the device.
+            return createObject(start: remainder == 0 ? offset - maxObjectSize : boundary, recreate: true)
         }
         confirmed = offset
         if remainder != 0, offset != n {
@@ -390,6 +397,16 @@ public struct NordicDFUEngine: Sendable {
     private mutating func createObject(start: Int, recreate: Bool = false) -> [Action] {
         if recreate {
             guard bumpRecoveries() else { return tooManyRecoveries() }
+            if objectType == .data {
+                sameObjectRecreates = start == lastRecreatedStart ? sameObjectRecreates + 1 : 1
+                lastRecreatedStart = start
+                if sameObjectRecreates > 3 {
+                    // The device's idea of where this object starts differs from ours (it executed
+                    // data we did not confirm): only a new init packet resets its progress.
+                    sameObjectRecreates = 0
+                    return restartFromInitPacket(because: "the object at \(start) failed its CRC check \(3) times")
+                }
+            }
             stats.objectsRecreated += 1
         }
         let payloadSize = objectType == .command ? initPacket.count : firmware.size
@@ -408,7 +425,8 @@ public struct NordicDFUEngine: Sendable {
 
     private mutating func restartFromInitPacket(because reason: String) -> [Action] {
         guard bumpRecoveries() else { return tooManyRecoveries() }
-        stats.objectsRecreated += 1
+        stats.restarts += 1
+        lastRestartReason = reason
         phase = .sendingInitPacket
         objectType = .command
         confirmed = 0
