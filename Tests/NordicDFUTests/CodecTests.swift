@@ -220,3 +220,34 @@ let nrfutilAppDat: [UInt8] = [
         #expect(SecureDFUService.bootloaderAddress(for: "AA:BB:CC:DD:EE:GG") == nil)
     }
 }
+
+@Suite struct ButtonlessAppTests {
+    @Test func enterBootloaderNeedsIndicationsThenMovesTheAddress() {
+        var app = NordicButtonlessApp(address: "C0:FF:EE:00:11:FF")
+        #expect(app.handleWrite([0x01]) == .refuse(NordicButtonlessApp.cccdImproperlyConfigured))
+        #expect(!app.enteringBootloader)
+        app.setIndications(true)
+        #expect(app.handleWrite(ButtonlessRequest.setAdvertisingName("DfuTarg").encoded) == .indicate([0x20, 0x02, 0x01]))
+        #expect(app.advertisingName == "DfuTarg")
+        #expect(app.handleWrite([0x01]) == .indicate([0x20, 0x01, 0x01]))
+        #expect(app.enteringBootloader)
+        #expect(app.bootloaderAddress == "C0:FF:EE:00:11:00")
+        #expect(app.handleWrite([0x01]) == .indicate([0x20, 0x01, 0x06]))  // busy
+    }
+
+    @Test func badRequestsAreIndicatedWithTheirResult() {
+        var app = NordicButtonlessApp(address: "C0:FF:EE:00:11:22")
+        app.setIndications(true)
+        #expect(app.handleWrite([0x07]) == .indicate([0x20, 0x07, 0x02]))
+        #expect(app.handleWrite([0x02, 0x09, 0x41]) == .indicate([0x20, 0x02, 0x05]))
+        #expect(!app.enteringBootloader)
+    }
+
+    @Test func bondedVariantNeedsAnEncryptedLinkAndKeepsItsAddress() {
+        var app = NordicButtonlessApp(address: "C0:FF:EE:00:11:22", requiresBond: true)
+        app.setIndications(true)
+        #expect(app.handleWrite([0x01]) == .refuse(.insufficientAuthentication))
+        #expect(app.handleWrite([0x01], encrypted: true) == .indicate([0x20, 0x01, 0x01]))
+        #expect(app.bootloaderAddress == "C0:FF:EE:00:11:22")
+    }
+}
