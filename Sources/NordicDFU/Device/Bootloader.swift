@@ -204,12 +204,7 @@ public struct NordicDFUBootloader: Sendable {
         }
         if let error = validate(packet) { return .extended(op, error) }
         validInit = packet
-        bank = []
-        writeOffset = 0
-        writeCRC = CRC32()
-        executedOffset = 0
-        executedCRC = 0
-        dataObjectSize = 0
+        resetFirmwareProgress()
         return DFUResponse(request: op, result: .success)
     }
 
@@ -300,6 +295,10 @@ public struct NordicDFUBootloader: Sendable {
         commandSize = 0
         commandCRC = CRC32()
         validInit = nil
+        resetFirmwareProgress()
+    }
+
+    private mutating func resetFirmwareProgress() {
         bank = []
         writeOffset = 0
         writeCRC = CRC32()
