@@ -12,6 +12,9 @@ public struct NordicDFUConfig: Sendable, Hashable {
     /// writes in order, so this saves a round trip per object; it needs a transport that keeps
     /// control point writes and packet writes in order.
     public var streamBeforeCreateResponse: Bool
+    /// Stop streaming after every `prn` packets until their receipt arrives, as the mobile DFU
+    /// libraries do. Off by default: receipts are checked as they come while streaming goes on.
+    public var waitForReceipts: Bool
     /// How often a command is sent again after a timeout or a failed write.
     public var commandRetries: Int
     /// How often in a row an object may be re-created (or the device resynchronised) without an
@@ -21,9 +24,10 @@ public struct NordicDFUConfig: Sendable, Hashable {
     /// The last EXECUTE: the bootloader checks the whole image's hash before it answers.
     public var validationTimeout: Duration
 
-    public init(prn: UInt16? = nil, streamBeforeCreateResponse: Bool = false, commandRetries: Int = 3, maxRecoveries: Int = 8,
-                replyTimeout: Duration = .seconds(20), validationTimeout: Duration = .seconds(60)) {
+    public init(prn: UInt16? = nil, streamBeforeCreateResponse: Bool = false, waitForReceipts: Bool = false, commandRetries: Int = 3,
+                maxRecoveries: Int = 8, replyTimeout: Duration = .seconds(20), validationTimeout: Duration = .seconds(60)) {
         self.prn = prn
+        self.waitForReceipts = waitForReceipts
         self.streamBeforeCreateResponse = streamBeforeCreateResponse
         self.commandRetries = commandRetries
         self.maxRecoveries = maxRecoveries
@@ -166,7 +170,12 @@ public struct NordicDFUEngine: Sendable {
     /// but never filled (link lost right after CREATE), so it is re-created.
     private var resumeExecute = false
     private var recoveries = 0
+    /// Our packet count matches the device's receipt counter, so a receipt can be waited for.
+    /// Off after a receipt failed to come or a tail was sent again, until the counter restarts.
+    private var receiptsInStep = true
     private var sameObjectRecreates = 0
+    /// The device's last receipt or checksum named an offset outside the object being sent.
+    private var lastReportMisplaced = false
     private var lastRecreatedStart = -1
 
     public init(initPacket: [UInt8], firmware: FirmwareImage, config: NordicDFUConfig = NordicDFUConfig()) {
@@ -248,6 +257,7 @@ public struct NordicDFUEngine: Sendable {
         prnInUse = config.prn ?? Self.autoPRN(objectSize: maxObjectSize > 0 ? maxObjectSize : 4096, chunk: chunkSize)
         packetsSinceReset = 0
         receiptsSinceReset = 0
+        receiptsInStep = true
         return send(.setPRN(prnInUse))
     }
 
@@ -333,6 +343,7 @@ public struct NordicDFUEngine: Sendable {
     private mutating func beginFirmware() -> [Action] {
         packetsSinceReset = 0
         receiptsSinceReset = 0
+        receiptsInStep = true
         guard let selected = pendingSelect else { return send(.select(.data)) }
         pendingSelect = nil
         phase = .sendingFirmware
@@ -383,6 +394,7 @@ public struct NordicDFUEngine: Sendable {
         }
         if !wasResume || objectEnd == firmware.size { stats.objectsExecuted += 1 }
         recoveries = 0
+        sameObjectRecreates = 0
         confirmed = objectEnd
         if objectEnd == firmware.size {
             validated = true
@@ -400,11 +412,12 @@ public struct NordicDFUEngine: Sendable {
             if objectType == .data {
                 sameObjectRecreates = start == lastRecreatedStart ? sameObjectRecreates + 1 : 1
                 lastRecreatedStart = start
-                if sameObjectRecreates > 3 {
-                    // The device's idea of where this object starts differs from ours (it executed
-                    // data we did not confirm): only a new init packet resets its progress.
+                if sameObjectRecreates > 3, lastReportMisplaced {
+                    // The device keeps reporting offsets outside the object: its idea of where the
+                    // object starts differs from ours (it executed data we did not confirm), and
+                    // only a new init packet resets its progress.
                     sameObjectRecreates = 0
-                    return restartFromInitPacket(because: "the object at \(start) failed its CRC check \(3) times")
+                    return restartFromInitPacket(because: "the bootloader reported offsets outside the object at \(start) after it was created 3 times")
                 }
             }
             stats.objectsRecreated += 1
@@ -417,6 +430,7 @@ public struct NordicDFUEngine: Sendable {
         runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: start) ?? 0))
         packetsSinceReset = 0
         receiptsSinceReset = 0
+        receiptsInStep = true
         nextChecksumIsAnswer = false
         stats.objectsCreated += 1
         objectState = config.streamBeforeCreateResponse ? .streaming : .creating
@@ -480,7 +494,8 @@ public struct NordicDFUEngine: Sendable {
         } else {
             prefix.crc(upTo: offset)
         }
-        guard offset >= objectStart, offset <= sent, let local, local == crc else {
+        lastReportMisplaced = offset < objectStart || offset > sent
+        guard !lastReportMisplaced, let local, local == crc else {
             stats.crcMismatches += 1
             objectState = .bad
             return proceed()
@@ -490,14 +505,16 @@ public struct NordicDFUEngine: Sendable {
             objectState = .confirmed
             return proceed()
         }
-        if final {
+        if final, offset < sent {
             // The device lacks the object's tail: send it again from where the device stands.
             guard bumpRecoveries() else { return tooManyRecoveries() }
             stats.tailsResent += 1
+            receiptsInStep = false
             sent = offset
             runningCRC = CRC32(value: crc)
-            objectState = .streaming
         }
+        // A receipt (or the checksum asked for instead) that a paused stream waited for.
+        if final || objectState == .awaitingReceipt { objectState = .streaming }
         return proceed()
     }
 
@@ -544,7 +561,9 @@ public struct NordicDFUEngine: Sendable {
     private mutating func handleTimeout() -> [Action] {
         guard !isFinished else { return [] }
         if inFlight == nil, objectState == .awaitingReceipt {
-            // The receipt of the last packet did not come: ask for the checksum instead.
+            // The receipt did not come: ask for the checksum instead, and wait for no more
+            // receipts in this object (the device's count is off from ours).
+            receiptsInStep = false
             stats.checksumRequests += 1
             objectState = .checking
             nextChecksumIsAnswer = true
@@ -568,6 +587,7 @@ public struct NordicDFUEngine: Sendable {
             runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: objectStart) ?? 0))
             packetsSinceReset = 0
             receiptsSinceReset = 0
+            receiptsInStep = true
             objectState = config.streamBeforeCreateResponse ? .streaming : .creating
         }
         if flight.request == .calculateChecksum { nextChecksumIsAnswer = true }
@@ -601,6 +621,11 @@ public struct NordicDFUEngine: Sendable {
     /// The next thing to send. Call repeatedly until `.idle`, and again after each event.
     public mutating func nextStreamStep() -> StreamStep {
         guard phase == .sendingInitPacket || phase == .sendingFirmware, objectState == .streaming else { return .idle }
+        if config.waitForReceipts, receiptsInStep, prnInUse > 0, sent < objectEnd, packetsSinceReset >= (receiptsSinceReset + 1) * Int(prnInUse) {
+            // The mobile libraries' way: stop after every PRN packets until the receipt comes.
+            objectState = .awaitingReceipt
+            return .idle
+        }
         if sent < objectEnd {
             let count = min(chunkSize, objectEnd - sent)
             let payload = objectType == .command ? initPacket[...] : firmware.bytes[...]
@@ -617,7 +642,7 @@ public struct NordicDFUEngine: Sendable {
             return .data(objectType, offset: offset, bytes: slice)
         }
         guard inFlight == nil else { return .idle }
-        if objectType == .data, prnInUse > 0, packetsSinceReset > 0, packetsSinceReset % Int(prnInUse) == 0,
+        if objectType == .data, receiptsInStep, prnInUse > 0, packetsSinceReset > 0, packetsSinceReset % Int(prnInUse) == 0,
            receiptsSinceReset < packetsSinceReset / Int(prnInUse) {
             // The device's receipt of the last packet will confirm the object.
             objectState = .awaitingReceipt
