@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "GATT", targets: ["GATT"]),
         .library(name: "OTAWire", targets: ["OTAWire"]),
         .library(name: "Simulator", targets: ["Simulator"]),
+        .library(name: "NordicDFU", targets: ["NordicDFU"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),

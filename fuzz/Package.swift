@@ -9,6 +9,7 @@ let package = Package(
     targets: [
         .executableTarget(name: "fuzz-replies", dependencies: [.product(name: "OTAWire", package: "otaflash")]),
         .executableTarget(name: "fuzz-hex", dependencies: [.product(name: "OTA", package: "otaflash")]),
+        .executableTarget(name: "fuzz-nordic", dependencies: [.product(name: "NordicDFU", package: "otaflash")]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -77,6 +77,16 @@ import Testing
         #expect(device.validInit != nil)
     }
 
+    @Test func inactivityResetsLikeAPowerCycle() {
+        var device = ready()
+        _ = device.handle(.create(.data, size: 4096))
+        _ = device.handlePacket(Array(Self.fw[0..<300]))
+        device.inactivityExpired()
+        #expect(device.handle(.select(.data)).payload == .select(maxSize: 4096, offset: 0, crc: 0))
+        #expect(device.validInit != nil)
+        #expect(device.config.inactivityTimeout == .seconds(120))
+    }
+
     @Test func malformedAndUnknownRequestsGetTheirResult() {
         var device = NordicDFUBootloader()
         #expect(device.handleControl([0x01, 0x02]) == [0x60, 0x01, 0x03])

@@ -201,7 +201,9 @@ func makeEngine(firmware: [UInt8], version: UInt32 = 2, config: NordicDFUConfig 
     @Test(arguments: [(UInt16(0), false), (12, true), (1, true)], [false, true])
     func referenceStrategiesWork(strategy: (prn: UInt16, wait: Bool), eager: Bool) {
         let fw = firmwareBytes(4096 * 2 + 3000)
-        var bench = Bench(engine: makeEngine(firmware: fw, config: NordicDFUConfig(prn: strategy.prn, waitForReceipts: strategy.wait)))
+        let config = strategy.prn == 0 ? NordicDFUConfig.nrfutilStrategy
+            : strategy.prn == 12 ? .mobileLibraryStrategy : NordicDFUConfig(prn: strategy.prn, waitForReceipts: strategy.wait)
+        var bench = Bench(engine: makeEngine(firmware: fw, config: config))
         bench.eager = eager
         #expect(bench.run() == .finished)
         #expect(bench.device.activated(fw))

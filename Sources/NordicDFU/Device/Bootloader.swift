@@ -40,6 +40,10 @@ public struct NordicDFUBootloader: Sendable {
         public var signatureCheck = SignatureCheck.accept
         /// A debug bootloader takes `is_debug` packets and skips the version checks.
         public var debugBootloader = false
+        /// With no control point or packet write for this long the bootloader resets
+        /// (`NRF_BL_DFU_INACTIVITY_TIMEOUT_MS`); the transport owns the clock and calls
+        /// `inactivityExpired()`.
+        public var inactivityTimeout: Duration = .seconds(120)
         public init() {}
     }
 
@@ -103,6 +107,11 @@ public struct NordicDFUBootloader: Sendable {
         writeCRC = CRC32(value: executedCRC)
         if bank.count > executedOffset { bank.removeSubrange(executedOffset...) }
         dataObjectSize = 0
+    }
+
+    /// The inactivity timer ran out: the bootloader resets, keeping what `reset()` keeps.
+    public mutating func inactivityExpired() {
+        reset()
     }
 
     // MARK: Control point

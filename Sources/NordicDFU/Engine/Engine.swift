@@ -36,6 +36,14 @@ public struct NordicDFUConfig: Sendable, Hashable {
     }
 }
 
+extension NordicDFUConfig {
+    /// nrfutil's BLE transport, for comparison: PRN 0; Create, stream, Calculate Checksum and
+    /// Execute per object.
+    public static var nrfutilStrategy: NordicDFUConfig { NordicDFUConfig(prn: 0) }
+    /// Nordic's mobile DFU libraries, for comparison: a receipt every 12 packets, waited for.
+    public static var mobileLibraryStrategy: NordicDFUConfig { NordicDFUConfig(prn: 12, waitForReceipts: true) }
+}
+
 /// The central side of Nordic Secure DFU for one image (init packet + firmware) as a pure state
 /// machine: events in, actions out, no I/O and no clock. A session drives it like `OTAEngine`:
 /// it sends `.send` requests to the control point (write with response), writes `.data` steps
