@@ -62,7 +62,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI"], exclude: ["fake_bluez"]),
-        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire"]),
     ],
     swiftLanguageModes: [.v6]

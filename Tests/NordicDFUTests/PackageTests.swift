@@ -114,6 +114,22 @@ func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFU
             let z = try applicationPackage(firmware: fw)
             return z.prefix(z.count / 2)
         },
+        Case(name: "directory offset past the end", code: .corruptArchive, says: "lies outside the file") {
+            // Found by fuzz-nordic: ZIPFoundation's in-memory reader traps on such offsets.
+            var z = [UInt8](try applicationPackage(firmware: fw))
+            let eocd = z.count - 22
+            z[eocd + 16] = 0xFF
+            z[eocd + 17] = 0xFF
+            return Data(z)
+        },
+        Case(name: "local header offset past the end", code: .corruptArchive, says: "header lies outside the file") {
+            var z = [UInt8](try applicationPackage(firmware: fw))
+            let eocd = z.count - 22
+            let directory = Int(z[eocd + 16]) | Int(z[eocd + 17]) << 8 | Int(z[eocd + 18]) << 16
+            z[directory + 42] = 0xF0
+            z[directory + 43] = 0xFF
+            return Data(z)
+        },
         Case(name: "no manifest", code: .missingFile, says: "manifest.json") { try makeZip([("app.bin", fw)]) },
         Case(name: "manifest not JSON", code: .badManifest, says: "\"manifest\" key") { try makeZip([("manifest.json", Array("{nope".utf8))]) },
         Case(name: "manifest lists nothing", code: .badManifest, says: "lists no image") { try makeZip([("manifest.json", Array("{\"manifest\": {}}".utf8))]) },
@@ -178,6 +194,17 @@ func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFU
             #expect(error.description.contains(c.says), "\(error)")
             #expect(!error.description.contains("\n"))
             #expect(error.otaError.code == .image)
+        }
+    }
+
+    /// Inputs fuzz-nordic found trapping ZIPFoundation's in-memory reader (offsets past the end).
+    @Test func fuzzFoundArchivesAreRefusedWithoutTrapping() throws {
+        let folder = repositoryRoot.appendingPathComponent("Tests/NordicDFUTests/FuzzCrashes")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".bin") }
+        #expect(files.count >= 2)
+        for name in files {
+            let data = try Data(contentsOf: folder.appendingPathComponent(name))
+            #expect(throws: DFUPackageError.self, "\(name)") { try DFUPackage(zip: data, source: name) }
         }
     }
 

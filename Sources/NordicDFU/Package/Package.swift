@@ -88,6 +88,9 @@ public struct DFUPackage: Sendable {
         guard data.count <= Self.maximumPackageSize else {
             throw DFUPackageError(.tooLarge, source, "is \(data.count) bytes; packages over \(Self.maximumPackageSize >> 20) MiB are not supported")
         }
+        if let problem = ZipLayout.problem(in: [UInt8](data)) {
+            throw DFUPackageError(.corruptArchive, source, "is not a readable zip archive (\(problem)); regenerate it with nrfutil pkg generate")
+        }
         let archive: Archive
         do {
             archive = try Archive(data: data, accessMode: .read)
