@@ -32,6 +32,8 @@ struct Bench {
 
     private(set) var packets = 0
     private(set) var requests = 0
+    /// Every control point write, in order.
+    private(set) var controlLog: [[UInt8]] = []
     private(set) var timeouts = 0
     private(set) var linkLosses = 0
     private var queue: [[UInt8]] = []
@@ -115,6 +117,7 @@ struct Bench {
 
     private mutating func control(_ request: DFURequest) {
         guard !silent else { return }
+        controlLog.append(request.encoded)
         let note = device.handleControl(request.encoded)
         queue.append(note)
         requests += 1
@@ -172,6 +175,32 @@ func makeEngine(firmware: [UInt8], version: UInt32 = 2, config: NordicDFUConfig 
         #expect(bench.timeouts == 0)
         #expect(bench.badExecutes == 0)
         #expect(bench.engine.validated)
+    }
+
+    /// The whole control point exchange of a fresh 20000-byte upload at MTU 247 (the note's nrfutil
+    /// trace, less a Calculate Checksum per full object: the receipt of its last packet stands in).
+    @Test func freshUploadControlPointTrace() {
+        let fw = firmwareBytes(20000)
+        var bench = Bench(engine: makeEngine(firmware: fw))
+        #expect(bench.run() == .finished)
+        let n = UInt8(bench.engine.initPacket.count)
+        let full: [[UInt8]] = [[0x01, 0x02, 0x00, 0x10, 0x00, 0x00], [0x04]]
+        let expected: [[UInt8]] = [[0x02, 0x11, 0x00], [0x06, 0x01], [0x01, 0x01, n, 0, 0, 0], [0x03], [0x04], [0x06, 0x02]]
+            + full + full + full + full + [[0x01, 0x02, 0x20, 0x0e, 0x00, 0x00], [0x03], [0x04]]
+        #expect(bench.controlLog == expected)
+        #expect(bench.packets == 1 + 4 * 17 + 15)
+    }
+
+    @Test func resumeTraceAfterTheInitPacketAndTenThousandBytes() {
+        // The note's "resume A": init packet present, 10000 bytes stored with a matching CRC.
+        let fw = firmwareBytes(20000)
+        var bench = Bench(engine: makeEngine(firmware: fw, config: .nrfutilStrategy))
+        bench.linkLossAfterPacket = [1 + 2 * 17 + 7]  // 8192 + 7 × 244 = 9900 bytes: not quite the note's 10000
+        #expect(bench.run() == .finished)
+        let second = Array(bench.controlLog.drop { $0 != [0x02, 0x00, 0x00] }.dropFirst().drop { $0 != [0x02, 0x00, 0x00] })
+        #expect(Array(second.prefix(6)) == [[0x02, 0x00, 0x00], [0x06, 0x01], [0x04], [0x06, 0x02], [0x03], [0x04]])
+        #expect(bench.engine.stats.resumedFrom == [0, 9900])
+        #expect(bench.engine.stats.bytesResent == 0)
     }
 
     @Test func autoPRNConfirmsFullObjectsWithoutChecksumRequests() {

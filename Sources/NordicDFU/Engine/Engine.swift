@@ -331,8 +331,8 @@ public struct NordicDFUEngine: Sendable {
         phase = .sendingFirmware
         objectType = .data
         let wanted = config.prn ?? Self.autoPRN(objectSize: maxSize, chunk: chunkSize)
-        if wanted != prnInUse || packetsSinceReset > 0 {
-            // Fresh receipt counting for the firmware, and the interval fitted to the object size.
+        if wanted != prnInUse {
+            // The interval fitted to the object size (this also restarts the device's count).
             prnInUse = wanted
             pendingSelect = (offset, crc)
             phase = .selectingData
@@ -376,10 +376,13 @@ public struct NordicDFUEngine: Sendable {
         confirmed = offset
         if remainder != 0, offset != n {
             // Continue the object mid-way: no CREATE, the rest of it, then confirm and execute.
+            // Without a CREATE the device's receipt count may include the init packet's packets:
+            // check receipts as they come, but wait for none.
             objectStart = boundary
             objectEnd = min(boundary + maxObjectSize, n)
             sent = offset
             runningCRC = CRC32(value: crc)
+            receiptsInStep = packetsSinceReset == 0
             objectState = .streaming
             return []
         }
