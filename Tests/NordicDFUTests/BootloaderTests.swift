@@ -1,3 +1,4 @@
+import Foundation
 import OTAWire
 import Testing
 @testable import NordicDFU
@@ -85,6 +86,23 @@ import Testing
         #expect(device.handle(.select(.data)).payload == .select(maxSize: 4096, offset: 0, crc: 0))
         #expect(device.validInit != nil)
         #expect(device.config.inactivityTimeout == .seconds(120))
+    }
+
+    @Test func snapshotRestoresWhatAResetKeeps() throws {
+        var device = ready()
+        _ = device.handle(.create(.data, size: 4096))
+        _ = device.handlePacket(Array(Self.fw[0..<4096]))
+        _ = device.handle(.execute)
+        _ = device.handle(.create(.data, size: 1000))
+        _ = device.handlePacket(Array(Self.fw[4096..<4200]))
+        let json = try JSONEncoder().encode(device.snapshot)
+        let snapshot = try JSONDecoder().decode(NordicDFUBootloader.Snapshot.self, from: json)
+        var restored = try #require(NordicDFUBootloader(snapshot: snapshot, bank: Array(device.bank.prefix(device.executedOffset))))
+        device.reset()
+        #expect(restored.handle(.select(.data)) == device.handle(.select(.data)))
+        #expect(restored.handle(.select(.command)) == device.handle(.select(.command)))
+        #expect(restored.validInit == device.validInit)
+        #expect(NordicDFUBootloader(snapshot: snapshot, bank: [1, 2, 3]) == nil)
     }
 
     @Test func malformedAndUnknownRequestsGetTheirResult() {

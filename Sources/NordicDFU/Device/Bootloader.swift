@@ -12,7 +12,7 @@ import OTAWire
 /// executed data objects; a partly written object is lost.
 public struct NordicDFUBootloader: Sendable {
     /// How the bootloader judges an init packet's signature.
-    public enum SignatureCheck: Sendable, Hashable {
+    public enum SignatureCheck: Sendable, Hashable, Codable {
         /// Any signature passes (a bootloader whose key matches the package's).
         case accept
         /// Every signature fails: the package was signed with another key (ext 0x0C).
@@ -22,7 +22,7 @@ public struct NordicDFUBootloader: Sendable {
         case verify(publicKey: [UInt8])
     }
 
-    public struct Config: Sendable, Hashable {
+    public struct Config: Sendable, Hashable, Codable {
         /// SELECT's max size for the init packet.
         public var commandMaxSize = 256
         /// SELECT's max size for a data object: one flash page.
@@ -84,6 +84,47 @@ public struct NordicDFUBootloader: Sendable {
 
     public init(config: Config = Config()) {
         self.config = config
+    }
+
+    // MARK: Persistence
+
+    /// What the bootloader keeps in its settings page, without the bank's bytes: for a device
+    /// served across restarts of `otaflash simulate`.
+    public struct Snapshot: Sendable, Hashable, Codable {
+        public var config: Config
+        public var command: [UInt8]
+        public var commandSize: Int
+        public var initValid: Bool
+        public var executedOffset: Int
+        public var executedCRC: UInt32
+    }
+
+    public var snapshot: Snapshot {
+        Snapshot(config: config, command: command, commandSize: commandSize, initValid: validInit != nil,
+                 executedOffset: executedOffset, executedCRC: executedCRC)
+    }
+
+    /// Restores a bootloader as it comes up after a reset, from its snapshot and the executed part
+    /// of its bank. Nil when they do not fit together.
+    public init?(snapshot s: Snapshot, bank: [UInt8]) {
+        self.init(config: s.config)
+        guard s.commandSize >= 0, s.command.count <= s.commandSize, bank.count == s.executedOffset,
+              CRC32.checksum(bank) == s.executedCRC else { return nil }
+        command = s.command
+        commandSize = s.commandSize
+        commandCRC.update(command)
+        if s.initValid {
+            guard s.command.count == s.commandSize, let packet = try? DFUInitPacket(decoding: s.command),
+                  UInt64(bank.count) <= packet.command.totalSize else { return nil }
+            validInit = packet
+            self.bank = bank
+            writeOffset = bank.count
+            writeCRC = CRC32(value: s.executedCRC)
+            executedOffset = bank.count
+            executedCRC = s.executedCRC
+        } else if !bank.isEmpty {
+            return nil
+        }
     }
 
     // MARK: Link events
