@@ -66,13 +66,19 @@ import Testing
         #expect(device.handlePacket(Array(Self.fw[100..<200])) != nil)
     }
 
-    @Test func resetKeepsExecutedObjectsAndDropsThePartialOne() {
+    /// The first object executed, `partial` bytes of the second (last) one written.
+    func oneObjectAndAPart(_ partial: Int) -> NordicDFUBootloader {
         var device = ready()
         _ = device.handle(.create(.data, size: 4096))
         _ = device.handlePacket(Array(Self.fw[0..<4096]))
         _ = device.handle(.execute)
         _ = device.handle(.create(.data, size: 1000))
-        _ = device.handlePacket(Array(Self.fw[4096..<4500]))
+        _ = device.handlePacket(Array(Self.fw[4096..<(4096 + partial)]))
+        return device
+    }
+
+    @Test func resetKeepsExecutedObjectsAndDropsThePartialOne() {
+        var device = oneObjectAndAPart(404)
         device.reset()
         #expect(device.handle(.select(.data)).payload == .select(maxSize: 4096, offset: 4096, crc: CRC32.checksum(Self.fw[0..<4096])))
         #expect(device.validInit != nil)
@@ -89,12 +95,7 @@ import Testing
     }
 
     @Test func snapshotRestoresWhatAResetKeeps() throws {
-        var device = ready()
-        _ = device.handle(.create(.data, size: 4096))
-        _ = device.handlePacket(Array(Self.fw[0..<4096]))
-        _ = device.handle(.execute)
-        _ = device.handle(.create(.data, size: 1000))
-        _ = device.handlePacket(Array(Self.fw[4096..<4200]))
+        var device = oneObjectAndAPart(104)
         let json = try JSONEncoder().encode(device.snapshot)
         let snapshot = try JSONDecoder().decode(NordicDFUBootloader.Snapshot.self, from: json)
         var restored = try #require(NordicDFUBootloader(snapshot: snapshot, bank: Array(device.bank.prefix(device.executedOffset))))

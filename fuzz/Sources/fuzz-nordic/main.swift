@@ -1,4 +1,5 @@
 import Foundation
+import FuzzDriver
 import NordicDFU
 
 /// Every Secure DFU decoder and the bootloader model take these bytes; none may trap, and what
@@ -26,12 +27,4 @@ public func fuzzNordic(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     return 0
 }
 
-/// SwiftPM gives an executable its own entry point; from there, hand control to libFuzzer's driver.
-@_silgen_name("LLVMFuzzerRunDriver")
-func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>,
-                     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-                     _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt) -> CInt
-
-var argc = CommandLine.argc
-var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
-exit(runFuzzerDriver(&argc, &argv, fuzzNordic))
+runLibFuzzer(fuzzNordic)
