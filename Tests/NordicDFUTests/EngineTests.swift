@@ -92,7 +92,7 @@ struct Bench {
             }
             if !queue.isEmpty {
                 pending = engine.handle(.notification(queue.removeFirst()))
-            } else if engine.isWaiting {
+            } else if engine.isAwaitingReply {
                 timeouts += 1
                 pending = engine.handle(.timeout)
             } else {
@@ -175,6 +175,12 @@ func makeEngine(firmware: [UInt8], version: UInt32 = 2, config: NordicDFUConfig 
         #expect(bench.timeouts == 0)
         #expect(bench.badExecutes == 0)
         #expect(bench.engine.validated)
+        // What the shared session reads of any engine.
+        #expect(bench.engine.sent == fw.count)
+        #expect(bench.engine.highWater == fw.count)
+        #expect(bench.engine.furthestAgreed == fw.count)
+        #expect(bench.engine.acked == 4096 * 3)
+        #expect(bench.engine.ackedCRC == CRC32.checksum(fw[0..<(4096 * 3)]))
     }
 
     /// The whole control point exchange of a fresh 20000-byte upload at MTU 247 (the note's nrfutil

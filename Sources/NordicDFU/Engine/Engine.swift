@@ -48,7 +48,7 @@ extension NordicDFUConfig {
 /// machine: events in, actions out, no I/O and no clock. A session drives it like `OTAEngine`:
 /// it sends `.send` requests to the control point (write with response), writes `.data` steps
 /// from `nextStreamStep()` to the packet characteristic (write without response), feeds control
-/// point notifications back, and reports timeouts (`currentTimeout`, armed while `isWaiting`).
+/// point notifications back, and reports timeouts (`currentTimeout`, armed while `isAwaitingReply`).
 ///
 /// Flow (docs/NORDIC-DFU.md, "Flow"): SET PRN; SELECT command → CREATE, stream, CALCULATE
 /// CHECKSUM, EXECUTE the init packet unless the device holds it; SELECT data → for each object of
@@ -67,7 +67,7 @@ public struct NordicDFUEngine: Sendable {
         case notification([UInt8])
         /// The control point write of the command in flight failed.
         case commandFailed(GATTError)
-        /// Nothing arrived within `currentTimeout` while `isWaiting`.
+        /// Nothing arrived within `currentTimeout` while `isAwaitingReply`.
         case timeout
         case disconnected(DisconnectReason)
     }
@@ -126,8 +126,17 @@ public struct NordicDFUEngine: Sendable {
     public private(set) var chunkSize = 0
     /// The data object size SELECT reported.
     public private(set) var maxObjectSize = 0
-    /// Firmware bytes the device has confirmed (receipts, checksums, SELECT), for progress.
+    /// Firmware bytes the device has confirmed (receipts, checksums, SELECT), for progress and the
+    /// session's stall budget.
     public private(set) var confirmed = 0
+    public var furthestAgreed: Int { confirmed }
+    /// Firmware bytes the device executed (or, on resume, holds at an object boundary), and their CRC32.
+    public var acked: Int { objectType == .data ? min(objectStart, confirmed) : 0 }
+    public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
+    /// The next firmware offset to send (0 while the init packet goes).
+    public var sent: Int { objectType == .data ? sentInPayload : 0 }
+    /// The highest firmware offset ever sent.
+    public var highWater: Int { highWaters[1] }
     /// The device answered the last EXECUTE: the image is validated and being activated.
     public private(set) var validated = false
     /// The link was lost while the last EXECUTE was in flight: the device may have activated the
@@ -144,9 +153,9 @@ public struct NordicDFUEngine: Sendable {
     private var objectStart = 0
     private var objectEnd = 0
     /// Next offset to send in the payload, and the CRC32 of everything before it.
-    private var sent = 0
+    private var sentInPayload = 0
     private var runningCRC = CRC32()
-    private var highWater = [0, 0]
+    private var highWaters = [0, 0]
     private var prefix: PrefixCRC
     private let initCRC: UInt32
 
@@ -194,6 +203,12 @@ public struct NordicDFUEngine: Sendable {
         self.initCRC = CRC32.checksum(initPacket)
     }
 
+    /// Takes a confirmed position from a journal: only a shortcut for later CRC checks; SELECT
+    /// still decides where streaming starts.
+    public mutating func seed(confirmedOffset offset: Int, crc: UInt32) {
+        prefix.record(offset: offset, crc: crc)
+    }
+
     /// One image of a package.
     public init(image: DFUPackage.Image, config: NordicDFUConfig = NordicDFUConfig()) {
         self.init(initPacket: image.initPacket.bytes, firmware: image.firmware, config: config)
@@ -202,7 +217,7 @@ public struct NordicDFUEngine: Sendable {
     public var isFinished: Bool { phase == .done || phase == .failed }
 
     /// A reply or receipt is due: the session arms a `currentTimeout` timer while this holds.
-    public var isWaiting: Bool { inFlight != nil || objectState == .awaitingReceipt && !isFinished && phase != .idle }
+    public var isAwaitingReply: Bool { inFlight != nil || objectState == .awaitingReceipt && !isFinished && phase != .idle }
 
     public var commandInFlight: DFURequest? { inFlight?.request }
 
@@ -312,7 +327,7 @@ public struct NordicDFUEngine: Sendable {
         }
         if offset > 0, offset < initPacket.count, crc == CRC32.checksum(initPacket[0..<offset]) {
             // Part of this init packet arrived: send the rest without CREATE.
-            sent = offset
+            sentInPayload = offset
             runningCRC = CRC32(value: crc)
             objectState = .streaming
             return []
@@ -380,7 +395,7 @@ public struct NordicDFUEngine: Sendable {
             // check receipts as they come, but wait for none.
             objectStart = boundary
             objectEnd = min(boundary + maxObjectSize, n)
-            sent = offset
+            sentInPayload = offset
             runningCRC = CRC32(value: crc)
             receiptsInStep = packetsSinceReset == 0
             objectState = .streaming
@@ -390,7 +405,7 @@ public struct NordicDFUEngine: Sendable {
         // created but never filled answers 0x08, and is created again.
         objectStart = remainder == 0 ? max(0, offset - maxObjectSize) : boundary
         objectEnd = offset
-        sent = offset
+        sentInPayload = offset
         runningCRC = CRC32(value: crc)
         resumeExecute = true
         objectState = .executing
@@ -437,7 +452,7 @@ public struct NordicDFUEngine: Sendable {
         let size = objectType == .command ? initPacket.count : min(maxObjectSize, payloadSize - start)
         objectStart = start
         objectEnd = start + size
-        sent = start
+        sentInPayload = start
         runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: start) ?? 0))
         packetsSinceReset = 0
         receiptsSinceReset = 0
@@ -505,23 +520,23 @@ public struct NordicDFUEngine: Sendable {
         } else {
             prefix.crc(upTo: offset)
         }
-        lastReportMisplaced = offset < objectStart || offset > sent
+        lastReportMisplaced = offset < objectStart || offset > sentInPayload
         guard !lastReportMisplaced, let local, local == crc else {
             stats.crcMismatches += 1
             objectState = .bad
             return proceed()
         }
         if objectType == .data, offset > confirmed { confirmed = offset }
-        if offset == objectEnd, sent == objectEnd {
+        if offset == objectEnd, sentInPayload == objectEnd {
             objectState = .confirmed
             return proceed()
         }
-        if final, offset < sent {
+        if final, offset < sentInPayload {
             // The device lacks the object's tail: send it again from where the device stands.
             guard bumpRecoveries() else { return tooManyRecoveries() }
             stats.tailsResent += 1
             receiptsInStep = false
-            sent = offset
+            sentInPayload = offset
             runningCRC = CRC32(value: crc)
         }
         // A receipt (or the checksum asked for instead) that a paused stream waited for.
@@ -594,7 +609,7 @@ public struct NordicDFUEngine: Sendable {
         stats.commandRetries += 1
         if case .create = flight.request {
             // A second CREATE resets the object: stream it from its start again.
-            sent = objectStart
+            sentInPayload = objectStart
             runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: objectStart) ?? 0))
             packetsSinceReset = 0
             receiptsSinceReset = 0
@@ -632,21 +647,21 @@ public struct NordicDFUEngine: Sendable {
     /// The next thing to send. Call repeatedly until `.idle`, and again after each event.
     public mutating func nextStreamStep() -> StreamStep {
         guard phase == .sendingInitPacket || phase == .sendingFirmware, objectState == .streaming else { return .idle }
-        if config.waitForReceipts, receiptsInStep, prnInUse > 0, sent < objectEnd, packetsSinceReset >= (receiptsSinceReset + 1) * Int(prnInUse) {
+        if config.waitForReceipts, receiptsInStep, prnInUse > 0, sentInPayload < objectEnd, packetsSinceReset >= (receiptsSinceReset + 1) * Int(prnInUse) {
             // The mobile libraries' way: stop after every PRN packets until the receipt comes.
             objectState = .awaitingReceipt
             return .idle
         }
-        if sent < objectEnd {
-            let count = min(chunkSize, objectEnd - sent)
+        if sentInPayload < objectEnd {
+            let count = min(chunkSize, objectEnd - sentInPayload)
             let payload = objectType == .command ? initPacket[...] : firmware.bytes[...]
-            let slice = payload[sent..<(sent + count)]
+            let slice = payload[sentInPayload..<(sentInPayload + count)]
             let which = objectType == .command ? 0 : 1
-            if sent < highWater[which] { stats.bytesResent += min(count, highWater[which] - sent) }
+            if sentInPayload < highWaters[which] { stats.bytesResent += min(count, highWaters[which] - sentInPayload) }
             runningCRC.update(slice)
-            let offset = sent
-            sent += count
-            highWater[which] = max(highWater[which], sent)
+            let offset = sentInPayload
+            sentInPayload += count
+            highWaters[which] = max(highWaters[which], sentInPayload)
             stats.bytesSent += count
             stats.packets += 1
             packetsSinceReset += 1
