@@ -10,26 +10,35 @@ let package = Package(
         .library(name: "GATT", targets: ["GATT"]),
         .library(name: "OTAWire", targets: ["OTAWire"]),
         .library(name: "Simulator", targets: ["Simulator"]),
+        .library(name: "NordicDFU", targets: ["NordicDFU"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
+        .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
     ],
     targets: [
         // C shims: the only places C comes in.
-        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // Named OTAZlib: ZIPFoundation brings a module called CZlib of its own.
+        .systemLibrary(name: "OTAZlib", path: "Sources/CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
 
         // Transport abstraction: value types and the connection protocol. No C.
         .target(name: "GATT"),
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
-        .target(name: "OTAWire", dependencies: ["CZlib", "GATT"]),
+        .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
+        // and the bootloader's device model, each in its own folder.
+        .target(name: "NordicDFU", dependencies: [
+            "GATT", "OTAWire", "OTA", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
@@ -53,6 +62,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA"], exclude: ["fake_bluez"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]

@@ -7,8 +7,11 @@ let package = Package(
     name: "otaflash-fuzz",
     dependencies: [.package(name: "otaflash", path: "..")],
     targets: [
-        .executableTarget(name: "fuzz-replies", dependencies: [.product(name: "OTAWire", package: "otaflash")]),
-        .executableTarget(name: "fuzz-hex", dependencies: [.product(name: "OTA", package: "otaflash")]),
+        // libFuzzer's driver, entered from each harness's own main.
+        .target(name: "FuzzDriver"),
+        .executableTarget(name: "fuzz-replies", dependencies: ["FuzzDriver", .product(name: "OTAWire", package: "otaflash")]),
+        .executableTarget(name: "fuzz-hex", dependencies: ["FuzzDriver", .product(name: "OTA", package: "otaflash")]),
+        .executableTarget(name: "fuzz-nordic", dependencies: ["FuzzDriver", .product(name: "NordicDFU", package: "otaflash")]),
     ],
     swiftLanguageModes: [.v6]
 )

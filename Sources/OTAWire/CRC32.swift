@@ -1,4 +1,4 @@
-internal import CZlib
+internal import OTAZlib
 
 /// CRC-32 (ISO-HDLC, as zlib and Nordic DFU compute it), over zlib's `crc32`.
 ///
@@ -14,7 +14,7 @@ public struct CRC32: Sendable, Hashable {
         var crc = UInt(value)
         while remaining > 0 {
             let n = min(remaining, 1 << 30)
-            crc = CZlib.crc32(crc, base, UInt32(n))
+            crc = OTAZlib.crc32(crc, base, UInt32(n))
             base += n
             remaining -= n
         }

@@ -1,4 +1,5 @@
 import Foundation
+import FuzzDriver
 import OTA
 
 /// The Intel HEX parser takes files from anywhere: it must reject malformed input with an error,
@@ -30,13 +31,4 @@ public func fuzzHex(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     return 0
 }
 
-/// SwiftPM gives an executable its own entry point; from there, hand control to libFuzzer's driver
-/// (the documented way to run libFuzzer from a custom main).
-@_silgen_name("LLVMFuzzerRunDriver")
-func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>,
-                     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-                     _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt) -> CInt
-
-var argc = CommandLine.argc
-var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
-exit(runFuzzerDriver(&argc, &argv, fuzzHex))
+runLibFuzzer(fuzzHex)

@@ -1,4 +1,5 @@
 import Foundation
+import FuzzDriver
 import OTAWire
 
 /// Every control point notification and info value a device can send goes through these
@@ -21,13 +22,4 @@ public func fuzzReplies(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     return 0
 }
 
-/// SwiftPM gives an executable its own entry point; from there, hand control to libFuzzer's driver
-/// (the documented way to run libFuzzer from a custom main).
-@_silgen_name("LLVMFuzzerRunDriver")
-func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>,
-                     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-                     _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt) -> CInt
-
-var argc = CommandLine.argc
-var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
-exit(runFuzzerDriver(&argc, &argv, fuzzReplies))
+runLibFuzzer(fuzzReplies)

@@ -1,0 +1,223 @@
+import Foundation
+import OTA
+import Testing
+import ZIPFoundation
+@testable import NordicDFU
+
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+func nordicSample(_ name: String) -> String {
+    repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
+}
+
+/// Writes a zip in memory from (name, bytes) pairs, deflated like nrfutil's.
+func makeZip(_ files: [(String, [UInt8])]) throws -> Data {
+    let archive = try Archive(data: Data(), accessMode: .create)
+    for (name, bytes) in files {
+        let data = Data(bytes)
+        try archive.addEntry(with: name, type: .file, uncompressedSize: Int64(data.count), compressionMethod: .deflate) { position, size in
+            data.subdata(in: Int(position)..<Int(position) + size)
+        }
+    }
+    return archive.data!
+}
+
+func manifest(_ entries: [String: (bin: String, dat: String)]) -> [UInt8] {
+    let body = entries.sorted { $0.key < $1.key }.map { "\"\($0.key)\": {\"bin_file\": \"\($0.value.bin)\", \"dat_file\": \"\($0.value.dat)\"}" }
+    return Array("{\"manifest\": {\(body.joined(separator: ", "))}}".utf8)
+}
+
+/// A seeded firmware image of `count` bytes.
+func firmwareBytes(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
+    var state = seed
+    return (0..<count).map { _ in
+        state = state &* 6364136223846793005 &+ 1442695040888963407
+        return UInt8(truncatingIfNeeded: state >> 33)
+    }
+}
+
+/// A signature-shaped placeholder: the model bootloader's `.accept` check takes it.
+let placeholderSignature = DFUInitPacket.Signature(type: 0, bytes: Array(repeating: 0x5A, count: 64))
+
+func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFUInitCommand) -> Void = { _ in },
+                        bin: [UInt8]? = nil, signed: Bool = true) throws -> Data {
+    var c = DFUInitCommand.application(firmware: firmware, version: version, softDeviceRequirements: [0xAF])
+    edit(&c)
+    let dat = DFUInitPacket(command: c, signature: signed ? placeholderSignature : nil).bytes
+    return try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])), ("app.dat", dat), ("app.bin", bin ?? firmware)])
+}
+
+@Suite struct PackageSampleTests {
+    @Test func signedApplicationSampleIsAccepted() throws {
+        let p = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
+        #expect(p.images.map(\.kind) == [.application])
+        #expect(p.warnings.isEmpty)
+        let image = try #require(p.images.first)
+        #expect(image.initPacket.isSigned)
+        #expect(image.initPacket.command.hardwareVersion == 52)
+        #expect(image.initPacket.command.softDeviceRequirements == [0xAF])
+        let blinky = try #require(FileManager.default.contents(atPath: repositoryRoot.appendingPathComponent("firmware-samples/blinky-cortex-m4.bin").path))
+        #expect(image.firmware.bytes == [UInt8](blinky))
+    }
+
+    @Test func unsignedDebugSampleWarnsTwice() throws {
+        let p = try DFUPackage.load(path: nordicSample("blinky-app-unsigned-debug.zip"))
+        #expect(p.warnings.count == 2)
+        #expect(p.warnings.contains { $0.contains("unsigned") && $0.contains("0x08") })
+        #expect(p.warnings.contains { $0.contains("debug") })
+    }
+
+    @Test func combinedSampleComesInNrfutilsOrder() throws {
+        let p = try DFUPackage.load(path: nordicSample("blinky-sd-bl-app.zip"))
+        #expect(p.images.map(\.kind) == [.softDeviceBootloader, .application])
+        let sdbl = p.images[0].initPacket.command
+        #expect(sdbl.type == .softDeviceBootloader)
+        #expect(UInt64(p.images[0].firmware.size) == UInt64(sdbl.softDeviceSize!) + UInt64(sdbl.bootloaderSize!))
+        #expect(sdbl.firmwareVersion == 3)
+        #expect(p.images[1].initPacket.command.softDeviceRequirements == [0xB6])
+    }
+
+    @Test func expectationsCatchWrongHardwareAndSoftDevice() throws {
+        let p = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
+        try p.check(.init(hardwareVersion: 52, softDevice: 0xAF))
+        #expect(throws: DFUPackageError.self) { try p.check(.init(hardwareVersion: 40)) }
+        do {
+            try p.check(.init(softDevice: 0x101))
+            Issue.record("a SoftDevice the package does not list passed")
+        } catch {
+            #expect(error.code == .incompatible)
+            #expect(error.description.contains("--sd-req"))
+        }
+    }
+
+    @Test func looksLikePackageSniffsTheZipMagic() throws {
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: nordicSample("blinky-app.zip"))))
+        #expect(DFUPackage.looksLikePackage(bytes))
+        #expect(!DFUPackage.looksLikePackage([0x3A, 0x31, 0x30]))
+    }
+}
+
+@Suite struct PackageRefusalTests {
+    struct Case: Sendable, CustomStringConvertible {
+        let name: String
+        let code: DFUPackageError.Code
+        let says: String
+        let zip: @Sendable () throws -> Data
+        var description: String { name }
+    }
+
+    static let fw = firmwareBytes(5000)
+
+    static let cases: [Case] = [
+        Case(name: "not a zip", code: .corruptArchive, says: "not a readable zip") { Data(firmwareBytes(300)) },
+        Case(name: "truncated zip", code: .corruptArchive, says: "zip") {
+            let z = try applicationPackage(firmware: fw)
+            return z.prefix(z.count / 2)
+        },
+        Case(name: "directory offset past the end", code: .corruptArchive, says: "lies outside the file") {
+            // Found by fuzz-nordic: ZIPFoundation's in-memory reader traps on such offsets.
+            var z = [UInt8](try applicationPackage(firmware: fw))
+            let eocd = z.count - 22
+            z[eocd + 16] = 0xFF
+            z[eocd + 17] = 0xFF
+            return Data(z)
+        },
+        Case(name: "local header offset past the end", code: .corruptArchive, says: "header lies outside the file") {
+            var z = [UInt8](try applicationPackage(firmware: fw))
+            let eocd = z.count - 22
+            let directory = Int(z[eocd + 16]) | Int(z[eocd + 17]) << 8 | Int(z[eocd + 18]) << 16
+            z[directory + 42] = 0xF0
+            z[directory + 43] = 0xFF
+            return Data(z)
+        },
+        Case(name: "no manifest", code: .missingFile, says: "manifest.json") { try makeZip([("app.bin", fw)]) },
+        Case(name: "manifest not JSON", code: .badManifest, says: "\"manifest\" key") { try makeZip([("manifest.json", Array("{nope".utf8))]) },
+        Case(name: "manifest lists nothing", code: .badManifest, says: "lists no image") { try makeZip([("manifest.json", Array("{\"manifest\": {}}".utf8))]) },
+        Case(name: "unknown manifest key", code: .badManifest, says: "unknown entry \"app\"") {
+            try makeZip([("manifest.json", manifest(["app": ("a.bin", "a.dat")]))])
+        },
+        Case(name: "missing .bin", code: .missingFile, says: "app.bin") {
+            let dat = DFUInitPacket(command: .application(firmware: fw, version: 1), signature: placeholderSignature).bytes
+            return try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])), ("app.dat", dat)])
+        },
+        Case(name: "missing .dat", code: .missingFile, says: "app.dat") {
+            try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])), ("app.bin", fw)])
+        },
+        Case(name: "wrong hash", code: .hashMismatch, says: "SHA-256 does not match") {
+            var other = fw
+            other[100] ^= 0x01
+            return try applicationPackage(firmware: fw, bin: other)
+        },
+        Case(name: "truncated .bin", code: .sizeMismatch, says: "app_size = 5000 bytes but app.bin is 4000") {
+            try applicationPackage(firmware: fw, bin: Array(fw.prefix(4000)))
+        },
+        Case(name: "type mismatch", code: .typeMismatch, says: "announces SOFTDEVICE but the manifest lists it as application") {
+            try applicationPackage(firmware: fw) { $0.type = .softDevice }
+        },
+        Case(name: "no hash", code: .badInitPacket, says: "no SHA-256") {
+            try applicationPackage(firmware: fw) { $0.hashType = .crc }
+        },
+        Case(name: "garbage .dat", code: .badInitPacket, says: "not a Secure DFU init packet") {
+            try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])), ("app.dat", [0xff, 0xff, 0xff]), ("app.bin", fw)])
+        },
+        Case(name: "legacy manifest", code: .legacyFormat, says: "legacy DFU package (dfu_version 0.5)") {
+            let m = "{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\", \"init_packet_data\": {\"application_version\": 4294967295}}, \"dfu_version\": 0.5}}"
+            return try makeZip([("manifest.json", Array(m.utf8)), ("app.dat", [0x52, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00, 0xfe, 0xff, 0xcc, 0x16]), ("app.bin", fw)])
+        },
+        Case(name: "legacy .dat", code: .legacyFormat, says: "legacy (SDK 11 or older) init packet") {
+            try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])),
+                         ("app.dat", [0x52, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00, 0xfe, 0xff, 0xcc, 0x16]), ("app.bin", fw)])
+        },
+        Case(name: "oversize .dat", code: .tooLarge, says: "over the limit of 4096") {
+            try makeZip([("manifest.json", manifest(["application": ("app.bin", "app.dat")])), ("app.dat", [UInt8](repeating: 0, count: 5000)), ("app.bin", fw)])
+        },
+        Case(name: "SoftDevice+bootloader with a zero size", code: .sizeMismatch, says: "both must be non-zero") {
+            var c = DFUInitCommand.application(firmware: fw, version: 1)
+            c.type = .softDeviceBootloader
+            c.applicationSize = 0
+            c.softDeviceSize = 5000
+            c.bootloaderSize = 0
+            let dat = DFUInitPacket(command: c, signature: placeholderSignature).bytes
+            return try makeZip([("manifest.json", manifest(["softdevice_bootloader": ("sd_bl.bin", "sd_bl.dat")])), ("sd_bl.dat", dat), ("sd_bl.bin", fw)])
+        },
+    ]
+
+    @Test(arguments: cases)
+    func badPackagesAreRefusedWithOneLine(c: Case) throws {
+        let data = try c.zip()
+        do {
+            _ = try DFUPackage(zip: data, source: "pkg.zip")
+            Issue.record("\(c.name) was accepted")
+        } catch {
+            #expect(error.code == c.code, "\(error)")
+            #expect(error.description.hasPrefix("pkg.zip"))
+            #expect(error.description.contains(c.says), "\(error)")
+            #expect(!error.description.contains("\n"))
+            #expect(error.otaError.code == .image)
+        }
+    }
+
+    /// Inputs fuzz-nordic found trapping ZIPFoundation's in-memory reader (offsets past the end).
+    @Test func fuzzFoundArchivesAreRefusedWithoutTrapping() throws {
+        let folder = repositoryRoot.appendingPathComponent("Tests/NordicDFUTests/FuzzCrashes")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".bin") }
+        #expect(files.count >= 2)
+        for name in files {
+            let data = try Data(contentsOf: folder.appendingPathComponent(name))
+            #expect(throws: DFUPackageError.self, "\(name)") { try DFUPackage(zip: data, source: name) }
+        }
+    }
+
+    @Test func missingAndDirectoryPathsAreRefused() {
+        #expect(throws: DFUPackageError.self) { try DFUPackage.load(path: "/nonexistent/pkg.zip") }
+        #expect(throws: DFUPackageError.self) { try DFUPackage.load(path: repositoryRoot.path) }
+    }
+
+    @Test func handBuiltPackageIsAccepted() throws {
+        let fw = firmwareBytes(9000)
+        let p = try DFUPackage(zip: applicationPackage(firmware: fw), source: "pkg.zip")
+        #expect(p.images.count == 1)
+        #expect(p.images[0].firmware.bytes == fw)
+        #expect(p.warnings.isEmpty)
+    }
+}
