@@ -410,12 +410,11 @@ public actor OTAPeripheral {
         case .output(.reboot(let until, let reason), let central):
             // Not connectable while away: stop advertising first, then drop every link.
             do { try await advertisement?.pause() } catch { events(.note("withdrawing the advertisement failed: \(error)")) }
-            let links = central.map { centrals.union([$0]) } ?? centrals
-            if links.isEmpty {
-                await dropLink(nil, reason: reason)
-            } else {
-                for c in links.sorted() { await dropLink(c, reason: reason) }
-            }
+            // Only links that are up are dropped: with none, there is nothing to do (power-cycling
+            // the adapter instead would disturb its advertising for whoever uses it next).
+            let links = centrals.union(central.map { [$0] } ?? [])
+            if links.isEmpty { model.linkDropped() }
+            for c in links.sorted() { await dropLink(c, reason: reason) }
             enqueue(Job(at: until, sequence: 0, work: .advertise))
         case .advertise:
             do { try await advertisement?.resume() } catch { events(.note("advertising again after the reboot failed: \(error)")) }
