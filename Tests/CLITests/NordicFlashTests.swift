@@ -1,0 +1,52 @@
+import Foundation
+import Testing
+
+// `otaflash flash` with Nordic Secure DFU packages: `--protocol auto` picks nordic-dfu from the
+// file, `--simulator` serves a Secure DFU bootloader, and what cannot be sent is refused with
+// one line and its exit code before any radio time.
+
+private func nordicSample(_ name: String) -> String {
+    repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
+}
+
+@Suite("otaflash flash, Nordic Secure DFU")
+struct NordicFlashTests {
+    @Test func aPackageFlashesIntoTheSimulatedBootloaderAndSaysWhatItPicked() async throws {
+        let run = await otaflash(simulator + [nordicSample("blinky-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        #expect(run.stderr.contains("picked nordic-dfu: only nordic-dfu sends nordic-dfu-package images"))
+        #expect(run.stdout.contains("236 B verified and activated"))
+    }
+
+    @Test func theJSONStartEventNamesTheProtocol() async throws {
+        let package = await otaflash(simulator + ["--json", nordicSample("blinky-app.zip")])
+        #expect(package.code == 0, "\(package.stderr)")
+        let events = expectDocumentedLines(package.stdoutLines, section: "otaflash flash")
+        #expect(events.first?["protocol"] == .string("nordic-dfu"))
+        #expect(events.last?["result"] == .string("ok"))
+        let native = await otaflash(simulator + ["--json", samplePath("seeded-4k.bin")])
+        #expect(native.jsonEvents.first?["protocol"] as? String == "native")
+    }
+
+    @Test(arguments: [
+        (["blinky-sd-bl-app.zip"], 3, "a combined package (softdevice_bootloader + application)"),
+        (["--protocol", "native", "blinky-app.zip"], 3, "the native protocol does not send nordic-dfu-package images"),
+        (["--protocol", "smp", "blinky-app.zip"], 2, "--protocol must be auto, native or nordic-dfu, got 'smp'"),
+        (["--no-activate", "blinky-app.zip"], 2, "--no-activate is not possible with nordic-dfu"),
+        (["blinky-app-unsigned-debug.zip"], 7, "signature missing (ext 0x08)"),
+    ])
+    func whatCannotBeSentGetsOneLineAndItsExitCode(arguments: [String], status: Int32, says: String) async {
+        let args = arguments.dropLast() + [nordicSample(arguments.last!)]
+        let run = await otaflash(simulator + args)
+        #expect(run.code == status, "\(run.stderr)")
+        let errors = run.errorLines
+        #expect(errors.count == 1, "\(run.stderr)")
+        #expect(errors.first?.contains(says) == true, "\(run.stderr)")
+    }
+
+    @Test func nordicDFUOnARawBinaryIsRefused() async {
+        let run = await otaflash(simulator + ["--protocol", "nordic-dfu", samplePath("seeded-4k.bin")])
+        #expect(run.code == 3)
+        #expect(run.errorLines.first?.contains("the nordic-dfu protocol does not send raw-binary images") == true, "\(run.stderr)")
+    }
+}
