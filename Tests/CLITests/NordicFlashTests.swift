@@ -28,6 +28,25 @@ struct NordicFlashTests {
         #expect(native.jsonEvents.first?["protocol"] as? String == "native")
     }
 
+    /// A link loss mid-object: the shared supervisor reconnects, SELECT reports where the
+    /// bootloader stands, and the transfer goes on from there.
+    @Test func aLinkLossMidObjectResumesWhereTheBootloaderStands() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-mtu", "23", "--sim-disconnect-at", "100", nordicSample("blinky-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        let names = events.compactMap { $0["event"]?.string }
+        #expect(names.filter { $0 == "reconnect" }.count == 1, "\(names)")
+        let resumes = events.filter { $0["event"] == .string("transfer") }.compactMap { $0["resume_offset"] }
+        #expect(resumes == [.int(0), .int(100)])
+        #expect(events.last?["result"] == .string("ok"))
+        // Only what the bootloader lacked (past offset 100) went again, never the whole image.
+        guard case .int(let resent)? = events.last?["bytes_resent"] else {
+            Issue.record("no bytes_resent in \(String(describing: events.last))")
+            return
+        }
+        #expect(resent > 0 && resent <= 236 - 100)
+    }
+
     @Test(arguments: [
         (["blinky-sd-bl-app.zip"], 3, "a combined package (softdevice_bootloader + application)"),
         (["--protocol", "native", "blinky-app.zip"], 3, "the native protocol does not send nordic-dfu-package images"),
