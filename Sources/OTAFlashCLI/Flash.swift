@@ -208,9 +208,9 @@ struct Flash: AsyncParsableCommand {
             return
         }
         let address = try target.address()
-        printer.json(FlashEvents.Start(device: address.description, image: image, size: firmware.size, crc32: firmware.crc32,
+        printer.json(FlashEvents.Start(device: address.description, image: image, size: plan.size, crc32: plan.crc32,
                                        simulator: target.simulator.enabled, protocol: plan.profile.name))
-        printer.note("\(image): \(formatBytes(firmware.size)), CRC32 \(hex32(firmware.crc32))")
+        printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
         printer.note(plan.reason)
         for warning in plan.warnings { printer.note("warning: \(warning)") }
         let central: any GATTCentral
@@ -220,7 +220,8 @@ struct Flash: AsyncParsableCommand {
                 throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) image into the simulator")
             }
             let config = target.simulator.deviceConfig(address: address)
-            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults))
+            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults,
+                                                                            softDeviceAfterUpdate: plan.softDeviceAfterUpdate))
             central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             simulated = device
         } else if target.simulator.enabled {
@@ -234,14 +235,28 @@ struct Flash: AsyncParsableCommand {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
-        let session = OTASession(central: central, address: address, image: firmware, config: config,
-                                 profile: plan.profile, timeouts: sessionTimeouts,
-                                 reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                                 journal: journal,
-                                 logger: output.logger("otaflash.session"))
+        let sessions = plan.parts.map { part in
+            OTASession(central: central, address: address, image: part.firmware, config: config,
+                       profile: part.profile, timeouts: sessionTimeouts,
+                       reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                       journal: journal,
+                       logger: output.logger("otaflash.session"))
+        }
+        let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
+        let (size, crc32) = (plan.size, plan.crc32)
         let started = central.clock.now
         let work = Task { () async throws(OTAError) -> OTAResult in
-            try await session.run { printer.session($0) }
+            // A package's images in its order, one session each: the device activates each one
+            // and reboots, and the next session connects to it again.
+            var total: OTAResult?
+            for (index, session) in sessions.enumerated() {
+                if sessions.count > 1 {
+                    printer.note("image \(index + 1) of \(sessions.count): \(labels[index])")
+                }
+                let result = try await session.run { printer.session($0) }
+                total = total.map { $0.followed(by: result, size: size, crc32: crc32) } ?? result
+            }
+            return total!
         }
         let interrupts = InterruptHandler { _ in
             printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")
@@ -290,3 +305,27 @@ extension Flash {
     }
 }
 
+
+extension OTAResult {
+    /// This result and the next image's, as one: for a package sent image by image.
+    func followed(by next: OTAResult, size: Int, crc32: UInt32) -> OTAResult {
+        var out = next
+        out.bytes = size
+        out.crc32 = crc32
+        out.seconds = seconds + next.seconds
+        out.transferSeconds = transferSeconds + next.transferSeconds
+        out.firmwareBefore = firmwareBefore
+        out.stats.bytesSent += stats.bytesSent
+        out.stats.bytesResent += stats.bytesResent
+        out.stats.packets += stats.packets
+        out.stats.checkpoints += stats.checkpoints
+        out.stats.rewinds += stats.rewinds
+        out.stats.rollbacks += stats.rollbacks
+        out.stats.restarts += stats.restarts
+        out.stats.commandRetries += stats.commandRetries
+        out.stats.resumedFrom = stats.resumedFrom + next.stats.resumedFrom
+        out.stats.resentPerConnection = stats.resentPerConnection + next.stats.resentPerConnection
+        out.stats.resumeResends = stats.resumeResends + next.stats.resumeResends
+        return out
+    }
+}

@@ -1,6 +1,7 @@
 import Foundation
 import NordicDFU
 import OTA
+import OTAWire
 
 extension ProtocolRegistry {
     /// Every protocol the command line speaks, in order of preference: otaflash's own, then Nordic
@@ -17,14 +18,44 @@ extension ProtocolRegistry {
     }
 }
 
-/// What `flash` sends: one image, and the protocol it goes over.
+/// What `flash` sends: one image, or a package's images in its order (one session each, the
+/// device rebooting in between), and the protocol they go over.
 struct FlashPlan {
-    let firmware: FirmwareImage
-    let profile: any OTAProfile
+    struct Part {
+        let firmware: FirmwareImage
+        let profile: any OTAProfile
+        /// What the image is, for notes: "application".
+        let label: String
+    }
+
+    let parts: [Part]
     /// Why the protocol was chosen, for one note line.
     let reason: String
     /// What the user should know about the image before it is sent (an unsigned package…).
     var warnings: [String] = []
+    /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
+    /// package's SoftDevice (what the package's last image requires).
+    var softDeviceAfterUpdate: UInt32?
+
+    init(firmware: FirmwareImage, profile: any OTAProfile, reason: String) {
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], reason: reason)
+    }
+
+    init(parts: [Part], reason: String, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil) {
+        self.parts = parts
+        self.reason = reason
+        self.warnings = warnings
+        self.softDeviceAfterUpdate = softDeviceAfterUpdate
+    }
+
+    /// The first (for a single image, the only) image and its protocol.
+    var firmware: FirmwareImage { parts[0].firmware }
+    var profile: any OTAProfile { parts[0].profile }
+    /// Bytes of every image together, and the CRC32 of their bytes in order.
+    var size: Int { parts.reduce(0) { $0 + $1.firmware.size } }
+    var crc32: UInt32 {
+        parts.count == 1 ? parts[0].firmware.crc32 : CRC32.checksum(parts.flatMap(\.firmware.bytes))
+    }
 }
 
 extension FlashPlan {
@@ -69,11 +100,13 @@ extension FlashPlan {
         } catch {
             throw CLIFailure(.imageFile, "\(error)")
         }
-        guard package.images.count == 1, let image = package.images.first else {
-            let kinds = package.images.map(\.kind.description).joined(separator: " + ")
-            throw CLIFailure(.imageFile, "\(path): a combined package (\(kinds)) needs one transfer per image with a reconnect between them, which otaflash does not do yet; generate one package per image with `nrfutil pkg generate` and flash them in that order")
+        let parts = package.images.map { image in
+            FlashPlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
         }
-        return FlashPlan(firmware: image.firmware, profile: NordicDFUProfile(image: image),
-                         reason: resolution.reason + " (its \(image.kind) image)", warnings: package.warnings)
+        let kinds = parts.map(\.label).joined(separator: ", then ")
+        let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
+        return FlashPlan(parts: parts, reason: resolution.reason + " (\(parts.count == 1 ? "its" : "in the package's order:") \(kinds))",
+                         warnings: package.warnings,
+                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
     }
 }

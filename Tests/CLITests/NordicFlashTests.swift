@@ -47,8 +47,25 @@ struct NordicFlashTests {
         #expect(resent > 0 && resent <= 236 - 100)
     }
 
+    /// SoftDevice+bootloader, then the application (which needs the new SoftDevice): one session
+    /// per image in the package's order, the device rebooting and reconnected in between.
+    @Test func aCombinedPackageGoesImageByImageInItsOrder() async throws {
+        let run = await otaflash(simulator + ["--json", nordicSample("blinky-sd-bl-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        let totals = events.filter { $0["event"] == .string("transfer") }.compactMap { $0["total"] }
+        #expect(totals == [.int(20480 + 6144), .int(236)])
+        #expect(events.filter { $0["event"] == .string("connecting") }.count == 2)
+        #expect(events.first?["size"] == .int(20480 + 6144 + 236))
+        #expect(events.last?["result"] == .string("ok"))
+        #expect(events.last?["bytes"] == .int(20480 + 6144 + 236))
+        let human = await otaflash(simulator + [nordicSample("blinky-sd-bl-app.zip")])
+        #expect(human.code == 0)
+        #expect(human.stderr.contains("image 1 of 2: softdevice_bootloader"))
+        #expect(human.stderr.contains("image 2 of 2: application, 236 B"))
+    }
+
     @Test(arguments: [
-        (["blinky-sd-bl-app.zip"], 3, "a combined package (softdevice_bootloader + application)"),
         (["--protocol", "native", "blinky-app.zip"], 3, "the native protocol does not send nordic-dfu-package images"),
         (["--protocol", "smp", "blinky-app.zip"], 2, "--protocol must be auto, native or nordic-dfu, got 'smp'"),
         (["--no-activate", "blinky-app.zip"], 2, "--no-activate is not possible with nordic-dfu"),

@@ -13,12 +13,16 @@ public struct NordicDFUPeripheral: PeripheralModel {
     public var faults: FaultPlan
     /// How long the device is away while it resets into a validated image.
     public var resetDuration: Duration
+    /// The SoftDevice FWID the bootloader reports once it activated a SoftDevice image (a real
+    /// one reads it from the new SoftDevice; the model is told). Nil: unchanged.
+    public var softDeviceAfterUpdate: UInt32?
     private var pendingDisconnects: [Int]
     private var awayUntil = Duration.zero
 
     public init(bootloader: NordicDFUBootloader = NordicDFUBootloader(), faults: FaultPlan = .none,
-                resetDuration: Duration = .milliseconds(500)) {
+                resetDuration: Duration = .milliseconds(500), softDeviceAfterUpdate: UInt32? = nil) {
         self.bootloader = bootloader
+        self.softDeviceAfterUpdate = softDeviceAfterUpdate
         self.faults = faults
         self.resetDuration = resetDuration
         self.pendingDisconnects = faults.disconnectAt.sorted()
@@ -58,6 +62,10 @@ public struct NordicDFUPeripheral: PeripheralModel {
             var outputs = [PeripheralTimed(at: now, .notify(SecureDFUService.controlPointUUID, response))]
             if bootloader.resetPending {
                 bootloader.reset()
+                if let type = bootloader.activations.last?.type, type == .softDevice || type == .softDeviceBootloader,
+                   let softDevice = softDeviceAfterUpdate {
+                    bootloader.config.softDevice = softDevice
+                }
                 awayUntil = now + resetDuration
                 outputs.append(PeripheralTimed(at: now + .milliseconds(5),
                                                .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
