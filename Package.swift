@@ -37,7 +37,7 @@ let package = Package(
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
         // and the bootloader's device model, each in its own folder.
         .target(name: "NordicDFU", dependencies: [
-            "GATT", "OTAWire", "OTA", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
@@ -45,7 +45,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -62,7 +62,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA"], exclude: ["fake_bluez"]),
-        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation"], exclude: ["FuzzCrashes"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]

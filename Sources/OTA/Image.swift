@@ -102,7 +102,7 @@ public struct FirmwareImage: Sendable {
         case .elf:
             return "\(what), not a firmware image; convert it with `arm-none-eabi-objcopy -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
         case .nordicDFUPackage:
-            return "\(what); Nordic Secure DFU packages need `--protocol nordic-dfu`, which is not available yet (use nrfutil or nRF Connect until then)"
+            return "\(what), not a single image; it goes over Nordic Secure DFU (`otaflash flash` sends it with `--protocol nordic-dfu` or `auto`; in code, `DFUPackage.load`)"
         case .mcuboot:
             return "\(what), sent over MCUmgr/SMP, which is not supported yet (use `mcumgr image upload \(name)` until then)"
         case .zip:

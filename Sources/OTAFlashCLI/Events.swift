@@ -77,13 +77,16 @@ public enum FlashEvents {
         public var size: Int
         public var crc32: String
         public var simulator: Bool
+        /// The protocol the image goes over (`--protocol`, or what `auto` picked).
+        public var `protocol`: String
 
-        public init(device: String?, image: String, size: Int, crc32: UInt32, simulator: Bool) {
+        public init(device: String?, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
             self.device = device
             self.image = image
             self.size = size
             self.crc32 = hex32(crc32)
             self.simulator = simulator
+            self.protocol = `protocol`
         }
     }
 
@@ -405,7 +408,7 @@ public enum EventCatalog {
         let ok = BatchOutcome(device: device, adapter: nil, result: .skipped(nil), attempts: 1, seconds: 0.1,
                               firmwareBefore: FirmwareVersion("1.0.0"), firmwareAfter: FirmwareVersion("1.0.0"))
         let flash: [any JSONEvent] = [
-            FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true),
+            FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true, protocol: "native"),
             FlashEvents.Batch(devices: 3, parallel: 4, adapters: ["default"]),
             FlashEvents.Connecting(device: device),
             FlashEvents.DeviceInfo(device: device, protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),

@@ -1,6 +1,7 @@
 import ArgumentParser
 import GATT
 import Logging
+import NordicDFU
 import OTA
 import OTAWire
 import Simulator
@@ -89,7 +90,9 @@ struct Flash: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
         discussion: """
-            The image is a raw binary (.bin) or Intel HEX (.hex). otaflash streams it in packets sized from the \
+            The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol, or a Nordic Secure \
+            DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; --protocol auto picks from \
+            the file and says what it picked. otaflash streams it in packets sized from the \
             negotiated MTU, confirms progress with checkpoints, and lets the device activate it only after the device \
             computed the whole image's CRC32 and it matched. A transfer that stops (link loss, Ctrl-C) resumes where it \
             stopped when the same command runs again.
@@ -98,15 +101,19 @@ struct Flash: AsyncParsableCommand {
               otaflash --device AA:BB:CC:DD:EE:FF app.bin
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
+              otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
 
             Exit codes:
             \(ExitCode.helpTable)
             """
     )
 
-    @Argument(help: ArgumentHelp("Firmware image: .bin (raw) or .hex (Intel HEX).", valueName: "image"),
-              completion: .file(extensions: ["bin", "hex"]))
+    @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), or a Nordic Secure DFU package (.zip).", valueName: "image"),
+              completion: .file(extensions: ["bin", "hex", "zip"]))
     var image: String
+
+    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu).", valueName: "name"))
+    var protocolName = ProtocolRegistry.auto
 
     @OptionGroup var target: TargetOptions
     @OptionGroup var output: OutputOptions
@@ -149,6 +156,9 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
+        guard ProtocolRegistry.choices.contains(protocolName) else {
+            throw ValidationError("--protocol must be \(ProtocolRegistry.choicesText), got '\(protocolName)'")
+        }
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -181,26 +191,40 @@ struct Flash: AsyncParsableCommand {
 
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let firmware: FirmwareImage
-        do {
-            firmware = try FirmwareImage.load(path: image)
-        } catch {
-            throw CLIFailure(.imageFile, "\(error)")
+        let plan = try FlashPlan.load(path: image, protocol: protocolName)
+        let firmware = plan.firmware
+        let native = plan.profile is NativeProfile
+        if noActivate, !native {
+            throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
         if batch.isBatch(devices: target.device) {
+            guard native else {
+                throw CLIFailure(.usage, "flashing several devices speaks the native protocol only for now; flash a \(plan.profile.name) image one --device at a time")
+            }
             printer.json(FlashEvents.Start(device: nil, image: image, size: firmware.size, crc32: firmware.crc32,
-                                           simulator: target.simulator.enabled))
+                                           simulator: target.simulator.enabled, protocol: plan.profile.name))
             let targets = try await batchTargets(printer: printer)
             try await runBatch(targets, image: firmware, config: engineConfig, printer: printer)
             return
         }
         let address = try target.address()
-        printer.json(FlashEvents.Start(device: address.description, image: image, size: firmware.size, crc32: firmware.crc32,
-                                       simulator: target.simulator.enabled))
-        printer.note("\(image): \(formatBytes(firmware.size)), CRC32 \(hex32(firmware.crc32))")
+        printer.json(FlashEvents.Start(device: address.description, image: image, size: plan.size, crc32: plan.crc32,
+                                       simulator: target.simulator.enabled, protocol: plan.profile.name))
+        printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
+        printer.note(plan.reason)
+        for warning in plan.warnings { printer.note("warning: \(warning)") }
         let central: any GATTCentral
         var simulated: SimulatedDevice?
-        if target.simulator.enabled {
+        if target.simulator.enabled, !native {
+            guard target.simulator.stateDir == nil else {
+                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) image into the simulator")
+            }
+            let config = target.simulator.deviceConfig(address: address)
+            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults,
+                                                                            softDeviceAfterUpdate: plan.softDeviceAfterUpdate))
+            central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
+            simulated = device
+        } else if target.simulator.enabled {
             let (c, d) = try target.simulator.makeCentral(address: address)
             central = c
             simulated = d
@@ -211,14 +235,28 @@ struct Flash: AsyncParsableCommand {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
-        let session = OTASession(central: central, address: address, image: firmware, config: config,
-                                 timeouts: sessionTimeouts,
-                                 reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                                 journal: journal,
-                                 logger: output.logger("otaflash.session"))
+        let sessions = plan.parts.map { part in
+            OTASession(central: central, address: address, image: part.firmware, config: config,
+                       profile: part.profile, timeouts: sessionTimeouts,
+                       reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                       journal: journal,
+                       logger: output.logger("otaflash.session"))
+        }
+        let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
+        let (size, crc32) = (plan.size, plan.crc32)
         let started = central.clock.now
         let work = Task { () async throws(OTAError) -> OTAResult in
-            try await session.run { printer.session($0) }
+            // A package's images in its order, one session each: the device activates each one
+            // and reboots, and the next session connects to it again.
+            var total: OTAResult?
+            for (index, session) in sessions.enumerated() {
+                if sessions.count > 1 {
+                    printer.note("image \(index + 1) of \(sessions.count): \(labels[index])")
+                }
+                let result = try await session.run { printer.session($0) }
+                total = total.map { $0.followed(by: result, size: size, crc32: crc32) } ?? result
+            }
+            return total!
         }
         let interrupts = InterruptHandler { _ in
             printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")
@@ -267,3 +305,27 @@ extension Flash {
     }
 }
 
+
+extension OTAResult {
+    /// This result and the next image's, as one: for a package sent image by image.
+    func followed(by next: OTAResult, size: Int, crc32: UInt32) -> OTAResult {
+        var out = next
+        out.bytes = size
+        out.crc32 = crc32
+        out.seconds = seconds + next.seconds
+        out.transferSeconds = transferSeconds + next.transferSeconds
+        out.firmwareBefore = firmwareBefore
+        out.stats.bytesSent += stats.bytesSent
+        out.stats.bytesResent += stats.bytesResent
+        out.stats.packets += stats.packets
+        out.stats.checkpoints += stats.checkpoints
+        out.stats.rewinds += stats.rewinds
+        out.stats.rollbacks += stats.rollbacks
+        out.stats.restarts += stats.restarts
+        out.stats.commandRetries += stats.commandRetries
+        out.stats.resumedFrom = stats.resumedFrom + next.stats.resumedFrom
+        out.stats.resentPerConnection = stats.resentPerConnection + next.stats.resentPerConnection
+        out.stats.resumeResends = stats.resumeResends + next.stats.resumeResends
+        return out
+    }
+}

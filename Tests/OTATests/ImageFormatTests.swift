@@ -105,7 +105,7 @@ struct ImageFormatTests {
     static let refusals: [(file: String, bytes: [UInt8], kind: ImageFormat.Kind, says: [String])] = [
         ("app.elf", cases[2].bytes, .elf, ["is an ELF executable, not a firmware image", "`arm-none-eabi-objcopy -O binary app.elf app.bin`", "-O ihex"]),
         ("update.zip", zipArchive([("manifest.json", manifest), ("app.bin", [1])]), .nordicDFUPackage,
-         ["Nordic Secure DFU package", "need `--protocol nordic-dfu`, which is not available yet"]),
+         ["Nordic Secure DFU package", "goes over Nordic Secure DFU", "`DFUPackage.load`"]),
         ("bundle.zip", zipArchive([("readme.txt", [1]), ("fw/app.bin", [2])]), .zip, ["is a zip archive, not a firmware image", "`unzip bundle.zip`", "pass fw/app.bin"]),
         ("signed.bin", cases[7].bytes, .mcuboot, ["MCUboot image", "MCUmgr/SMP, which is not supported yet"]),
         ("app.uf2", cases[9].bytes, .uf2, ["UF2 file", "uf2conv.py app.uf2 --convert --output app.bin"]),

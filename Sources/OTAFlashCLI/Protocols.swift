@@ -1,0 +1,112 @@
+import Foundation
+import NordicDFU
+import OTA
+import OTAWire
+
+extension ProtocolRegistry {
+    /// Every protocol the command line speaks, in order of preference: otaflash's own, then Nordic
+    /// Secure DFU. (The OTA library cannot see NordicDFU, so the list is made here.)
+    static let cli = ProtocolRegistry([NativeProfile(), NordicDFUProfile()])
+
+    /// The values `--protocol` takes.
+    static var choices: [String] { [auto] + cli.names }
+
+    /// "auto, native or nordic-dfu".
+    static var choicesText: String {
+        let all = choices
+        return all.dropLast().joined(separator: ", ") + " or " + (all.last ?? "")
+    }
+}
+
+/// What `flash` sends: one image, or a package's images in its order (one session each, the
+/// device rebooting in between), and the protocol they go over.
+struct FlashPlan {
+    struct Part {
+        let firmware: FirmwareImage
+        let profile: any OTAProfile
+        /// What the image is, for notes: "application".
+        let label: String
+    }
+
+    let parts: [Part]
+    /// Why the protocol was chosen, for one note line.
+    let reason: String
+    /// What the user should know about the image before it is sent (an unsigned package…).
+    var warnings: [String] = []
+    /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
+    /// package's SoftDevice (what the package's last image requires).
+    var softDeviceAfterUpdate: UInt32?
+
+    init(firmware: FirmwareImage, profile: any OTAProfile, reason: String) {
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], reason: reason)
+    }
+
+    init(parts: [Part], reason: String, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil) {
+        self.parts = parts
+        self.reason = reason
+        self.warnings = warnings
+        self.softDeviceAfterUpdate = softDeviceAfterUpdate
+    }
+
+    /// The first (for a single image, the only) image and its protocol.
+    var firmware: FirmwareImage { parts[0].firmware }
+    var profile: any OTAProfile { parts[0].profile }
+    /// Bytes of every image together, and the CRC32 of their bytes in order.
+    var size: Int { parts.reduce(0) { $0 + $1.firmware.size } }
+    var crc32: UInt32 {
+        parts.count == 1 ? parts[0].firmware.crc32 : CRC32.checksum(parts.flatMap(\.firmware.bytes))
+    }
+}
+
+extension FlashPlan {
+    /// Loads `path` and picks its protocol with `name` (`auto` or a registered one) from what the
+    /// file is: a Nordic package goes over Secure DFU, a raw binary or HEX image over the native
+    /// protocol.
+    ///
+    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends, a package that
+    ///   does not check out, or a combined package.
+    static func load(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+        let firmware: FirmwareImage
+        do {
+            firmware = try FirmwareImage.load(path: path)
+        } catch let error where error.format == .nordicDFUPackage {
+            return try loadPackage(path: path, protocol: name)
+        } catch {
+            throw CLIFailure(.imageFile, "\(error)")
+        }
+        let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex
+        do {
+            let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
+            return FlashPlan(firmware: firmware, profile: resolution.profile, reason: resolution.reason)
+        } catch {
+            throw CLIFailure(.imageFile, refusal(path, error))
+        }
+    }
+
+    private static func refusal(_ path: String, _ error: OTAError) -> String {
+        "\(path): \(error.message)" + (error.hint.map { "; \($0)" } ?? "")
+    }
+
+    private static func loadPackage(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+        let resolution: ProtocolRegistry.Resolution
+        do {
+            resolution = try ProtocolRegistry.cli.resolve(name, format: .nordicDFUPackage)
+        } catch {
+            throw CLIFailure(.imageFile, refusal(path, error))
+        }
+        let package: DFUPackage
+        do {
+            package = try DFUPackage.load(path: path)
+        } catch {
+            throw CLIFailure(.imageFile, "\(error)")
+        }
+        let parts = package.images.map { image in
+            FlashPlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
+        }
+        let kinds = parts.map(\.label).joined(separator: ", then ")
+        let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
+        return FlashPlan(parts: parts, reason: resolution.reason + " (\(parts.count == 1 ? "its" : "in the package's order:") \(kinds))",
+                         warnings: package.warnings,
+                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
+    }
+}

@@ -1,0 +1,88 @@
+import GATT
+import OTA
+import OTADevice
+import Simulator
+import Synchronization
+import Testing
+@testable import NordicDFU
+
+// Secure DFU through the shared session and the simulator: `NordicDFUProfile` on the central,
+// `NordicDFUPeripheral` (the bootloader model) on the device.
+
+private final class EventLog: Sendable {
+    let events = Mutex<[SessionEvent]>([])
+}
+
+@Suite struct NordicDFUProfileTests {
+    struct Run {
+        let result: OTAResult
+        let device: SimulatedDevice
+        let events: [SessionEvent]
+        var bootloader: NordicDFUBootloader? { device.model(as: NordicDFUPeripheral.self)?.bootloader }
+    }
+
+    func flash(initPacket: [UInt8], firmware: FirmwareImage, bootloader: NordicDFUBootloader,
+               faults: FaultPlan = .none, reconnect: ReconnectPolicy = .never) async throws -> Run {
+        let device = SimulatedDevice(SimulatedDeviceConfig(), model: NordicDFUPeripheral(bootloader: bootloader, faults: faults))
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let session = OTASession(central: central, address: device.config.address, image: firmware,
+                                 profile: NordicDFUProfile(initPacket: initPacket), reconnect: reconnect)
+        let log = EventLog()
+        let result = try await session.run { event in log.events.withLock { $0.append(event) } }
+        return Run(result: result, device: device, events: log.events.withLock { $0 })
+    }
+
+    @Test func theSignedSampleFlashesThroughTheSessionAndIsActivatedByteIdentical() async throws {
+        let package = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
+        let image = try #require(package.images.first)
+        var config = NordicDFUBootloader.Config()
+        config.signatureCheck = .verify(publicKey: try publicKeyDER(nordicSample("test-key-public.pem")))
+        let run = try await flash(initPacket: image.initPacket.bytes, firmware: image.firmware,
+                                  bootloader: NordicDFUBootloader(config: config))
+        let activations = try #require(run.bootloader?.activations)
+        #expect(activations.map(\.image) == [image.firmware.bytes])
+        #expect(activations.first?.type == .application)
+        #expect(run.result.chunkSize == 244)
+        let summaries = run.events.compactMap { event -> DeviceSummary? in
+            if case .deviceInfo(_, let info) = event { return info } else { return nil }
+        }
+        #expect(summaries.map(\.protocolName) == ["nordic-dfu"])
+        #expect(run.events.contains { if case .verifying = $0 { true } else { false } })
+    }
+
+    @Test func anImageOfSeveralObjectsGoesObjectByObject() async throws {
+        let firmware = firmwareBytes(4096 * 3 + 500)
+        let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),
+                                signature: placeholderSignature).bytes
+        let run = try await flash(initPacket: dat, firmware: FirmwareImage(bytes: firmware), bootloader: NordicDFUBootloader())
+        #expect(run.bootloader?.activations.map(\.image) == [firmware])
+        #expect(run.bootloader?.dataExecutes == 4)
+        #expect(run.result.stats.bytesResent == 0)
+        #expect(run.result.stats.connections == 1)
+    }
+
+    @Test func aLinkLossMidObjectResumesThroughTheSharedSupervisor() async throws {
+        let firmware = firmwareBytes(4096 * 3 + 500)
+        let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),
+                                signature: placeholderSignature).bytes
+        let run = try await flash(initPacket: dat, firmware: FirmwareImage(bytes: firmware), bootloader: NordicDFUBootloader(),
+                                  faults: FaultPlan(disconnectAt: [4096 + 1500]), reconnect: ReconnectPolicy(seed: 3))
+        #expect(run.bootloader?.activations.map(\.image) == [firmware])
+        #expect(run.result.stats.connections == 2)
+        #expect(run.events.contains { if case .reconnecting = $0 { true } else { false } })
+        // SELECT on the second connection reports where the device stands, mid-object.
+        let resumedAt = try #require(run.result.stats.resumedFrom.last)
+        #expect(resumedAt > 4096 && resumedAt < 8192)
+        // Never more than the object in progress is sent again.
+        #expect(run.result.stats.bytesResent <= 4096)
+    }
+
+    @Test func aDeviceWithoutTheDFUServiceGetsOneLine() async throws {
+        let device = SimulatedDevice(SimulatedDeviceConfig())
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let session = OTASession(central: central, address: device.config.address, image: FirmwareImage(bytes: firmwareBytes(100)),
+                                 profile: NordicDFUProfile(initPacket: [1, 2, 3]), reconnect: .never)
+        let error = await #expect(throws: OTAError.self) { try await session.run() }
+        #expect(error?.message.contains("Secure DFU") == true)
+    }
+}
