@@ -19,7 +19,6 @@ public actor PeripheralAdvertisement {
     public let localName: String?
     public let serviceUUIDs: [BluetoothUUID]
     private var registeredOn: String?
-    private var pausedOn: String?
     private var isExported = false
     private var released = false
 
@@ -73,28 +72,9 @@ public actor PeripheralAdvertisement {
             arguments: [.objectPath(path)], timeout: timeout)
     }
 
-    /// Withdraws the advertisement for a while (a device that reboots is not connectable: an LE
-    /// peripheral accepts connections only in answer to its connectable advertising).
-    public func pause(timeout: Duration = .seconds(5)) async throws {
-        guard let adapterPath = registeredOn else { return }
-        pausedOn = adapterPath
-        try await unregister(timeout: timeout)
-    }
-
-    /// Registers the advertisement again after `pause()`, on the same adapter.
-    public func resume(timeout: Duration = .seconds(20)) async throws {
-        guard let adapterPath = pausedOn, isExported, registeredOn == nil else { return }
-        pausedOn = nil
-        try await register(on: adapterPath, timeout: timeout)
-    }
-
-    /// Whether the advertisement is registered with bluetoothd now.
-    public var isRegistered: Bool { registeredOn != nil }
-
     public func unexport() async {
         guard isExported else { return }
         isExported = false
-        pausedOn = nil
         await connection.unexport(path: path)
     }
 }

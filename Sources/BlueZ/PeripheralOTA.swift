@@ -88,9 +88,10 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
 ///   write-without-response).
 /// - Link drops (disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
 ///   that fails. A reboot (fault, or booting an activated image after its reply went out) drops
-///   the links and stops advertising for `FaultPlan.rebootDuration`: a central's connection
-///   attempt fails as a connection error. A central that shows up anyway has its read or write
+///   the links, and for `FaultPlan.rebootDuration` a central that connects has its read or write
 ///   refused, then its link dropped: every request is answered before its link goes down.
+///   (It keeps advertising: withdrawing the advertisement and registering it again on BlueZ 5.66
+///   left it unseen by later scans from other controllers.)
 /// - A held CHECKPOINT's deadline wakes the model, which answers `gap` only if that very
 ///   CHECKPOINT is still held.
 ///
@@ -102,7 +103,6 @@ public actor OTAPeripheral {
     private let clock: any MonotonicClock
     private let events: @Sendable (OTAPeripheralEvent) -> Void
     private var link: (any PeripheralLinkControl)?
-    private var advertisement: PeripheralAdvertisement?
     private var notifier: (@Sendable ([UInt8]) async throws -> Void)?
     private var centrals: Set<String> = []
     /// Centrals whose link is being dropped: their writes are ignored until it is down.
@@ -132,7 +132,6 @@ public actor OTAPeripheral {
 
     private enum Work {
         case output(DeviceModel.Output, central: String?)
-        case advertise
     }
 
     /// The ATT application error a second central's command gets: 0x80 + `busy` (0x09).
@@ -154,12 +153,16 @@ public actor OTAPeripheral {
     /// The device: its OTA state machine and faults.
     public var device: FaultyDevice { model.device }
 
-    /// Connects the device to the link operations, the notification path of its application, and
-    /// the advertisement it withdraws while it reboots; starts watching connections.
-    public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication,
-                       advertisement: PeripheralAdvertisement? = nil) async throws {
+    /// Waits until the device is back from a reboot (at once when it is not away).
+    public func waitUntilBack() async {
+        let back = model.availableAt
+        if back > clock.now { try? await clock.sleep(until: back) }
+    }
+
+    /// Connects the device to the link operations and the notification path of its application;
+    /// starts watching connections.
+    public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication) async throws {
         self.link = link
-        self.advertisement = advertisement
         notifier = { [application] value in try await application.notify(OTAProtocol.controlPointUUID, value) }
         guard let link else { return }
         // One consumer, so connects and disconnects reach the device in the order bluetoothd sent them.
@@ -407,17 +410,14 @@ public actor OTAPeripheral {
             schedule(model.wake(token, at: clock.now), central: central)
         case .output(.dropLink(let reason), let central):
             await dropLink(central, reason: reason)
-        case .output(.reboot(let until, let reason), let central):
-            // Not connectable while away: stop advertising first, then drop every link.
-            do { try await advertisement?.pause() } catch { events(.note("withdrawing the advertisement failed: \(error)")) }
-            // Only links that are up are dropped: with none, there is nothing to do (power-cycling
+        case .output(.reboot(_, let reason), let central):
+            // The advertisement stays registered while away (withdrawing and registering it again
+            // on BlueZ 5.66 left it unseen by later scans from other controllers); a central that
+            // connects meanwhile is refused. Only links that are up are dropped: with none, there is nothing to do (power-cycling
             // the adapter instead would disturb its advertising for whoever uses it next).
             let links = centrals.union(central.map { [$0] } ?? [])
             if links.isEmpty { model.linkDropped() }
             for c in links.sorted() { await dropLink(c, reason: reason) }
-            enqueue(Job(at: until, sequence: 0, work: .advertise))
-        case .advertise:
-            do { try await advertisement?.resume() } catch { events(.note("advertising again after the reboot failed: \(error)")) }
         }
     }
 

@@ -99,7 +99,7 @@ struct Simulate: AsyncParsableCommand {
         do {
             try await application.export()
             try await advertisement.export()
-            try await peripheral.attach(link: host, application: application, advertisement: advertisement)
+            try await peripheral.attach(link: host, application: application)
             // bluetoothd going away ends the service with the bluetooth_unavailable code.
             try await host.connection.subscribe(DBusMatchRule(
                 sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",

@@ -235,6 +235,9 @@ actor PeripheralUnderTest: DeviceUnderTest {
     }
 
     /// bluetoothd reports the central connected (`Device1.Connected` = true), advertising or not.
+    /// Waits until the served device is back from its reboot.
+    func waitUntilBack() async { await served.peripheral.waitUntilBack() }
+
     func announceConnection() async throws {
         dropsAtConnect = drops
         try await fake.connection.updateProperty(path: central, interface: "org.bluez.Device1", name: "Connected", value: .bool(true))

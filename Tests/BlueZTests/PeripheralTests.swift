@@ -64,7 +64,7 @@ struct PeripheralTests {
         let advertisement = PeripheralAdvertisement(connection: host.connection, path: "/org/otaflash/test/advertisement0",
                                                     localName: config.name, serviceUUIDs: [OTAProtocol.serviceUUID])
         try await advertisement.export()
-        try await peripheral.attach(link: host, application: application, advertisement: advertisement)
+        try await peripheral.attach(link: host, application: application)
         try await application.register(on: host.adapterPath)
         try await advertisement.register(on: host.adapterPath)
         return Served(host: host, peripheral: peripheral, application: application, advertisement: advertisement, events: log)
@@ -209,13 +209,13 @@ struct PeripheralTests {
             #expect(events.contains(.verified(central: Self.centralA, crc: crc)))
             #expect(events.contains(.activated(central: Self.centralA, size: 4096, crc: crc, version: version, stored: path)))
 
-            // While it reboots, it does not advertise and commands fail; afterwards it advertises
-            // again and runs the new version.
-            #expect(fake.calls.contains("UnregisterAdvertisement /org/otaflash/test/advertisement0"))
+            // While it reboots, commands fail (it keeps advertising: re-registering an advertisement
+            // on BlueZ 5.66 left it unseen by later scans); afterwards it runs the new version.
+            #expect(!fake.calls.contains("UnregisterAdvertisement /org/otaflash/test/advertisement0"))
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
+            await served.peripheral.waitUntilBack()
             #expect(served.events.all.contains { if case .disconnected(Self.centralA, _) = $0 { true } else { false } })
             #expect(String(decoding: try await fake.read(DeviceInformationService.firmwareRevisionUUID, device: nil), as: UTF8.self) == "2.1.7")
 
@@ -291,7 +291,7 @@ struct PeripheralTests {
             await #expect(throws: DBusError.self) {
                 try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             }
-            try await fake.waitForCall("RegisterAdvertisement /org/otaflash/test/advertisement0")
+            await served.peripheral.waitUntilBack()
             // Back: nothing was committed, so it holds nothing.
             try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
             let status = try Self.response(try await peripheralNext(notifications))
@@ -491,23 +491,26 @@ extension ProcessBusSuites.PeripheralTests {
             } catch {
                 #expect(Self.isResumableConnectionError(error), "\(error)")
             }
-            // ...and a connection attempt fails as a connection error.
-            do {
-                try await device.connect(timeout: .milliseconds(300))
-                Issue.record("a connection during the reboot was accepted")
-            } catch {
-                #expect(Self.isResumableConnectionError(error), "\(error)")
-            }
             if let peripheral = device as? PeripheralUnderTest {
-                // A central that gets connected anyway is dropped, and its read fails as a lost link.
+                // Peripheral mode keeps advertising (re-registering an advertisement on BlueZ 5.66
+                // left it unseen by later scans): a central that connects is refused, its read is
+                // answered with an error before its link is dropped (the central takes a setup
+                // step refused just before the link drops as a link loss).
                 try await peripheral.announceConnection()
                 do {
                     _ = try await device.readInfo()
                     Issue.record("a read from a central connected during the reboot succeeded")
+                } catch {}
+                #expect(await device.next(within: .seconds(5)) == .linkDropped)
+                await peripheral.waitUntilBack()
+            } else {
+                // ...and the simulator refuses a connection attempt as a connection error.
+                do {
+                    try await device.connect(timeout: .milliseconds(300))
+                    Issue.record("a connection during the reboot was accepted")
                 } catch {
                     #expect(Self.isResumableConnectionError(error), "\(error)")
                 }
-                #expect(await device.next(within: .seconds(5)) == .linkDropped)
             }
 
             try await device.connect(timeout: .seconds(5))
