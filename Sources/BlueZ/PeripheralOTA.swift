@@ -319,15 +319,17 @@ public actor OTAPeripheral {
         case .busy(let owner):
             if let writer = request.device { events(.busy(central: writer, owner: owner)) }
             throw GATTServerError.application(Self.busyATTError)
-        case .success(let at):
+        case .success:
             let status = result.response.count >= 3 ? OTAStatus(rawValue: result.response[2]) : nil
             report(opcode: opcode, status: status, central: request.device)
             if result.activated { activated(central: request.device) }
             if result.notificationLost {
                 events(.note("injected fault: the reply to \(opcode.map { "\($0)" } ?? "a command") is not notified"))
             }
+            // The write is answered at once: its reply is the notification, due at `at`. Holding
+            // the write's own answer until then let a central that saw the notification
+            // disconnect while the write was still unanswered, which crashes bluetoothd 5.66.
             schedule(result.outputs, central: request.device)
-            if at > clock.now { try? await clock.sleep(until: at) }
         }
     }
 
