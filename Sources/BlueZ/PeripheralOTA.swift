@@ -255,8 +255,7 @@ public actor OTAPeripheral {
         for waiter in waiting { waiter.resume() }
     }
 
-    /// Waits until every request received so far is answered, or `limit` passed (a reply held
-    /// for slow flash is not waited for longer than that).
+    /// Waits until every request received so far is answered, or `limit` passed.
     private func allAnswered(within limit: Duration) async {
         guard unanswered > 0 else { return }
         let deadline = Task { [weak self] in
