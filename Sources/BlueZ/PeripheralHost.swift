@@ -138,8 +138,6 @@ public actor PeripheralHost {
                 _ = try await connection.call(destination: "org.bluez", path: device, interface: Self.deviceInterface,
                                               member: "Disconnect", timeout: .seconds(5))
                 return "disconnected \(device)"
-            } catch let error as DBusError where Self.alreadyGone.contains(error.name) {
-                return "\(device) was already disconnected"
             } catch {
                 let cycled = await powerCycle()
                 return "Device1.Disconnect failed (\(error)); \(cycled)"
@@ -147,9 +145,6 @@ public actor PeripheralHost {
         }
         return await powerCycle()
     }
-
-    /// What `Device1.Disconnect` answers for a link that is already down: nothing to drop.
-    static let alreadyGone: Set<String> = ["org.bluez.Error.NotConnected", "org.freedesktop.DBus.Error.UnknownObject"]
 
     /// Sets the adapter's `Powered` to false, then true again.
     public func powerCycle() async -> String {

@@ -414,11 +414,14 @@ public actor OTAPeripheral {
         case .output(.reboot(_, let reason), let central):
             // The advertisement stays registered while away (withdrawing and registering it again
             // on BlueZ 5.66 left it unseen by later scans from other controllers); a central that
-            // connects meanwhile is refused. Only links that are up are dropped: with none, there is nothing to do (power-cycling
-            // the adapter instead would disturb its advertising for whoever uses it next).
+            // connects meanwhile is refused. Every link is dropped; with none known, the adapter
+            // is power-cycled, as a real device's reboot resets its radio.
             let links = centrals.union(central.map { [$0] } ?? [])
-            if links.isEmpty { model.linkDropped() }
-            for c in links.sorted() { await dropLink(c, reason: reason) }
+            if links.isEmpty {
+                await dropLink(nil, reason: reason)
+            } else {
+                for c in links.sorted() { await dropLink(c, reason: reason) }
+            }
         }
     }
 
