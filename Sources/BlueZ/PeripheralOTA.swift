@@ -88,8 +88,8 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
 ///   write-without-response).
 /// - Link drops (disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
 ///   that fails. A reboot (fault, or booting an activated image after its reply went out) drops
-///   the links, and for `FaultPlan.rebootDuration` a central that connects has its read or write
-///   refused, then its link dropped: every request is answered before its link goes down.
+///   the links, and for `FaultPlan.rebootDuration` a central that connects has its reads and
+///   writes refused. Every request is answered before its link goes down.
 ///   (It keeps advertising: withdrawing the advertisement and registering it again on BlueZ 5.66
 ///   left it unseen by later scans from other controllers.)
 /// - A held CHECKPOINT's deadline wakes the model, which answers `gap` only if that very
@@ -113,6 +113,8 @@ public actor OTAPeripheral {
     /// are answered: bluetoothd 5.66 crashes (a use after free in its write completion) when a
     /// WriteValue is still unanswered as the link it came on goes down.
     private var unanswered = 0
+    /// Centrals refused while the device was away (one note each).
+    private var refused: Set<String> = []
     private var answered: [CheckedContinuation<Void, Never>] = []
     private var lastProgress = 0
     /// Due outputs, in time order (ties in the order they were decided).
@@ -231,17 +233,17 @@ public actor OTAPeripheral {
 
     public func centralDisconnected(_ central: String, reason: String = "the central disconnected") {
         model.linkDropped(central: central)
+        refused.remove(central)
         guard centrals.remove(central) != nil else { return }
         events(.disconnected(central: central, reason: reason))
     }
 
-    /// A rebooting device has no link: drop the one a central has, once the request that showed
-    /// it is answered.
+    /// A rebooting device answers nothing: a central's request is refused. Its link is left to
+    /// the central (dropping it from this side on BlueZ 5.66 left the adapter not advertising for
+    /// scans from other controllers).
     private func refuse(_ central: String) {
-        guard linkDrops[central] == nil, !dropping.contains(central) else { return }
+        guard refused.insert(central).inserted else { return }
         events(.note("refused \(OTAPeripheralEvent.address(of: central)): the device is rebooting"))
-        dropping.insert(central)
-        enqueue(Job(at: clock.now, sequence: 0, work: .output(.dropLink(reason: "the device is rebooting"), central: central)))
     }
 
     /// Counts a request until its reply is on its way (the handler returned).
