@@ -275,6 +275,7 @@ public enum ScanEvents {
         public var name: String?
         public var rssi: Int?
         public var ota: Bool
+        public var `protocol`: String?
     }
 
     public struct Done: CommandDone {
@@ -327,6 +328,7 @@ public enum SimulateEvents {
         public var adapter: String
         public var address: String?
         public var name: String
+        public var `protocol`: String
         public var slotSize: Int
         public var firmwareVersion: String
         public var store: String?
@@ -347,7 +349,7 @@ public enum SimulateEvents {
         public static let name = "begin"
         public var central: String?
         public var size: Int
-        public var crc32: String
+        public var crc32: String?
         public var offset: Int
     }
 
@@ -361,7 +363,7 @@ public enum SimulateEvents {
     public struct Verified: JSONEvent {
         public static let name = "verified"
         public var central: String?
-        public var crc32: String
+        public var crc32: String?
     }
 
     public struct Activated: JSONEvent {
@@ -369,7 +371,7 @@ public enum SimulateEvents {
         public var central: String?
         public var size: Int
         public var crc32: String
-        public var firmwareVersion: String
+        public var firmwareVersion: String?
         public var stored: String?
     }
 
@@ -422,7 +424,7 @@ public enum EventCatalog {
             FlashEvents.Summary(devices: 3, ok: 2, skipped: 0, failed: 1, exitCode: .someFailed, seconds: 2.5),
         ]
         let simulate: [any JSONEvent] = [
-            SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", slotSize: 1 << 20,
+            SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", protocol: "native", slotSize: 1 << 20,
                                    firmwareVersion: "1.0.0", store: nil),
             SimulateEvents.Connected(central: central),
             SimulateEvents.Disconnected(central: central, reason: "the central disconnected"),
@@ -435,7 +437,7 @@ public enum EventCatalog {
             SimulateEvents.Done(activations: 1),
         ]
         return flash.map { ("otaflash flash", $0) }
-            + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true)),
+            + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true, protocol: "native")),
                ("otaflash scan", ScanEvents.Done(count: 1)),
                ("otaflash info", InfoEvents.Info(device: device, manufacturer: "otaflash", model: nil, firmwareRevision: "1.0.0",
                                                  otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",

@@ -56,8 +56,9 @@ public struct NordicDFUPeripheral: PeripheralModel {
                 pendingDisconnects.removeAll { $0 <= bootloader.writeOffset }
                 outputs.append(PeripheralTimed(at: now, .dropLink(reason: "injected disconnect at offset \(next)")))
             }
-            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs)
+            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: packetReports)
         case SecureDFUService.controlPointUUID where withResponse:
+            let before = bootloader
             let response = bootloader.handleControl(bytes)
             var outputs = [PeripheralTimed(at: now, .notify(SecureDFUService.controlPointUUID, response))]
             if bootloader.resetPending {
@@ -70,7 +71,7 @@ public struct NordicDFUPeripheral: PeripheralModel {
                 outputs.append(PeripheralTimed(at: now + .milliseconds(5),
                                                .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
             }
-            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs)
+            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: controlReports(before: before))
         default:
             return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
         }

@@ -8,7 +8,10 @@ public struct NativeProfile: OTAProfile {
 
     public init() {}
 
-    public var name: String { "native" }
+    /// The name `--protocol` takes.
+    public static let name = "native"
+
+    public var name: String { Self.name }
     public var serviceUUID: BluetoothUUID { OTAProtocol.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.rawBinary, .intelHex] }
 
