@@ -186,6 +186,9 @@ public protocol OTAProfile: Sendable {
     var serviceUUID: BluetoothUUID { get }
     /// The image formats this protocol sends (`--protocol auto` picks from them).
     var imageFormats: Set<ImageFormat.Kind> { get }
+    /// How the device checks the whole image before it may activate it, for the line that says
+    /// so: "computes the CRC32 of the whole image".
+    var imageCheck: String { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -207,6 +210,8 @@ public protocol OTAProfile: Sendable {
 }
 
 extension OTAProfile {
+    public var imageCheck: String { "checks the whole image" }
+
     public func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         try await session.run(self, events: events)
     }

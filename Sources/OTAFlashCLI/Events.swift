@@ -111,10 +111,12 @@ public enum FlashEvents {
     public struct DeviceInfo: JSONEvent {
         public static let name = "device_info"
         public var device: String
-        public var `protocol`: Int
+        /// The profile's name: "native", "nordic-dfu".
+        public var protocolName: String
+        public var `protocol`: Int?
         public var state: String
-        public var slotSize: Int
-        public var firmwareVersion: String
+        public var slotSize: Int?
+        public var firmwareVersion: String?
     }
 
     public struct Connected: JSONEvent {
@@ -249,14 +251,14 @@ public enum FlashEvents {
         case .connected(let device, let mtu, let chunk):
             Connected(device: device, mtu: mtu, chunk: chunk)
         case .deviceInfo(let device, let info):
-            DeviceInfo(device: device, protocol: info.protocolVersion ?? 0, state: info.state,
-                       slotSize: info.slotSize ?? 0, firmwareVersion: info.firmwareVersion?.description ?? "unknown")
+            DeviceInfo(device: device, protocolName: info.protocolName, protocol: info.protocolVersion, state: info.state,
+                       slotSize: info.slotSize, firmwareVersion: info.firmwareVersion?.description)
         case .transferStarted(let device, let offset, let total):
             Transfer(device: device, resumeOffset: offset, total: total)
         case .progress(let p):
             Progress(device: p.device, bytes: p.bytes, confirmed: p.confirmed, total: p.total, rate: p.rate, eta: p.eta,
                      elapsed: p.elapsed)
-        case .verifying(let device):
+        case .verifying(let device, _):
             Verify(device: device)
         case .activating(let device):
             Activate(device: device)
@@ -413,7 +415,7 @@ public enum EventCatalog {
             FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true, protocol: "native"),
             FlashEvents.Batch(devices: 3, parallel: 4, adapters: ["default"]),
             FlashEvents.Connecting(device: device),
-            FlashEvents.DeviceInfo(device: device, protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
+            FlashEvents.DeviceInfo(device: device, protocolName: "native", protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
             FlashEvents.Connected(device: device, mtu: 247, chunk: 240),
             FlashEvents.Transfer(device: device, resumeOffset: 0, total: 4096),
             FlashEvents.Progress(device: device, bytes: 2048, confirmed: 1024, total: 4096, rate: 20_000, eta: 0.1, elapsed: 0.1),

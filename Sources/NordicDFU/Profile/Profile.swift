@@ -29,6 +29,7 @@ public struct NordicDFUProfile: OTAProfile {
     public var name: String { Self.name }
     public var serviceUUID: BluetoothUUID { SecureDFUService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.nordicDFUPackage] }
+    public var imageCheck: String { "checks the whole image's SHA-256 against the signed init packet" }
 
     public func attach(to connection: any GATTConnection, device: String,
                        discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<Void> {
