@@ -57,17 +57,23 @@ public struct ProtocolRegistry: Sendable {
         guard let first = byFormat.first else {
             throw OTAError(.image, "no protocol otaflash speaks sends \(format.map { "\($0)" } ?? "this") image (it speaks \(names.joined(separator: ", ")))")
         }
+        let why = format.map { byFormat.count == 1 ? "only \(first.name) sends \($0) images" : "the first protocol that sends \($0) images" }
         guard let services else {
-            let why = format.map { byFormat.count == 1 ? "only \(first.name) sends \($0) images" : "the first protocol that sends \($0) images" }
-                ?? "the first protocol registered"
-            return Resolution(profile: first, reason: "picked \(first.name): \(why)")
+            return Resolution(profile: first, reason: "picked \(first.name): \(why ?? "the first protocol registered")")
         }
         guard let exposed = byFormat.first(where: { services.contains($0.serviceUUID) }) else {
             let wanted = byFormat.map { "\($0.name) (\($0.serviceUUID))" }.joined(separator: ", ")
+            // The device speaks another protocol otaflash knows: the image is the wrong kind for it.
+            if let format, let other = profiles.first(where: { services.contains($0.serviceUUID) }) {
+                throw OTAError(.incompatibleDevice,
+                               "the device exposes \(other.serviceUUID) of \(other.name), none of the services of \(wanted), which send \(format) images",
+                               hint: "give it an image \(other.name) sends (\(Self.list(other.imageFormats))), or check that it is the device you mean")
+            }
             throw OTAError(.incompatibleDevice, "the device exposes none of the services of \(wanted)",
                            hint: "is it running firmware that can be updated? name the protocol with --protocol to try anyway")
         }
-        return Resolution(profile: exposed, reason: "picked \(exposed.name): the device exposes \(exposed.serviceUUID)")
+        let because = why.map { "\($0); " } ?? ""
+        return Resolution(profile: exposed, reason: "picked \(exposed.name): \(because)the device exposes \(exposed.serviceUUID)")
     }
 
     private static func list(_ kinds: Set<ImageFormat.Kind>) -> String {

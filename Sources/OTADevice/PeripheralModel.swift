@@ -91,6 +91,22 @@ public protocol PeripheralModel: Sendable {
     mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed]
     /// The link to `central` (nil: every link) went down.
     mutating func linkDropped(central: String?)
+
+    /// The address the device answers at now; nil: the one it was configured with. A device
+    /// whose address changes (a Nordic application that reboots into its bootloader at the
+    /// address + 1) answers at one address at a time.
+    var currentAddress: DeviceAddress? { get }
+    /// The name the device advertises now; nil: the one it was configured with.
+    var advertisedName: String? { get }
+    /// A central enabled or disabled notifications (or indications) on `characteristic`: the
+    /// write to its Client Characteristic Configuration Descriptor.
+    mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID)
+}
+
+extension PeripheralModel {
+    public var currentAddress: DeviceAddress? { nil }
+    public var advertisedName: String? { nil }
+    public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device
