@@ -18,21 +18,23 @@ extension FlashPlan {
     /// the device exposes (`ProtocolRegistry.resolve`) and lets the profile move the device into
     /// its update mode (Nordic buttonless entry, `OTAProfile.enterUpdateMode`).
     ///
-    /// A first connection that fails for another reason than a device not found is left to the
-    /// first session, whose supervisor retries it; the protocol then goes unchecked against the
+    /// A first connection that fails in a way the session's supervisor retries (a failed connect,
+    /// a timeout) is left to the first session; the protocol then goes unchecked against the
     /// services, as before any connection.
     ///
-    /// - Throws: `OTAError`: the device was not found, exposes services of another protocol than
-    ///   the image's, or could not be moved into its update mode.
+    /// - Throws: `OTAError`: the device was not found (or Bluetooth is unavailable), exposes
+    ///   services of another protocol than the image's, or could not be moved into its update mode.
     func prepare(protocol name: String, central: any GATTCentral, address: DeviceAddress, timeouts: SessionTimeouts,
                  limits: UpdateModeLimits) async throws(OTAError) -> DevicePreparation {
         let unread = DevicePreparation(reason: reason, entry: nil, connection: nil)
         let connection: any GATTConnection
         do {
             connection = try await central.connect(to: address, timeout: timeouts.connect)
-        } catch let error where error.code == .deviceNotFound {
-            throw OTAError.from(error, device: address.description)
         } catch {
+            // What the session's supervisor would retry is left to it; the rest ends the run here.
+            let failure = OTAError.from(error, device: address.description)
+            if Task.isCancelled { throw interrupted(address) }
+            guard failure.resumable, failure.code == .connection || failure.code == .timeout else { throw failure }
             return unread
         }
         let services: [GATTService]
@@ -56,13 +58,15 @@ extension FlashPlan {
                                      connection: entry == nil ? connection : nil)
         } catch {
             await connection.disconnect()
-            if Task.isCancelled {
-                throw OTAError(.interrupted, "interrupted before anything was sent to \(address)", hint: "run the same command again")
-            }
+            if Task.isCancelled { throw interrupted(address) }
             throw OTAError(error.code, error.message.hasPrefix("\(address)") ? error.message : "\(address): \(error.message)",
                            hint: error.hint, resumable: error.resumable, cause: error.cause)
         }
     }
+}
+
+private func interrupted(_ address: DeviceAddress) -> OTAError {
+    OTAError(.interrupted, "interrupted before anything was sent to \(address)", hint: "run the same command again")
 }
 
 /// A value handed between tasks: the connection `prepare` made, taken by the first session that
