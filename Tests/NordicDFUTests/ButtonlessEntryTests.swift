@@ -65,17 +65,30 @@ import Testing
         #expect(services.first?.characteristic(SecureDFUService.controlPointUUID) != nil)
     }
 
-    @Test func aRefusedEnterBootloaderSaysWhy() async throws {
-        let device = device(refusal: .operationFailed)
+    /// Each result but success is one line saying what it means; not bonded is a pairing matter.
+    @Test(arguments: [ButtonlessResult.opcodeNotSupported, .operationFailed, .invalidAdvertisingName, .busy,
+                      ButtonlessResult(rawValue: 0x99)])
+    func aRefusedEnterBootloaderSaysWhy(result: ButtonlessResult) async throws {
+        let device = device(refusal: result)
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
         await #expect {
             try await enter(device, central: central)
         } throws: { error in
             guard let error = error as? OTAError else { return false }
-            return error.code == .protocolError
-                && error.message == "C0:FF:EE:00:00:FF refused Enter Bootloader: \(ButtonlessResult.operationFailed)"
+            return error.code == .protocolError && error.message == "C0:FF:EE:00:00:FF refused Enter Bootloader: \(result)"
+                && !error.message.contains("\n")
         }
         #expect(device.model(as: NordicButtonlessDevice.self)?.mode == .application)
+    }
+
+    @Test func notBondedIsAPairingMatter() async throws {
+        let device = device(refusal: .notBonded)
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        await #expect {
+            try await enter(device, central: central)
+        } throws: { error in
+            (error as? OTAError)?.code == .permission
+        }
     }
 
     @Test func theBondedVariantNeedsPairing() async throws {
