@@ -46,16 +46,11 @@ extension FlashPlan {
             await connection.disconnect()
             return unread
         }
-        // A device that exposes no protocol's service is left to the profile, whose attach names
-        // what is missing; one that speaks another protocol than the image's is refused here.
-        let exposed = Set(services.map(\.uuid))
-        let speaks = ProtocolRegistry.cli.profiles.contains { exposed.contains($0.serviceUUID) }
         do throws(OTAError) {
-            let resolution = try ProtocolRegistry.cli.resolve(name, format: format, services: speaks ? exposed : nil)
+            let resolution = try ProtocolRegistry.cli.resolve(name, format: format, services: Set(services.map(\.uuid)))
             let entry = try await profile.enterUpdateMode(on: connection, services: services, device: address, limits: limits)
             if entry != nil { await connection.disconnect() }
-            return DevicePreparation(reason: speaks ? resolution.reason + contents : reason, entry: entry,
-                                     connection: entry == nil ? connection : nil)
+            return DevicePreparation(reason: resolution.reason + contents, entry: entry, connection: entry == nil ? connection : nil)
         } catch {
             await connection.disconnect()
             if Task.isCancelled { throw interrupted(address) }

@@ -89,6 +89,14 @@ private struct OtherProfile: OTAProfile {
         }
     }
 
+    /// A device with no protocol's service: the image decides, and attaching names what is missing.
+    @Test func aDeviceWithNoProtocolsServiceKeepsTheImagesChoice() throws {
+        let pick = try registry.resolve("auto", format: .intelHex, services: [BluetoothUUID(uint16: 0x180A)])
+        #expect(pick.profile.name == "native")
+        #expect(pick.reason == "picked native: only native sends intel-hex images; the device exposes no service of a protocol otaflash speaks")
+        #expect(throws: OTAError.self) { try registry.resolve("auto", services: [BluetoothUUID(uint16: 0x180A)]) }
+    }
+
     @Test func anImageNoProtocolSendsIsRefused() {
         #expect {
             try registry.resolve("auto", format: .elf)
