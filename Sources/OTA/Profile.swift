@@ -258,11 +258,14 @@ public struct UpdateModeEntry: Sendable, Hashable {
     public var address: DeviceAddress
     /// The name it advertises there, to find it by when nothing answers at `address` (nil: none).
     public var name: String?
+    /// What the device was moved into and how, for a note: "its bootloader, through buttonless DFU".
+    public var mode: String
 
-    public init(application: DeviceAddress, address: DeviceAddress, name: String?) {
+    public init(application: DeviceAddress, address: DeviceAddress, name: String?, mode: String) {
         self.application = application
         self.address = address
         self.name = name
+        self.mode = mode
     }
 }
 

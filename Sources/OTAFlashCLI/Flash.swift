@@ -260,8 +260,8 @@ struct Flash: AsyncParsableCommand {
             printer.note(prepared.reason)
             if let entry = prepared.entry {
                 bootloader.current = entry.address
-                printer.note("\(address) ran its application: it entered its bootloader through buttonless DFU, "
-                             + "which answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
+                printer.note("\(address) ran its application and was moved into \(entry.mode); "
+                             + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
             }
             // The sessions go where the device answers now: the bootloader after an entry.
             let handoff = Slot(prepared.connection)

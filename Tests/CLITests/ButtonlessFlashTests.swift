@@ -37,7 +37,7 @@ struct ButtonlessFlashTests {
         #expect(human.code == 0, "\(human.stderr)")
         #expect(human.stderr.contains("picked nordic-dfu: only nordic-dfu sends nordic-dfu-package images; the device exposes 0000fe59-"),
                 "\(human.stderr)")
-        #expect(human.stderr.contains("\(application) ran its application: it entered its bootloader through buttonless DFU, which answers at \(bootloader)"))
+        #expect(human.stderr.contains("\(application) ran its application and was moved into its bootloader, through buttonless DFU; it answers at \(bootloader)"))
         #expect(human.stdout.contains("\(application) (bootloader \(bootloader)): 236 B verified and activated"), "\(human.stdout)")
         // The simulated device ends in its application, at its own address, running what was sent.
         #expect(human.stderr.contains("simulated device: runs its application at \(application), the application flashed with CRC32 \(crc)"),

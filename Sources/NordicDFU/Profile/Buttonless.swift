@@ -48,7 +48,8 @@ extension NordicDFUProfile {
             throw OTAError(.protocolError, "\(device) refused Enter Bootloader: \(result)")
         }
         await entry.awaitDisconnect(within: limits.disconnect)
-        return UpdateModeEntry(application: device, address: bootloader, name: named ? name : nil)
+        return UpdateModeEntry(application: device, address: bootloader, name: named ? name : nil,
+                               mode: "its bootloader, through buttonless DFU")
     }
 }
 
