@@ -236,7 +236,17 @@ public actor OTAPeripheral {
         } else if properties.contains(.writeWithoutResponse) {
             write = { [self] bytes, request in await self.data(bytes, to: uuid, request) }
         }
-        return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames, read: read, write: write)
+        var notifyChanged: PeripheralCharacteristic.NotifyHandler?
+        if !properties.isDisjoint(with: [.notify, .indicate]) {
+            notifyChanged = { [self] enabled in await self.notificationsChanged(enabled, for: uuid) }
+        }
+        return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames, read: read, write: write,
+                                        notifyChanged: notifyChanged)
+    }
+
+    /// A central subscribed to or unsubscribed from `uuid` (StartNotify / StopNotify).
+    func notificationsChanged(_ enabled: Bool, for uuid: BluetoothUUID) {
+        model.notificationsChanged(enabled, for: uuid)
     }
 
     // MARK: Connections

@@ -117,11 +117,24 @@ public protocol PeripheralModel: Sendable {
     /// A short description of a write the device just handled and the state it left, for traces:
     /// "offset 4096 +240, received 4336".
     func describe(_ bytes: [UInt8], to characteristic: BluetoothUUID) -> String
+
+    /// The address the device answers at now; nil: the one it was configured with. A device
+    /// whose address changes (a Nordic application that reboots into its bootloader at the
+    /// address + 1) answers at one address at a time.
+    var currentAddress: DeviceAddress? { get }
+    /// The name the device advertises now; nil: the one it was configured with.
+    var advertisedName: String? { get }
+    /// A central enabled or disabled notifications (or indications) on `characteristic`: the
+    /// write to its Client Characteristic Configuration Descriptor.
+    mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID)
 }
 
 extension PeripheralModel {
     public func isAway(at now: Duration) -> Bool { availableAt > now }
     public func describe(_ bytes: [UInt8], to characteristic: BluetoothUUID) -> String { "\(bytes.count) B" }
+    public var currentAddress: DeviceAddress? { nil }
+    public var advertisedName: String? { nil }
+    public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device

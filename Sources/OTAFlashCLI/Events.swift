@@ -73,6 +73,8 @@ public enum FlashEvents {
     public struct Start: JSONEvent {
         public static let name = "start"
         public var device: String?
+        /// Where the device's bootloader answers after buttonless entry.
+        public var bootloader: String?
         public var image: String
         public var size: Int
         public var crc32: String
@@ -80,8 +82,9 @@ public enum FlashEvents {
         /// The protocol the image goes over (`--protocol`, or what `auto` picked).
         public var `protocol`: String
 
-        public init(device: String?, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
+        public init(device: String?, bootloader: String? = nil, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
             self.device = device
+            self.bootloader = bootloader
             self.image = image
             self.size = size
             self.crc32 = hex32(crc32)
@@ -167,6 +170,8 @@ public enum FlashEvents {
         public static let name = "done"
         public var result = EventResult.ok
         public var device: String?
+        /// Where the device's bootloader answered after buttonless entry.
+        public var bootloader: String?
         public var adapter: String?
         public var bytes: Int?
         public var crc32: String?

@@ -59,6 +59,10 @@ public struct SimulatorOptions: ParsableArguments {
     @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")
     public var dataWithoutWriteWithoutResponse = false
 
+    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: SimulatedButtonless.valueName),
+            completion: .list(SimulatedButtonless.allCases.map(\.rawValue)))
+    public var buttonless: String?
+
     public init() {}
 
     public mutating func validate() throws {
@@ -67,6 +71,7 @@ public struct SimulatorOptions: ParsableArguments {
         try Ranges.interval.check(intervalMs)
         guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
         try Ranges.packetsPerEvent.check(packetsPerEvent)
+        try SimulatedButtonless.check(buttonless)
     }
 
     public var link: LinkModel {
