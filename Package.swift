@@ -51,7 +51,7 @@ let package = Package(
         ]),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator", "NordicDFU"]),
         // Fault soak on the simulator (run in release mode).
         .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
 

@@ -30,6 +30,9 @@ public final class SimulatedConnection: GATTConnection {
         self.link = Mutex(Link(anchor: clock.now, model: device.config.link))
     }
 
+    /// One transmit queue carries requests and commands alike, in the order they were written.
+    public var keepsWriteOrder: Bool { true }
+
     public func discoverServices() async throws(GATTError) -> [GATTService] {
         try await roundTrips(3)
         return services

@@ -29,6 +29,8 @@ struct Bench {
     var maxConnections = 5
     /// A link lost during the last EXECUTE after the device activated counts as finished.
     var activationCountsAsFinished = true
+    /// What the link says on `.connected`: control point and packet writes arrive in order.
+    var keepsWriteOrder = false
 
     private(set) var packets = 0
     private(set) var requests = 0
@@ -36,6 +38,9 @@ struct Bench {
     private(set) var controlLog: [[UInt8]] = []
     private(set) var timeouts = 0
     private(set) var linkLosses = 0
+    /// Packets sent while a CREATE's answer had not reached the engine yet.
+    private(set) var packetsBeforeCreateAnswer = 0
+    private var createAnswerPending = false
     private var queue: [[UInt8]] = []
     private var linkUp = false
 
@@ -73,12 +78,13 @@ struct Bench {
                 continue
             }
             if eager, !queue.isEmpty {
-                pending = engine.handle(.notification(queue.removeFirst()))
+                pending = deliverNext()
                 continue
             }
             switch engine.nextStreamStep() {
             case .data(_, _, let bytes):
                 packets += 1
+                if createAnswerPending { packetsBeforeCreateAnswer += 1 }
                 var b = Array(bytes)
                 if corruptPackets.contains(packets) { b[0] ^= 0xFF }
                 if !dropPackets.contains(packets), let note = device.handlePacket(b) { queue.append(note) }
@@ -91,7 +97,7 @@ struct Bench {
                 break
             }
             if !queue.isEmpty {
-                pending = engine.handle(.notification(queue.removeFirst()))
+                pending = deliverNext()
             } else if engine.isAwaitingReply {
                 timeouts += 1
                 pending = engine.handle(.timeout)
@@ -105,8 +111,16 @@ struct Bench {
     private mutating func connect() -> [NordicDFUEngine.Action] {
         device.linkLost()
         queue = []
+        createAnswerPending = false
         linkUp = true
-        return engine.handle(.connected(mtu: mtu))
+        return engine.handle(.connected(mtu: mtu, keepsWriteOrder: keepsWriteOrder))
+    }
+
+    /// Hands the oldest notification to the engine.
+    private mutating func deliverNext() -> [NordicDFUEngine.Action] {
+        let note = queue.removeFirst()
+        if (try? DFUResponse(decoding: note))?.request == .create { createAnswerPending = false }
+        return engine.handle(.notification(note))
     }
 
     private mutating func loseLink() {
@@ -118,6 +132,7 @@ struct Bench {
     private mutating func control(_ request: DFURequest) {
         guard !silent else { return }
         controlLog.append(request.encoded)
+        if case .create = request { createAnswerPending = true }
         let note = device.handleControl(request.encoded)
         queue.append(note)
         requests += 1
@@ -260,6 +275,36 @@ func makeEngine(firmware: [UInt8], version: UInt32 = 2, config: NordicDFUConfig 
         var bench = Bench(engine: makeEngine(firmware: fw, config: NordicDFUConfig(streamBeforeCreateResponse: true)))
         #expect(bench.run() == .finished)
         #expect(bench.device.activated(fw))
+    }
+
+    /// CREATE's answer is waited for only where the link may reorder writes: on a link that keeps
+    /// their order an object's packets follow its CREATE at once; an explicit setting wins.
+    @Test(arguments: [(Bool?.none, true, true), (nil, false, false), (false, true, false), (true, false, true)])
+    func streamsBeforeCreatesAnswerWhereTheLinkKeepsWriteOrder(setting: Bool?, ordered: Bool, early: Bool) {
+        let fw = firmwareBytes(4096 * 2 + 10)
+        var bench = Bench(engine: makeEngine(firmware: fw, config: NordicDFUConfig(streamBeforeCreateResponse: setting)))
+        bench.keepsWriteOrder = ordered
+        #expect(bench.run() == .finished)
+        #expect(bench.device.activated(fw))
+        #expect(bench.engine.streamsBeforeCreateResponse == early)
+        // The init packet's and every object's packets go before their CREATE's answer, or none do.
+        #expect(bench.packetsBeforeCreateAnswer == (early ? bench.packets : 0))
+        #expect(bench.packets == 1 + 17 + 17 + 1)
+        #expect(bench.engine.stats.bytesResent == 0)
+        #expect(bench.engine.stats.checksumRequests == 2)  // the init packet and the short last object
+        #expect(bench.badExecutes == 0)
+    }
+
+    /// The reference strategies wait for CREATE's answer as those tools do, whatever the link.
+    @Test func referenceStrategiesWaitForCreatesAnswerOnAnOrderedLink() {
+        for config in [NordicDFUConfig.nrfutilStrategy, .mobileLibraryStrategy] {
+            let fw = firmwareBytes(4096 + 100)
+            var bench = Bench(engine: makeEngine(firmware: fw, config: config))
+            bench.keepsWriteOrder = true
+            #expect(bench.run() == .finished)
+            #expect(bench.packetsBeforeCreateAnswer == 0)
+            #expect(!bench.engine.streamsBeforeCreateResponse)
+        }
     }
 
     @Test func imageOfExactlyOneObjectAndOfOneByte() {

@@ -50,6 +50,23 @@ private final class EventLog: Sendable {
         #expect(run.events.contains { if case .verifying = $0 { true } else { false } })
     }
 
+    /// The simulator's link keeps write order, and the profile tells the engine, so an object's
+    /// packets follow its CREATE without waiting for the answer.
+    @Test func anOrderedLinkLetsPacketsFollowCreateAtOnce() async throws {
+        let device = SimulatedDevice(SimulatedDeviceConfig(), model: NordicDFUPeripheral())
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let connection = try await central.connect(to: device.config.address, timeout: .seconds(5))
+        let profile = NordicDFUProfile(initPacket: [1, 2, 3])
+        let link = try await profile.attach(to: connection, device: "sim", discoveryTimeout: .seconds(5))
+        #expect(connection.keepsWriteOrder)
+        #expect(link.peer.keepsWriteOrder)
+        var engine = profile.makeEngine(image: FirmwareImage(bytes: firmwareBytes(100)), config: EngineConfig())
+        #expect(!engine.core.streamsBeforeCreateResponse)
+        _ = engine.handle(.connected(link.peer, mtu: 247))
+        #expect(engine.core.streamsBeforeCreateResponse)
+        await connection.disconnect()
+    }
+
     @Test func anImageOfSeveralObjectsGoesObjectByObject() async throws {
         let firmware = firmwareBytes(4096 * 3 + 500)
         let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),
