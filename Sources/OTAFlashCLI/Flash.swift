@@ -125,6 +125,12 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
+    @Option(name: .customLong("hw-version"), parsing: .unconditional, help: Ranges.hwVersion.help("Nordic DFU package: the device's hardware version. Every image's init packet must name it (nrfutil pkg generate --hw-version); checked before any radio time, so a package for other hardware costs no transfer", valueName: "n"))
+    var hwVersion: Int?
+
+    @Option(name: .customLong("sd-req"), parsing: .unconditional, help: ArgumentHelp("Nordic DFU package: the SoftDevice FWID the device runs, or several separated by commas for devices on either (0xAF or 0xAF,0xB6; each \(Ranges.sdReq.text)). The first image's sd_req must list each, or 0xFFFE (any); checked before any radio time.", valueName: "fwid,..."))
+    var sdReq: FWIDList?
+
     @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("Bytes between checkpoints (write with response carrying offset and CRC32)", valueName: "bytes"))
     var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
 
@@ -159,6 +165,8 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
+        try Ranges.hwVersion.check(hwVersion)
+        try Ranges.sdReq.check(sdReq?.values ?? [])
         guard ProtocolRegistry.choices.contains(protocolName) else {
             throw ValidationError("--protocol must be \(ProtocolRegistry.choicesText), got '\(protocolName)'")
         }
@@ -194,9 +202,15 @@ struct Flash: AsyncParsableCommand {
 
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName)
+        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations)
         let firmware = plan.firmware
         let native = plan.profile is NativeProfile
+        if native, !expectations.isEmpty {
+            throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
+        }
+        if native, target.simulator.enabled, let option = target.simulator.secureDFU.given.first {
+            throw CLIFailure(.usage, "\(option) sets up a simulated Secure DFU bootloader, which only a Nordic DFU package (.zip) reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
+        }
         if noActivate, !native {
             throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
@@ -222,7 +236,7 @@ struct Flash: AsyncParsableCommand {
             guard target.simulator.stateDir == nil else {
                 throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a Secure DFU device in the simulator")
             }
-            let device = target.simulator.nordicDevice(address: address, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
+            let device = try target.simulator.nordicDevice(address: address, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
             central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             simulated = device
         } else if target.simulator.enabled {
@@ -333,6 +347,11 @@ struct Flash: AsyncParsableCommand {
 }
 
 extension Flash {
+    /// What `--hw-version` and `--sd-req` say the device is.
+    var expectations: DFUPackage.Expectations {
+        DFUPackage.Expectations(hardwareVersion: hwVersion.map { UInt32(clamping: $0) }, softDevices: sdReq?.values.map(\.value) ?? [])
+    }
+
     var sessionTimeouts: SessionTimeouts {
         SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
     }

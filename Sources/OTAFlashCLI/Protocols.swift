@@ -68,14 +68,17 @@ extension FlashPlan {
     /// file is: a Nordic package goes over Secure DFU, a raw binary or HEX image over the native
     /// protocol.
     ///
-    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends, a package that
-    ///   does not check out, or a combined package.
-    static func load(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+    /// A package is also checked against `expect` (`--hw-version`, `--sd-req`).
+    ///
+    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
+    ///   that does not check out; `.incompatibleDevice` (exit 7) for a package `expect` says the
+    ///   device would refuse.
+    static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init()) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: path)
         } catch let error where error.format == .nordicDFUPackage {
-            return try loadPackage(path: path, protocol: name)
+            return try loadPackage(path: path, protocol: name, expect: expect)
         } catch {
             throw CLIFailure(.imageFile, "\(error)")
         }
@@ -92,7 +95,7 @@ extension FlashPlan {
         "\(path): \(error.message)" + (error.hint.map { "; \($0)" } ?? "")
     }
 
-    private static func loadPackage(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+    private static func loadPackage(path: String, protocol name: String, expect: DFUPackage.Expectations) throws(CLIFailure) -> FlashPlan {
         let resolution: ProtocolRegistry.Resolution
         do {
             resolution = try ProtocolRegistry.cli.resolve(name, format: .nordicDFUPackage)
@@ -102,8 +105,9 @@ extension FlashPlan {
         let package: DFUPackage
         do {
             package = try DFUPackage.load(path: path)
+            try package.check(expect)
         } catch {
-            throw CLIFailure(.imageFile, "\(error)")
+            throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
         }
         let parts = package.images.map { image in
             FlashPlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)

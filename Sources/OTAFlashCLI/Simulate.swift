@@ -51,7 +51,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update: 1.2.3 (native), a number (nordic-dfu's application version; default 1.0.0 or 0).")
     var firmwareVersion: String?
 
-    @Option(name: .customLong("public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 key (PEM, public or private); without it any signature passes.", valueName: "file"), completion: .file())
+    @Option(name: .customLong("public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "file"), completion: .file())
     var publicKey: String?
 
     @Option(name: .customLong("sd-after-update"), help: ArgumentHelp("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged.", valueName: "fwid"))
@@ -202,11 +202,10 @@ struct Simulate: AsyncParsableCommand {
             } catch {
                 throw CLIFailure(.usage, "--public-key \(publicKey): cannot read it (\(error.localizedDescription))")
             }
-            do {
-                config.signatureCheck = try .verifying(pem: pem)
-            } catch {
-                throw CLIFailure(.usage, "--public-key \(publicKey): \(error)")
+            guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: pem) else {
+                throw CLIFailure(.usage, "--public-key \(publicKey) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
             }
+            config.signatureCheck = check
         }
         let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
                                         softDeviceAfterUpdate: softDeviceAfterUpdate.flatMap(Self.parseFWID))

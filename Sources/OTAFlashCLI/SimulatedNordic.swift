@@ -30,9 +30,11 @@ enum SimulatedButtonless: String, CaseIterable {
 extension SimulatorOptions {
     /// The simulated Secure DFU device at `address`: the bootloader, or with `--sim-buttonless`
     /// the application that reboots into it.
-    func nordicDevice(address: DeviceAddress, softDeviceAfterUpdate: UInt32?) -> SimulatedDevice {
+    func nordicDevice(address: DeviceAddress, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {
         let config = deviceConfig(address: address)
-        let bootloader = NordicDFUPeripheral(faults: config.faults, softDeviceAfterUpdate: softDeviceAfterUpdate)
+        let settings = try secureDFU.bootloaderConfig(bankSize: slotSize)
+        let bootloader = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: settings), faults: config.faults,
+                                             softDeviceAfterUpdate: softDeviceAfterUpdate)
         guard let kind = buttonless.flatMap(SimulatedButtonless.init(rawValue:)) else {
             return SimulatedDevice(config, model: bootloader)
         }

@@ -22,7 +22,7 @@ extension ProcessBusSuites.PeripheralTests {
             let store = try Self.temporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: store) }
             var config = NordicDFUBootloader.Config()
-            config.signatureCheck = try .verifying(pem: String(contentsOfFile: Self.nordicSample("test-key-public.pem"), encoding: .utf8))
+            config.signatureCheck = try #require(.verify(pem: String(contentsOfFile: Self.nordicSample("test-key-public.pem"), encoding: .utf8)))
             let served = try await Self.serve(bus, model: NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config),
                                                                               resetDuration: .milliseconds(50)),
                                               name: "DfuTarg", storeDirectory: store)

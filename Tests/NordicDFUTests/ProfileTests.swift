@@ -36,7 +36,7 @@ private final class EventLog: Sendable {
         let package = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
         let image = try #require(package.images.first)
         var config = NordicDFUBootloader.Config()
-        config.signatureCheck = .verify(publicKey: try publicKeyDER(nordicSample("test-key-public.pem")))
+        config.signatureCheck = try sampleKeyCheck()
         let run = try await flash(initPacket: image.initPacket.bytes, firmware: image.firmware,
                                   bootloader: NordicDFUBootloader(config: config))
         let activations = try #require(run.bootloader?.activations)

@@ -572,7 +572,11 @@ public struct NordicDFUEngine: Sendable {
             phase = .done
             return [.finished]
         }
-        let reason = r.reason
+        let reason = if let ext, request == .execute, objectType == .command {
+            ext.initPacketDescription(debugPacket: (try? DFUInitPacket(decoding: initPacket))?.command.isDebug == true)
+        } else {
+            r.reason
+        }
         let what: String = switch (request, objectType) {
         case (.execute, .command): "the bootloader refused the init packet"
         case (.execute, _) where objectEnd == firmware.size: "the bootloader refused the image at its last EXECUTE"
