@@ -135,7 +135,15 @@ public struct BlueZCentral: GATTCentral {
         record(known, adapterPath: adapterPath, into: seen)
 
         try await discover(bus, adapterPath: adapterPath, uuids: filter.serviceUUIDs) { () async throws(GATTError) in
-            do { try await clock.sleep(for: timeout) } catch { throw GATTError(.failed, "scanning on \(adapterName) was cancelled") }
+            let end = clock.now + timeout
+            while clock.now < end {
+                do {
+                    try await clock.sleep(until: min(end, clock.now + Self.rediscoverEvery))
+                } catch {
+                    throw GATTError(.failed, "scanning on \(adapterName) was cancelled")
+                }
+                if clock.now < end { await restartDiscovery(bus, adapterPath: adapterPath, uuids: filter.serviceUUIDs) }
+            }
         }
         // Properties as they stand now (RSSI and names that arrived last).
         if let final = try? await Self.managedObjects(bus) { record(final, adapterPath: adapterPath, into: seen) }
@@ -171,17 +179,45 @@ public struct BlueZCentral: GATTCentral {
         return [added, changed]
     }
 
+    /// LE only, devices with one of `uuids` (any when empty), no repeated reports.
+    static func discoveryFilter(_ uuids: [BluetoothUUID]) -> [String: DBusValue] {
+        var filter: [String: DBusValue] = ["Transport": .string("le"), "DuplicateData": .bool(false)]
+        if !uuids.isEmpty { filter["UUIDs"] = .strings(uuids.map(\.description)) }
+        return filter
+    }
+
+    /// How often discovery is stopped and started again while a scan goes on. The kernel asks the
+    /// controller to filter duplicate advertising reports, so an advertiser is reported once per
+    /// scan enable; a report that arrives just before the kernel marks discovery active is
+    /// dropped, and that device would stay unseen for the rest of the scan (seen with btvirt's
+    /// controllers, scripts/bluez-vm/README.md "Pitfalls"). Enabling the scan again has it
+    /// reported again.
+    public static let rediscoverEvery: Duration = .seconds(2)
+
+    /// StopDiscovery, then the filter again (bluetoothd drops a client's filter with its
+    /// discovery) and StartDiscovery; failures only logged (the scan goes on with what it has).
+    private func restartDiscovery(_ bus: DBusConnection, adapterPath: String, uuids: [BluetoothUUID]) async {
+        let calls: [(String, [DBusValue])] = [("StopDiscovery", []), ("SetDiscoveryFilter", [.vardict(Self.discoveryFilter(uuids))]),
+                                              ("StartDiscovery", [])]
+        for (member, arguments) in calls {
+            do {
+                _ = try await bus.call(destination: BlueZ.service, path: adapterPath, interface: BlueZ.adapter,
+                                       member: member, arguments: arguments, timeout: .seconds(5))
+            } catch {
+                logger.debug("restarting discovery: \(member) failed", metadata: ["adapter": "\(BlueZ.adapterName(adapterPath))", "error": "\(error)"])
+            }
+        }
+    }
+
     /// Runs `body` with discovery on: SetDiscoveryFilter(Transport le, UUIDs, DuplicateData
     /// false), StartDiscovery, then StopDiscovery whatever happened (in a task of its own, so a
     /// cancelled caller still stops it).
     func discover(_ bus: DBusConnection, adapterPath: String, uuids: [BluetoothUUID],
                   _ body: () async throws(GATTError) -> Void) async throws(GATTError) {
         let adapterName = BlueZ.adapterName(adapterPath)
-        var filter: [String: DBusValue] = ["Transport": .string("le"), "DuplicateData": .bool(false)]
-        if !uuids.isEmpty { filter["UUIDs"] = .strings(uuids.map(\.description)) }
         do {
             _ = try await bus.call(destination: BlueZ.service, path: adapterPath, interface: BlueZ.adapter,
-                                   member: "SetDiscoveryFilter", arguments: [.vardict(filter)], timeout: .seconds(10))
+                                   member: "SetDiscoveryFilter", arguments: [.vardict(Self.discoveryFilter(uuids))], timeout: .seconds(10))
             _ = try await bus.call(destination: BlueZ.service, path: adapterPath, interface: BlueZ.adapter,
                                    member: "StartDiscovery", timeout: .seconds(10))
         } catch {
@@ -260,7 +296,10 @@ public struct BlueZCentral: GATTCentral {
         if objects[devicePath]?[BlueZ.device] == nil {
             logger.debug("device unknown to BlueZ; scanning for it", metadata: ["device": "\(address)"])
             try await discover(bus, adapterPath: link.adapterPath, uuids: []) { () async throws(GATTError) in
-                _ = await link.state.wait(timeout: remaining(deadline)) { $0.deviceKnown }
+                while remaining(deadline) > .zero {
+                    if await link.state.wait(timeout: min(remaining(deadline), Self.rediscoverEvery), until: { $0.deviceKnown }) { return }
+                    if remaining(deadline) > .zero { await restartDiscovery(bus, adapterPath: link.adapterPath, uuids: []) }
+                }
             }
             objects = try await Self.managedObjects(bus)
             guard objects[devicePath]?[BlueZ.device] != nil else {

@@ -69,6 +69,20 @@ struct CentralTests {
         }
     }
 
+    /// A controller that filters duplicate reports reports an advertiser once per scan enable;
+    /// a scan enables it again every `rediscoverEvery`, with its filter set again each time.
+    @Test func aLongScanRestartsDiscoveryWithItsFilter() async throws {
+        try await withFake { fake in
+            let central = BlueZCentral(busAddress: fake.address)
+            let uuids = [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0xFE59)]
+            let found = try await central.scan(filter: ScanFilter(serviceUUIDs: uuids), timeout: BlueZCentral.rediscoverEvery * 2 + .milliseconds(500))
+            #expect(found.map(\.address) == [Self.address])
+            #expect(Self.count("StartDiscovery", in: fake.log) == 3, "fake log:\n\(fake.log)")
+            #expect(Self.count("StopDiscovery", in: fake.log) == 3)
+            #expect(Self.count("uuids=\(uuids.map(\.description).joined(separator: ","))", in: fake.log) == 3)
+        }
+    }
+
     @Test func scanUsesTheChosenAdapter() async throws {
         try await withFake { fake in
             let (code, _, err) = await Self.otaflash(["scan", "--adapter", "hci1", "--timeout", "0.2"])
