@@ -190,3 +190,16 @@ public enum GATTEvent: Sendable {
     case writeCompleted(WriteTicket, GATTError?)
     case disconnected(DisconnectReason)
 }
+
+/// What one ATT write can carry, whatever the protocol above it.
+public enum ATTWriteLimit {
+    /// ATT header bytes of a write (opcode + handle): a write carries at most `mtu - 3` bytes.
+    public static let overhead = 3
+    /// The longest value one write may carry. An attribute value is at most 512 bytes (Core Spec
+    /// Vol 3, Part F, 3.2.9), and BlueZ 5.66 counts the 2-byte handle against that limit and
+    /// silently drops longer write commands, so a write carries at most 510.
+    public static let maximumValue = 510
+
+    /// The longest value one write carries at ATT MTU `mtu`: `min(mtu - 3, 510)`.
+    public static func value(mtu: Int) -> Int { max(0, min(mtu - overhead, maximumValue)) }
+}

@@ -16,18 +16,16 @@ public enum OTAProtocol {
     /// Bytes of the data packet header (the 32-bit offset).
     public static let dataHeaderSize = 4
     /// ATT header bytes of a write (opcode + handle): a write carries at most `mtu - 3` bytes.
-    public static let attWriteOverhead = 3
+    public static let attWriteOverhead = ATTWriteLimit.overhead
     /// The smallest ATT MTU (Core Spec Vol 3, Part F, 3.2.8).
     public static let minimumMTU = 23
 
-    /// The longest value one write may carry. An attribute value is at most 512 bytes (Core Spec
-    /// Vol 3, Part F, 3.2.9), and BlueZ 5.66 counts the 2-byte handle against that limit and
-    /// silently drops longer write commands, so a write carries at most 510.
-    public static let maximumWriteValue = 510
+    /// The longest value one write may carry (`ATTWriteLimit`).
+    public static let maximumWriteValue = ATTWriteLimit.maximumValue
 
     /// Image bytes one data packet carries at this ATT MTU: `min(mtu - 3, 510) - 4`.
     public static func chunkSize(mtu: Int) -> Int {
-        max(0, min(mtu - attWriteOverhead, maximumWriteValue) - dataHeaderSize)
+        max(0, ATTWriteLimit.value(mtu: mtu) - dataHeaderSize)
     }
 }
 

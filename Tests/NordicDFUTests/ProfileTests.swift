@@ -67,6 +67,27 @@ private final class EventLog: Sendable {
         await connection.disconnect()
     }
 
+    /// At MTU 517 a packet is 510 bytes, not 514: BlueZ drops longer write commands.
+    @Test func aPacketNeverExceedsWhatOneWriteCarries() async throws {
+        let firmware = firmwareBytes(4096 + 1000)
+        let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),
+                                signature: placeholderSignature).bytes
+        var config = SimulatedDeviceConfig()
+        config.link = LinkModel(mtu: 517)
+        let device = SimulatedDevice(config, model: NordicDFUPeripheral(bootloader: NordicDFUBootloader()))
+        let session = OTASession(central: SimulatedCentral(devices: [device], clock: VirtualClock()), address: config.address,
+                                 image: FirmwareImage(bytes: firmware), profile: NordicDFUProfile(initPacket: dat))
+        let log = EventLog()
+        let result = try await session.run { event in log.events.withLock { $0.append(event) } }
+        let chunks = log.events.withLock { $0 }.compactMap { event -> Int? in
+            if case .connected(_, 517, let chunk) = event { chunk } else { nil }
+        }
+        #expect(chunks == [510])
+        #expect(NordicDFUProfile().chunkSize(mtu: 517) == 510 && NordicDFUProfile().chunkSize(mtu: 247) == 244)
+        #expect(result.activated)
+        #expect(device.model(as: NordicDFUPeripheral.self)?.bootloader.activations.map(\.image) == [firmware])
+    }
+
     @Test func anImageOfSeveralObjectsGoesObjectByObject() async throws {
         let firmware = firmwareBytes(4096 * 3 + 500)
         let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),

@@ -280,7 +280,7 @@ public struct NordicDFUEngine: Sendable {
             return fail(OTAError(.incompatibleDevice, "the link reports ATT MTU \(mtu), below the minimum of 23 every BLE link supports; the transport is misbehaving"))
         }
         stats.connections += 1
-        chunkSize = mtu - 3
+        chunkSize = ATTWriteLimit.value(mtu: mtu)
         streamsBeforeCreateResponse = config.streamBeforeCreateResponse ?? keepsWriteOrder
         inFlight = nil
         resumeExecute = false

@@ -52,8 +52,9 @@ public struct NordicDFUProfile: OTAProfile {
         }
     }
 
-    /// A packet carries ATT MTU − 3 bytes of the init packet or firmware, with no header.
-    public func chunkSize(mtu: Int) -> Int { mtu - 3 }
+    /// A packet carries as much of the init packet or firmware as one write takes (ATT MTU − 3, at
+    /// most 510 bytes: `ATTWriteLimit`), with no header.
+    public func chunkSize(mtu: Int) -> Int { ATTWriteLimit.value(mtu: mtu) }
 
     public func makeEngine(image: FirmwareImage, config: EngineConfig) -> NordicDFUTransfer {
         var dfu = dfuConfig
