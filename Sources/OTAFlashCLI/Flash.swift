@@ -220,7 +220,7 @@ struct Flash: AsyncParsableCommand {
                 throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) image into the simulator")
             }
             let config = target.simulator.deviceConfig(address: address)
-            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults,
+            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults, resetDelay: config.bootDelay,
                                                                             softDeviceAfterUpdate: plan.softDeviceAfterUpdate))
             central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             simulated = device
