@@ -21,6 +21,18 @@ import Testing
         return (result, device.model(as: NordicDFUPeripheral.self)?.bootloader.activations.map(\.image) ?? [])
     }
 
+    /// The bootloader resets only once its answer to the last EXECUTE is on the air, whatever
+    /// the connection interval, also when the answer waits for the flash (reading the image back
+    /// for its hash) and so for the next connection event: the central sees the image validated
+    /// on its one connection.
+    @Test(arguments: [7.5, 15, 50])
+    func theLastAnswerGoesOutBeforeTheBootloaderResets(intervalMs: Double) async throws {
+        let link = LinkModel(mtu: 247, phy: .le2M, connectionInterval: .microseconds(Int64(intervalMs * 1000)))
+        let (result, activations) = await flash(FaultPlan(slowFlashPerKiB: .milliseconds(1)), reconnect: .never, link: link)
+        #expect(try result.get().stats.connections == 1)
+        #expect(activations == [Self.firmware])
+    }
+
     @Test func aCorruptedPacketIsCaughtAtTheObjectsChecksumAndTheObjectSentAgain() async throws {
         let (result, activations) = await flash(FaultPlan(corruptAt: [4096 + 100]))
         let stats = try result.get().stats
