@@ -27,6 +27,7 @@ func runNordic(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
     let activations = device.model(as: NordicDFUPeripheral.self)?.bootloader.activations ?? []
     if activations.contains(where: { $0.image != firmware || DFUInitCommand.hashField(for: $0.image) != command.hash }) {
         record.violation = "activated an image that differs from the one sent"
+        record.mismatchedActivation = true
     }
     switch run.result {
     case .success(let r):
@@ -40,6 +41,7 @@ func runNordic(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
             if e.code == .connection, e.message.contains("during the last EXECUTE"), activations.count == 1 {
                 record.unconfirmedActivation = true
             } else {
+                record.activatedOnFailure = true
                 record.violation = record.violation ?? "failed (\(e.code)) after \(activations.count) activations"
             }
         }
