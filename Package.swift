@@ -51,7 +51,7 @@ let package = Package(
         ]),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator", "NordicDFU"]),
         // Fault soak on the simulator (run in release mode).
         .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU"]),
 
@@ -61,7 +61,7 @@ let package = Package(
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
-        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA"], exclude: ["fake_bluez"]),
+        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],

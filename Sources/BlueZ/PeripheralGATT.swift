@@ -178,7 +178,11 @@ public actor PeripheralApplication {
             exported.append(servicePath)
             for (c, characteristic) in service.characteristics.enumerated() {
                 let path = "\(servicePath)/char\(c)"
-                try await connection.export(path: path, interfaces: [characteristicInterface(characteristic, path: path, service: servicePath)])
+                // One chain for the whole application, as one ATT bearer serves it in order: a
+                // control point write must not overtake the packets written before it to another
+                // characteristic (Secure DFU's packets carry no offset).
+                try await connection.export(path: path, interfaces: [characteristicInterface(characteristic, path: path, service: servicePath)],
+                                            ordering: .serialGroup(root))
                 exported.append(path)
             }
         }

@@ -61,49 +61,63 @@ public struct OTAPeripheralConfig: Sendable {
 public enum OTAPeripheralEvent: Sendable, Hashable {
     case connected(central: String)
     case disconnected(central: String, reason: String)
-    case begin(central: String?, size: Int, crc: UInt32, offset: Int)
+    /// `crc`: the image's CRC32 when the protocol announces one (native BEGIN does).
+    case begin(central: String?, size: Int, crc: UInt32?, offset: Int)
     case progress(central: String?, received: Int, total: Int)
-    case verified(central: String?, crc: UInt32)
-    case activated(central: String?, size: Int, crc: UInt32, version: FirmwareVersion, stored: String?)
+    case verified(central: String?, crc: UInt32?)
+    /// `version` in the protocol's notation ("1.2.0" native, "2" for a Secure DFU fw_version).
+    case activated(central: String?, size: Int, crc: UInt32, version: String?, stored: String?)
     /// A second central was told the device is busy with `owner`'s transfer.
     case busy(central: String, owner: String)
     /// An injected fault fired, or something worth a line (a failed store, a dropped link).
     case note(String)
 }
 
-/// The OTA target of docs/PROTOCOL.md served through BlueZ. The device is a `DeviceModel` (an
-/// `OTATarget` behind a `FaultPlan`, with its timing), the same one the in-process simulator runs;
-/// this actor only carries writes and reads from BlueZ's GATT server API to the model and does
+extension OTAPeripheralConfig {
+    /// The native OTA device this configuration describes: an `OTATarget` behind a `FaultPlan`,
+    /// with its timing, and its Device Information Service strings.
+    public var nativeModel: NativePeripheral {
+        let target = OTATarget(slotSize: slotSize, firmwareVersion: firmwareVersion)
+        // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
+        // beside D-Bus): hold it for the data rather than answer `gap` at once.
+        let timing = DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: bootDelay)
+        return NativePeripheral(model: DeviceModel(device: FaultyDevice(target: target, faults: faults), timing: timing),
+                                manufacturer: manufacturer, modelNumber: model)
+    }
+}
+
+/// A device model (`PeripheralModel`: the native OTA target, a Secure DFU bootloader, ...) served
+/// through BlueZ: the same model the in-process simulator hosts, with the same faults and timing.
+/// This actor only carries reads and writes from BlueZ's GATT server API to the model and does
 /// what the model decides, when it says:
 ///
-/// - Control point writes: the write's D-Bus reply waits until the model's reply time (slow
-///   flash); the reply is notified unless a lost-notification fault swallows it. An injected GATT
-///   error is `org.bluez.Error.Failed` (ATT 0x80). A command from a central other than the one
-///   that began the pending transfer fails with ATT application error 0x89 (0x80 + status
-///   `busy`) on that central's write, and nothing is notified: a notification would reach every
-///   subscribed central, the owner included.
-/// - Data writes: a GAP event is notified when the model says. Data writes are not held back:
-///   bluetoothd sends write commands to the application without waiting for a reply
-///   (src/gatt-database.c, `chrc_write_cb` passes no owner queue for characteristics flagged
-///   write-without-response).
-/// - Link drops (disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
-///   that fails. A reboot (fault, or booting an activated image after its reply went out) drops
-///   the links, and for `FaultPlan.rebootDuration` a central that connects has its reads and
-///   writes refused. Every request is answered before its link goes down.
+/// - Writes with response are answered at once with the model's verdict (a refusal is an ATT
+///   error: an application error 0x80-0x9F as such, anything else `org.bluez.Error.Failed`);
+///   replies the protocol sends as notifications are due at the model's time. Answering at once
+///   matters: a central that saw the notification could otherwise disconnect while its write was
+///   still unanswered, which crashes bluetoothd 5.66.
+/// - Writes without response (bluetoothd sends them without waiting for a reply,
+///   src/gatt-database.c `chrc_write_cb`) go to the model as they come.
+/// - Link drops (a disconnect fault) are `Device1.Disconnect`, or a power cycle of the adapter when
+///   that fails. A reboot (fault, or booting an activated image) drops the links, and while the
+///   model is away a central that connects has its reads and writes refused. Every request is
+///   answered before its link goes down.
 ///   (It keeps advertising: withdrawing the advertisement and registering it again on BlueZ 5.66
 ///   left it unseen by later scans from other controllers.)
-/// - A held CHECKPOINT's deadline wakes the model, which answers `gap` only if that very
-///   CHECKPOINT is still held.
 ///
-/// Outputs run one at a time in time order, so an ACTIVATE reply is always sent before the link
-/// drop that follows it.
+/// Outputs run one at a time in time order, so a reply is always sent before the link drop that
+/// follows it.
 public actor OTAPeripheral {
-    public nonisolated let config: OTAPeripheralConfig
-    public private(set) var model: DeviceModel
+    /// Where activated images are written as `<crc32>.bin`; nil keeps none.
+    public nonisolated let storeDirectory: String?
+    private let trace: (@Sendable (String) -> Void)?
+    public private(set) var model: any PeripheralModel
+    /// The model's GATT table when serving began.
+    private nonisolated let table: [OTADevice.PeripheralService]
     private let clock: any MonotonicClock
     private let events: @Sendable (OTAPeripheralEvent) -> Void
     private var link: (any PeripheralLinkControl)?
-    private var notifier: (@Sendable ([UInt8]) async throws -> Void)?
+    private var notifier: (@Sendable (BluetoothUUID, [UInt8]) async throws -> Void)?
     private var centrals: Set<String> = []
     /// Centrals whose link is being dropped: their writes are ignored until it is down.
     private var dropping: Set<String> = []
@@ -116,7 +130,10 @@ public actor OTAPeripheral {
     /// Centrals refused while the device was away (one note each).
     private var refused: Set<String> = []
     private var answered: [CheckedContinuation<Void, Never>] = []
+    /// The last progress shown, and the transfer's size.
     private var lastProgress = 0
+    /// Images activated while serving.
+    public private(set) var activations = 0
     /// Due outputs, in time order (ties in the order they were decided).
     private var queue: [Job] = []
     private var sequence = 0
@@ -129,31 +146,37 @@ public actor OTAPeripheral {
     private struct Job {
         var at: Duration
         var sequence: Int
-        var work: Work
-    }
-
-    private enum Work {
-        case output(DeviceModel.Output, central: String?)
+        var output: PeripheralOutput
+        var central: String?
     }
 
     /// The ATT application error a second central's command gets: 0x80 + `busy` (0x09).
     public static let busyATTError: UInt8 = 0x80 | OTAStatus.busy.rawValue
 
-    /// - Parameter clock: the time the device model runs on; real time unless a test injects one.
-    public init(config: OTAPeripheralConfig, clock: any MonotonicClock = SystemClock(),
-                events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
-        self.config = config
+    /// Serves `model`.
+    ///
+    /// - Parameters:
+    ///   - storeDirectory: where activated images are written as `<crc32>.bin`; nil keeps none.
+    ///   - trace: called with one line per read and write and what became of it (debugging).
+    ///   - clock: the time the device model runs on; real time unless a test injects one.
+    public init(model: any PeripheralModel, storeDirectory: String? = nil, trace: (@Sendable (String) -> Void)? = nil,
+                clock: any MonotonicClock = SystemClock(), events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
+        self.model = model
+        self.table = model.services
+        self.storeDirectory = storeDirectory
+        self.trace = trace
         self.clock = clock
         self.events = events
-        let target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion)
-        // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
-        // beside D-Bus): hold it for the data rather than answer `gap` at once.
-        let timing = DeviceModel.Timing(holdEarlyCheckpoint: config.holdEarlyCheckpoint, bootDelay: config.bootDelay)
-        model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: timing)
     }
 
-    /// The device: its OTA state machine and faults.
-    public var device: FaultyDevice { model.device }
+    /// Serves the native OTA target `config` describes.
+    public init(config: OTAPeripheralConfig, clock: any MonotonicClock = SystemClock(),
+                events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
+        self.init(model: config.nativeModel, storeDirectory: config.storeDirectory, trace: config.trace, clock: clock, events: events)
+    }
+
+    /// The native device (its OTA state machine and faults), when that is what is served.
+    public var device: FaultyDevice? { (model as? NativePeripheral)?.model.device }
 
     /// Waits until the device is back from a reboot (at once when it is not away).
     public func waitUntilBack() async {
@@ -165,7 +188,7 @@ public actor OTAPeripheral {
     /// starts watching connections.
     public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication) async throws {
         self.link = link
-        notifier = { [application] value in try await application.notify(OTAProtocol.controlPointUUID, value) }
+        notifier = { [application] uuid, value in try await application.notify(uuid, value) }
         guard let link else { return }
         // One consumer, so connects and disconnects reach the device in the order bluetoothd sent them.
         let (changes, continuation) = AsyncStream.makeStream(of: (String, Bool).self)
@@ -192,31 +215,44 @@ public actor OTAPeripheral {
         queue.removeAll()
     }
 
-    /// The OTA service and the Device Information Service, wired to this device.
+    /// The model's GATT table as BlueZ objects, wired to this actor: a characteristic that takes
+    /// writes without response only gets them as data, any other write is a write with response.
     public nonisolated var services: [PeripheralService] {
-        let ota = PeripheralService(uuid: OTAProtocol.serviceUUID, characteristics: [
-            PeripheralCharacteristic(uuid: OTAProtocol.controlPointUUID, flags: ["write", "notify"],
-                                     write: { [self] bytes, request in try await self.command(bytes, request) }),
-            PeripheralCharacteristic(uuid: OTAProtocol.dataUUID, flags: ["write-without-response"],
-                                     write: { [self] bytes, request in await self.data(bytes, request) }),
-            PeripheralCharacteristic(uuid: OTAProtocol.infoUUID, flags: ["read"],
-                                     read: { [self] request in try await self.read(request) { $0.info.encoded } }),
-        ])
-        let values: [(BluetoothUUID, @Sendable (OTATarget) -> [UInt8])] = [
-            (DeviceInformationService.manufacturerNameUUID, { [config] _ in Array(config.manufacturer.utf8) }),
-            (DeviceInformationService.modelNumberUUID, { [config] _ in Array(config.model.utf8) }),
-            (DeviceInformationService.firmwareRevisionUUID, { target in Array(target.firmwareVersion.description.utf8) }),
-        ]
-        let dis = PeripheralService(uuid: DeviceInformationService.serviceUUID, characteristics: values.map { uuid, value in
-            PeripheralCharacteristic(uuid: uuid, flags: ["read"], read: { [self] request in try await self.read(request, value) })
-        })
-        return [ota, dis]
+        table.map { service in
+            PeripheralService(uuid: service.uuid, characteristics: service.characteristics.map(characteristic))
+        }
+    }
+
+    private nonisolated func characteristic(_ c: OTADevice.PeripheralCharacteristic) -> PeripheralCharacteristic {
+        let uuid = c.uuid
+        let properties = c.properties
+        var read: PeripheralCharacteristic.ReadHandler?
+        if properties.contains(.read) {
+            read = { [self] request in try await self.read(uuid, request) }
+        }
+        var write: PeripheralCharacteristic.WriteHandler?
+        if !properties.isDisjoint(with: [.write, .reliableWrite]) {
+            write = { [self] bytes, request in try await self.command(bytes, to: uuid, request) }
+        } else if properties.contains(.writeWithoutResponse) {
+            write = { [self] bytes, request in await self.data(bytes, to: uuid, request) }
+        }
+        var notifyChanged: PeripheralCharacteristic.NotifyHandler?
+        if !properties.isDisjoint(with: [.notify, .indicate]) {
+            notifyChanged = { [self] enabled in await self.notificationsChanged(enabled, for: uuid) }
+        }
+        return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames, read: read, write: write,
+                                        notifyChanged: notifyChanged)
+    }
+
+    /// A central subscribed to or unsubscribed from `uuid` (StartNotify / StopNotify).
+    func notificationsChanged(_ enabled: Bool, for uuid: BluetoothUUID) {
+        model.notificationsChanged(enabled, for: uuid)
     }
 
     // MARK: Connections
 
     /// A central showed up: by a read or write carrying its `device`, or by bluetoothd's
-    /// `Connected` = true. While the device reboots it is refused: its link is dropped.
+    /// `Connected` = true. While the device reboots it is refused.
     public func centralConnected(_ central: String?) async {
         _ = await admit(central)
     }
@@ -252,9 +288,7 @@ public actor OTAPeripheral {
     private func answeredOne() {
         unanswered -= 1
         guard unanswered == 0 else { return }
-        let waiting = answered
-        answered = []
-        for waiter in waiting { waiter.resume() }
+        releaseWaiters()
     }
 
     /// Waits until every request received so far is answered, or `limit` passed.
@@ -285,90 +319,78 @@ public actor OTAPeripheral {
         return what
     }
 
-    /// What a read or write that reached a rebooting device fails with; its link is dropped right
-    /// after the reply, and the central reconnects when the device is back.
+    /// What a read or write that reached a rebooting device fails with.
     private static let rebooting = GATTServerError.failed("the device is rebooting")
     /// The longest a link drop waits for the replies still owed on it.
     static let replyGrace: Duration = .seconds(10)
 
     // MARK: Characteristics
 
-    func read(_ request: GATTServerRequest, _ value: @Sendable (OTATarget) -> [UInt8]) async throws -> [UInt8] {
+    func read(_ uuid: BluetoothUUID, _ request: GATTServerRequest) async throws -> [UInt8] {
         answering()
         defer { answeredOne() }
         guard await admit(request.device) else { throw Self.rebooting }
-        return value(model.target)
+        guard let value = model.read(uuid) else { throw GATTServerError.notPermitted("\(uuid) cannot be read") }
+        return value
     }
 
-    func command(_ bytes: [UInt8], _ request: GATTServerRequest) async throws {
+    func command(_ bytes: [UInt8], to uuid: BluetoothUUID, _ request: GATTServerRequest) async throws {
         answering()
         defer { answeredOne() }
         guard await admit(request.device) else { throw Self.rebooting }
         if let central = request.device, dropping.contains(central) {
             throw GATTServerError.failed("the link is going down")
         }
-        let opcode = bytes.first.map { OTAOpcode(rawValue: $0) }
-        let result = model.receiveCommand(bytes, from: request.device, at: clock.now)
-        config.trace?("control point write \(bytes.count) B from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): \(result.reply)")
+        let result = model.write(bytes, to: uuid, withResponse: true, from: request.device, at: clock.now)
+        trace?("write \(model.describe(bytes, to: uuid)) to \(uuid) from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): "
+               + "\(result.reply), \(result.outputs.map(\.output))")
+        report(result.reports, central: request.device)
         switch result.reply {
         case .away:
             if let central = request.device { refuse(central) }
             throw Self.rebooting
-        case .injectedError:
-            events(.note("injected fault: control point write answered with an ATT error"))
-            throw GATTServerError.failed("injected GATT error")
-        case .busy(let owner):
-            if let writer = request.device { events(.busy(central: writer, owner: owner)) }
-            throw GATTServerError.application(Self.busyATTError)
+        case .failure(let error, let what):
+            if (0x80...0x9F).contains(error.rawValue) { throw GATTServerError.application(error.rawValue) }
+            if error == .writeNotPermitted { throw GATTServerError.notPermitted(what) }
+            throw GATTServerError.failed("\(what): ATT error 0x\(String(error.rawValue, radix: 16))")
         case .success:
-            let status = result.response.count >= 3 ? OTAStatus(rawValue: result.response[2]) : nil
-            report(opcode: opcode, status: status, central: request.device)
-            if result.activated { activated(central: request.device) }
-            if result.notificationLost {
-                events(.note("injected fault: the reply to \(opcode.map { "\($0)" } ?? "a command") is not notified"))
-            }
-            // The write is answered at once: its reply is the notification, due at `at`. Holding
-            // the write's own answer until then let a central that saw the notification
-            // disconnect while the write was still unanswered, which crashes bluetoothd 5.66.
+            // Answered at once; what the protocol replies is notified at the model's time.
             schedule(result.outputs, central: request.device)
         }
     }
 
-    func data(_ bytes: [UInt8], _ request: GATTServerRequest) async {
+    func data(_ bytes: [UInt8], to uuid: BluetoothUUID, _ request: GATTServerRequest) async {
         answering()
         defer { answeredOne() }
         guard await admit(request.device) else { return }
         if let central = request.device, dropping.contains(central) {
-            config.trace?("data write ignored while the link goes down")
+            trace?("data write ignored while the link goes down")
             return
         }
-        let outputs = model.receiveData(bytes, from: request.device, at: clock.now)
-        if let trace = config.trace {
-            let offset = DataPacket.decode(bytes).map { "offset \($0.offset) +\($0.payload.count)" } ?? "\(bytes.count) B, malformed"
-            trace("data write \(offset) from \(request.device ?? "?"): \(outputs), received \(model.target.received)")
-        }
-        for timed in outputs {
+        let result = model.write(bytes, to: uuid, withResponse: false, from: request.device, at: clock.now)
+        trace?("data write \(model.describe(bytes, to: uuid)) from \(request.device ?? "?"): \(result.outputs.map(\.output))")
+        for timed in result.outputs {
             switch timed.output {
             case .dropLink(let reason):
                 events(.note("injected fault: \(reason)"))
                 // Writes that follow on this link are lost with it.
                 if let central = request.device { dropping.insert(central) }
-            case .reboot(_, let reason):
-                events(.note("injected fault: \(reason); away for \(model.device.faults.rebootDuration)"))
-                lastProgress = model.target.received
+            case .reboot(let until, let reason):
+                events(.note("injected fault: \(reason); away for \(until - clock.now)"))
+                lastProgress = 0
             case .notify, .wake:
                 break
             }
         }
-        schedule(outputs, central: request.device)
-        reportProgress(central: request.device)
+        schedule(result.outputs, central: request.device)
+        report(result.reports, central: request.device)
     }
 
     // MARK: Carrying out the model's outputs
 
-    private func schedule(_ outputs: [DeviceModel.Timed], central: String?) {
+    private func schedule(_ outputs: [PeripheralTimed], central: String?) {
         guard !stopped, !outputs.isEmpty else { return }
-        for timed in outputs { enqueue(Job(at: timed.at, sequence: 0, work: .output(timed.output, central: central))) }
+        for timed in outputs { enqueue(Job(at: timed.at, sequence: 0, output: timed.output, central: central)) }
     }
 
     private func enqueue(_ job: Job) {
@@ -397,23 +419,20 @@ public actor OTAPeripheral {
                 continue
             }
             queue.removeFirst()
-            await perform(next.work)
+            await perform(next.output, central: next.central)
         }
         if !Task.isCancelled { runner = nil }
     }
 
-    private func perform(_ work: Work) async {
-        switch work {
-        case .output(.notify(let value), _):
-            do { try await notifier?(value) } catch { events(.note("notifying a reply failed: \(error)")) }
-        case .output(.wake(let token), let central):
-            if model.target.deferred != nil {
-                config.trace?("held CHECKPOINT not reached by its data within \(config.holdEarlyCheckpoint)")
-            }
+    private func perform(_ output: PeripheralOutput, central: String?) async {
+        switch output {
+        case .notify(let uuid, let value):
+            do { try await notifier?(uuid, value) } catch { events(.note("notifying a reply failed: \(error)")) }
+        case .wake(let token):
             schedule(model.wake(token, at: clock.now), central: central)
-        case .output(.dropLink(let reason), let central):
+        case .dropLink(let reason):
             await dropLink(central, reason: reason)
-        case .output(.reboot(_, let reason), let central):
+        case .reboot(_, let reason):
             // The advertisement stays registered while away (withdrawing and registering it again
             // on BlueZ 5.66 left it unseen by later scans from other controllers); a central that
             // connects meanwhile is refused. Every link is dropped; with none known, the adapter
@@ -447,52 +466,52 @@ public actor OTAPeripheral {
             centralDisconnected(central, reason: "\(reason) (\(what))")
         } else {
             events(.note("\(reason): \(what)"))
-            model.linkDropped()
+            model.linkDropped(central: nil)
             for c in centrals { centralDisconnected(c, reason: reason) }
         }
     }
 
     // MARK: Reporting
 
-    private func report(opcode: OTAOpcode?, status: OTAStatus?, central: String?) {
-        guard status == .success else { return }
-        let target = model.target
-        switch opcode {
-        case .begin?:
-            lastProgress = target.received
-            events(.begin(central: central, size: Int(target.pending?.imageSize ?? 0), crc: target.pending?.imageCRC ?? 0,
-                          offset: target.received))
-        case .verify?:
-            events(.verified(central: central, crc: target.pending?.imageCRC ?? 0))
-        default:
-            break
+    private func report(_ reports: [PeripheralReport], central: String?) {
+        for report in reports {
+            switch report {
+            case .begin(let size, let crc, let offset):
+                lastProgress = offset
+                events(.begin(central: central, size: size, crc: crc, offset: offset))
+            case .progress(let received, let total):
+                // Every 5 %, the end, and any step back.
+                let step = max(total / 20, 1)
+                if received == total ? lastProgress != total : received >= lastProgress + step || received < lastProgress {
+                    lastProgress = received
+                    events(.progress(central: central, received: received, total: total))
+                }
+            case .verified(let crc):
+                events(.verified(central: central, crc: crc))
+            case .activated(let image, let version):
+                activated(image, version: version, central: central)
+            case .busy(let owner):
+                if let central { events(.busy(central: central, owner: owner)) }
+            case .note(let text):
+                events(.note(text))
+            }
         }
     }
 
-    private func reportProgress(central: String?) {
-        guard let total = model.target.pending.map({ Int($0.imageSize) }), total > 0 else { return }
-        let received = model.target.received
-        let step = max(total / 20, 1)
-        if received == total ? lastProgress != total : received >= lastProgress + step || received < lastProgress {
-            lastProgress = received
-            events(.progress(central: central, received: received, total: total))
-        }
-    }
-
-    /// After a successful ACTIVATE: store the image and report it. The reboot into it is one of
-    /// the command's outputs, due after the reply.
-    private func activated(central: String?) {
-        guard let activation = model.target.lastActivation else { return }
+    /// An image was activated: store it and report it. The reboot into it is one of the write's
+    /// outputs, due after the reply.
+    private func activated(_ image: [UInt8], version: String?, central: String?) {
+        activations += 1
+        let crc = CRC32.checksum(image)
         var path: String?
-        if let directory = config.storeDirectory {
+        if let storeDirectory {
             do {
-                path = try Self.store(activation.image, crc: activation.crc, in: directory)
+                path = try Self.store(image, crc: crc, in: storeDirectory)
             } catch {
                 events(.note("storing the image failed: \(error)"))
             }
         }
-        events(.activated(central: central, size: activation.image.count, crc: activation.crc,
-                          version: activation.version, stored: path))
+        events(.activated(central: central, size: image.count, crc: crc, version: version, stored: path))
         lastProgress = 0
     }
 

@@ -35,6 +35,8 @@ public actor DBusConnection {
     var objects: [String: ExportedObject] = [:]
     var objectManagers: Set<String> = []
     var incomingCalls: [UInt64: IncomingCall] = [:]
+    /// The last queued handler of each serial chain (`ExportedObject.chain`).
+    var callTails: [String: Task<Void, Never>] = [:]
 
     struct PendingCall {
         let pending: OpaquePointer

@@ -69,6 +69,10 @@ public enum DBusCallOrdering: Sendable {
     /// One at a time, in arrival order: a handler starts when the previous one has replied.
     /// Keeps e.g. consecutive GATT `WriteValue` calls in order.
     case serial
+    /// One at a time in arrival order across every object exported with the same `group`: a
+    /// GATT application whose characteristics share one ATT bearer (a command must not overtake
+    /// the data written before it to another characteristic).
+    case serialGroup(String)
     /// Each call runs in its own task as soon as it arrives.
     case concurrent
 }
@@ -78,8 +82,15 @@ extension DBusConnection {
         var interfaces: [String: DBusInterface]
         var fallback: Bool
         var ordering: DBusCallOrdering
-        /// The last queued handler of a `.serial` object.
-        var tail: Task<Void, Never>?
+    }
+
+    /// The key whose tail a call to an object with `ordering` waits for; nil: it waits for none.
+    static func chain(_ ordering: DBusCallOrdering?, path: String) -> String? {
+        switch ordering {
+        case .serial?: "object " + path
+        case .serialGroup(let group)?: "group " + group
+        case .concurrent?, nil: nil
+        }
     }
 
     /// A received method call whose handler has not replied yet; holds one message reference.
@@ -124,7 +135,7 @@ extension DBusConnection {
                 name: "org.freedesktop.DBus.Error.ObjectPathInUse", message: "an object is already exported at \(path)")
         }
         objects[path] = ExportedObject(
-            interfaces: byName, fallback: fallback, ordering: ordering, tail: previous?.tail)
+            interfaces: byName, fallback: fallback, ordering: ordering)
         if let manager = managerRoot(for: path), !byName.isEmpty {
             try? emitSignal(
                 path: manager, interface: Self.objectManagerInterface, member: "InterfacesAdded",
@@ -167,7 +178,7 @@ extension DBusConnection {
         _ = try requireConnection()
         objectManagers.insert(path)
         if objects[path] == nil {
-            objects[path] = ExportedObject(interfaces: [:], fallback: false, ordering: .serial, tail: nil)
+            objects[path] = ExportedObject(interfaces: [:], fallback: false, ordering: .serial)
         }
     }
 
@@ -295,7 +306,8 @@ extension DBusConnection {
         let id = nextID()
         dbus_message_ref(message)
         incomingCalls[id] = IncomingCall(message: message)
-        let previous = objects[objectPath]?.ordering == .serial ? objects[objectPath]?.tail : nil
+        let chain = Self.chain(objects[objectPath]?.ordering, path: objectPath)
+        let previous = chain.flatMap { callTails[$0] }
         let task = Task { [weak self] in
             await previous?.value
             let result: Result<[DBusValue], any Error>
@@ -306,9 +318,7 @@ extension DBusConnection {
             }
             await self?.finishIncoming(id, result)
         }
-        if objects[objectPath]?.ordering == .serial {
-            objects[objectPath]?.tail = task
-        }
+        if let chain { callTails[chain] = task }
     }
 
     private func finishIncoming(_ id: UInt64, _ result: Result<[DBusValue], any Error>) {

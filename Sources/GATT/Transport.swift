@@ -54,9 +54,17 @@ public protocol GATTConnection: AnyObject, Sendable {
 
     /// Disconnects on purpose; a later `disconnected(.local)` event confirms it. Idempotent.
     func disconnect() async
+
+    /// True when writes reach the peer in the order they were submitted, write requests and write
+    /// commands alike, so a command may follow a request without waiting for its response. False
+    /// by default: BlueZ does not promise it (its ATT layer sends queued write commands ahead of a
+    /// queued request, and AcquireWrite's socket races the D-Bus calls).
+    var keepsWriteOrder: Bool { get }
 }
 
 extension GATTConnection {
+    public var keepsWriteOrder: Bool { false }
+
     /// Finds a primary service by UUID, or throws `serviceNotFound` naming it.
     public func discoverService(_ uuid: BluetoothUUID, name: String) async throws(GATTError) -> GATTService {
         let services = try await discoverServices()

@@ -105,6 +105,9 @@ public struct FirmwareImage: Sendable {
             return "\(what), not a single image; it goes over Nordic Secure DFU (`otaflash flash` sends it with `--protocol nordic-dfu` or `auto`; in code, `DFUPackage.load`)"
         case .mcuboot:
             return "\(what), sent over MCUmgr/SMP, which is not supported yet (use `mcumgr image upload \(name)` until then)"
+        case .zip where format.entries.contains { $0.lowercased().hasSuffix(".dat") }:
+            // Init packets beside the images: a Nordic DFU package that lost its manifest.
+            return "\(what) with init packets (.dat) but no manifest.json, so not a Nordic DFU package; regenerate it with nrfutil pkg generate"
         case .zip:
             return "\(what), not a firmware image; unzip it (`unzip \(name)`) and pass \(extract)"
         case .tar:

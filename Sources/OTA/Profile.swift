@@ -186,6 +186,9 @@ public protocol OTAProfile: Sendable {
     var serviceUUID: BluetoothUUID { get }
     /// The image formats this protocol sends (`--protocol auto` picks from them).
     var imageFormats: Set<ImageFormat.Kind> { get }
+    /// How the device checks the whole image before it may activate it, for the line that says
+    /// so: "computes the CRC32 of the whole image".
+    var imageCheck: String { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -200,6 +203,16 @@ public protocol OTAProfile: Sendable {
     func chunkSize(mtu: Int) -> Int
     func makeEngine(image: FirmwareImage, config: EngineConfig) -> Engine
 
+    /// Moves a device that runs its application into the mode this protocol updates it in, when
+    /// it has to be moved first (a Nordic application with the buttonless service reboots into
+    /// its bootloader, at another address); nil when the device is ready as it is. Called once,
+    /// before the sessions, on a connection whose `services` were discovered. After an entry
+    /// the link is gone and the sessions go to the entry's address.
+    ///
+    /// - Throws: `OTAError` with a one-line message when the device refuses or cannot be moved.
+    func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
+                         limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry?
+
     /// Runs `session` with this profile's concrete types, so that per data packet the session
     /// calls the engine directly rather than through an existential. The default implementation
     /// is the only right one.
@@ -207,6 +220,13 @@ public protocol OTAProfile: Sendable {
 }
 
 extension OTAProfile {
+    public var imageCheck: String { "checks the whole image" }
+    /// A device of this protocol is always ready as it is.
+    public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
+                                limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {
+        nil
+    }
+
     public func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         try await session.run(self, events: events)
     }
@@ -218,5 +238,57 @@ extension OTAProfile {
     public func firmwareVersion(on connection: any GATTConnection, device: String,
                                 discoveryTimeout: Duration) async throws(OTAError) -> FirmwareVersion? {
         try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).firmwareVersion
+    }
+}
+
+/// The limits on moving a device into its update mode (`OTAProfile.enterUpdateMode`).
+public struct UpdateModeLimits: Sendable, Hashable {
+    /// For the device's answer to each request.
+    public var reply: Duration
+    /// For the device to drop the link once it accepted.
+    public var disconnect: Duration
+
+    public init(reply: Duration, disconnect: Duration) {
+        self.reply = reply
+        self.disconnect = disconnect
+    }
+}
+
+/// Where a device answers once a profile moved it into its update mode.
+public struct UpdateModeEntry: Sendable, Hashable {
+    /// The address the device runs its application at.
+    public var application: DeviceAddress
+    /// The address it answers at in its update mode (a Nordic bootloader's).
+    public var address: DeviceAddress
+    /// The name it advertises there, to find it by when nothing answers at `address` (nil: none).
+    public var name: String?
+    /// What the device was moved into and how, for a note: "its bootloader, through buttonless DFU".
+    public var mode: String
+
+    public init(application: DeviceAddress, address: DeviceAddress, name: String?, mode: String) {
+        self.application = application
+        self.address = address
+        self.name = name
+        self.mode = mode
+    }
+}
+
+extension GATTCentral {
+    /// Connects to a device in its update mode: at the entry's address, or, when nothing answers
+    /// there and the device was given a name to advertise, to the device advertising it. At
+    /// most three times `timeout` (connect, scan, connect).
+    public func connect(to entry: UpdateModeEntry, timeout: Duration) async throws(GATTError) -> any GATTConnection {
+        let missed: GATTError
+        do {
+            return try await connect(to: entry.address, timeout: timeout)
+        } catch let error where error.code == .deviceNotFound || error.code == .connectFailed {
+            missed = error
+        }
+        guard let name = entry.name else { throw missed }
+        let found = try await scan(filter: ScanFilter(namePrefix: name), timeout: timeout).first { $0.name == name }
+        guard let found else {
+            throw GATTError(missed.code, "\(missed.message); nor did a device advertising '\(name)' appear within \(timeout.seconds) s")
+        }
+        return try await connect(to: found.address, timeout: timeout)
     }
 }

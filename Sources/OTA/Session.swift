@@ -12,7 +12,8 @@ public enum SessionEvent: Sendable {
     /// BEGIN accepted; `resumeOffset` > 0 when the device already held part of this image.
     case transferStarted(device: String, resumeOffset: Int, total: Int)
     case progress(TransferProgress)
-    case verifying(device: String)
+    /// The device checks the whole image: `check` says how, in the profile's words.
+    case verifying(device: String, check: String)
     case activating(device: String)
     /// The link was lost (or connecting failed) and the supervisor will try again after `delay`.
     case reconnecting(device: String, attempt: Int, reason: String, delay: Duration)
@@ -363,7 +364,7 @@ public actor OTASession {
             if engine.phase == .verifying, streamEnd == nil {
                 streamEnd = clock.now
                 report(force: true)
-                events(.verifying(device: device))
+                events(.verifying(device: device, check: profile.imageCheck))
             }
             if engine.phase == .activating { events(.activating(device: device)) }
         }

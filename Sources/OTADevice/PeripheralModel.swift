@@ -56,15 +56,36 @@ public enum PeripheralReply: Sendable, Hashable {
     case away
 }
 
+/// Something a device did that someone watching it wants to know: `otaflash simulate` prints
+/// these and stores activated images. Protocol-neutral; each model says it in these terms.
+public enum PeripheralReport: Sendable, Hashable {
+    /// A transfer of a `size`-byte image began (or resumed at `offset`). `crc`: the image's CRC32,
+    /// when the protocol announces one.
+    case begin(size: Int, crc: UInt32?, offset: Int)
+    /// The device holds `received` of `total` bytes (a host decides how often to show it).
+    case progress(received: Int, total: Int)
+    /// The whole image checked out (its CRC32 or hash). `crc`: the image's CRC32, when known.
+    case verified(crc: UInt32?)
+    /// The device activated `image` and boots it; `version` in the protocol's own notation.
+    case activated(image: [UInt8], version: String?)
+    /// A second central was refused: `owner` holds the transfer in progress.
+    case busy(owner: String)
+    /// An injected fault fired, or something else worth a line.
+    case note(String)
+}
+
 /// What a write led to.
 public struct PeripheralWriteResult: Sendable, Hashable {
     /// For a write with response: how it completes. Ignored for a write without response.
     public var reply: PeripheralReply
     public var outputs: [PeripheralTimed]
+    /// What the write did, for people watching the device.
+    public var reports: [PeripheralReport]
 
-    public init(reply: PeripheralReply, outputs: [PeripheralTimed]) {
+    public init(reply: PeripheralReply, outputs: [PeripheralTimed], reports: [PeripheralReport] = []) {
         self.reply = reply
         self.outputs = outputs
+        self.reports = reports
     }
 }
 
@@ -80,6 +101,8 @@ public protocol PeripheralModel: Sendable {
     var advertisedServices: [BluetoothUUID] { get }
     /// When the device can next be connected to (`.zero` when it never went away).
     var availableAt: Duration { get }
+    /// Whether the device is away (rebooting) at `now`: it answers nothing.
+    func isAway(at now: Duration) -> Bool
     /// Whether the device refuses every connection after `connections` accepted ones (gone for good).
     func refusesConnection(after connections: Int) -> Bool
     /// The value of a readable characteristic; nil when it cannot be read.
@@ -91,6 +114,27 @@ public protocol PeripheralModel: Sendable {
     mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed]
     /// The link to `central` (nil: every link) went down.
     mutating func linkDropped(central: String?)
+    /// A short description of a write the device just handled and the state it left, for traces:
+    /// "offset 4096 +240, received 4336".
+    func describe(_ bytes: [UInt8], to characteristic: BluetoothUUID) -> String
+
+    /// The address the device answers at now; nil: the one it was configured with. A device
+    /// whose address changes (a Nordic application that reboots into its bootloader at the
+    /// address + 1) answers at one address at a time.
+    var currentAddress: DeviceAddress? { get }
+    /// The name the device advertises now; nil: the one it was configured with.
+    var advertisedName: String? { get }
+    /// A central enabled or disabled notifications (or indications) on `characteristic`: the
+    /// write to its Client Characteristic Configuration Descriptor.
+    mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID)
+}
+
+extension PeripheralModel {
+    public func isAway(at now: Duration) -> Bool { availableAt > now }
+    public func describe(_ bytes: [UInt8], to characteristic: BluetoothUUID) -> String { "\(bytes.count) B" }
+    public var currentAddress: DeviceAddress? { nil }
+    public var advertisedName: String? { nil }
+    public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device
@@ -151,10 +195,11 @@ public struct NativePeripheral: PeripheralModel {
                                from central: String?, at now: Duration) -> PeripheralWriteResult {
         if characteristic == OTAProtocol.dataUUID, hasOTAService {
             guard withResponse else {
-                return PeripheralWriteResult(reply: .success(at: now), outputs: Self.timed(model.receiveData(bytes, from: central, at: now)))
+                let outputs = Self.timed(model.receiveData(bytes, from: central, at: now))
+                return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: progress)
             }
             let (acknowledged, outputs) = model.receiveAcknowledgedData(bytes, at: now)
-            return PeripheralWriteResult(reply: .success(at: acknowledged), outputs: Self.timed(outputs))
+            return PeripheralWriteResult(reply: .success(at: acknowledged), outputs: Self.timed(outputs), reports: progress)
         }
         guard withResponse else { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
         guard characteristic == OTAProtocol.controlPointUUID, hasOTAService else {
@@ -162,13 +207,61 @@ public struct NativePeripheral: PeripheralModel {
         }
         let result = model.receiveCommand(bytes, from: central, at: now)
         let reply: PeripheralReply
+        var reports: [PeripheralReport] = []
         switch result.reply {
-        case .success(let at): reply = .success(at: at)
-        case .injectedError: reply = .failure(.unlikelyError, "writing the control point")
-        case .busy: reply = .failure(ATTError(rawValue: 0x80 | OTAStatus.busy.rawValue), "writing the control point")
-        case .away: reply = .away
+        case .success(let at):
+            reply = .success(at: at)
+            reports = commandReports(bytes.first.flatMap(OTAOpcode.init(rawValue:)), result)
+        case .injectedError:
+            reply = .failure(.unlikelyError, "writing the control point")
+            reports = [.note("injected fault: control point write answered with an ATT error")]
+        case .busy(let owner):
+            reply = .failure(ATTError(rawValue: 0x80 | OTAStatus.busy.rawValue), "writing the control point")
+            reports = [.busy(owner: owner)]
+        case .away:
+            reply = .away
         }
-        return PeripheralWriteResult(reply: reply, outputs: Self.timed(result.outputs))
+        return PeripheralWriteResult(reply: reply, outputs: Self.timed(result.outputs), reports: reports)
+    }
+
+    /// The transfer's progress after a data write.
+    private var progress: [PeripheralReport] {
+        guard let pending = model.target.pending else { return [] }
+        return [.progress(received: model.target.received, total: Int(pending.imageSize))]
+    }
+
+    /// What a handled command did: a transfer began, the image verified, an image activated.
+    private func commandReports(_ opcode: OTAOpcode?, _ result: DeviceModel.CommandResult) -> [PeripheralReport] {
+        var reports: [PeripheralReport] = []
+        let target = model.target
+        let status = result.response.count >= 3 ? OTAStatus(rawValue: result.response[2]) : nil
+        if status == .success {
+            switch opcode {
+            case .begin?:
+                if let pending = target.pending {
+                    reports.append(.begin(size: Int(pending.imageSize), crc: pending.imageCRC, offset: target.received))
+                }
+            case .verify?:
+                reports.append(.verified(crc: target.pending?.imageCRC))
+            default:
+                break
+            }
+        }
+        if result.activated, let activation = target.lastActivation {
+            reports.append(.activated(image: activation.image, version: activation.version.description))
+        }
+        if result.notificationLost {
+            reports.append(.note("injected fault: the reply to \(opcode.map { "\($0)" } ?? "a command") is not notified"))
+        }
+        return reports
+    }
+
+    public func isAway(at now: Duration) -> Bool { model.isAway(at: now) }
+
+    public func describe(_ bytes: [UInt8], to characteristic: BluetoothUUID) -> String {
+        guard characteristic == OTAProtocol.dataUUID else { return "\(bytes.count) B" }
+        let packet = DataPacket.decode(bytes).map { "offset \($0.offset) +\($0.payload.count)" } ?? "\(bytes.count) B, malformed"
+        return "\(packet), received \(model.target.received)"
     }
 
     public mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] {

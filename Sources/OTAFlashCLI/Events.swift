@@ -73,6 +73,8 @@ public enum FlashEvents {
     public struct Start: JSONEvent {
         public static let name = "start"
         public var device: String?
+        /// Where the device's bootloader answers after buttonless entry.
+        public var bootloader: String?
         public var image: String
         public var size: Int
         public var crc32: String
@@ -80,8 +82,9 @@ public enum FlashEvents {
         /// The protocol the image goes over (`--protocol`, or what `auto` picked).
         public var `protocol`: String
 
-        public init(device: String?, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
+        public init(device: String?, bootloader: String? = nil, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
             self.device = device
+            self.bootloader = bootloader
             self.image = image
             self.size = size
             self.crc32 = hex32(crc32)
@@ -111,10 +114,12 @@ public enum FlashEvents {
     public struct DeviceInfo: JSONEvent {
         public static let name = "device_info"
         public var device: String
-        public var `protocol`: Int
+        /// The profile's name: "native", "nordic-dfu".
+        public var protocolName: String
+        public var `protocol`: Int?
         public var state: String
-        public var slotSize: Int
-        public var firmwareVersion: String
+        public var slotSize: Int?
+        public var firmwareVersion: String?
     }
 
     public struct Connected: JSONEvent {
@@ -165,6 +170,8 @@ public enum FlashEvents {
         public static let name = "done"
         public var result = EventResult.ok
         public var device: String?
+        /// Where the device's bootloader answered after buttonless entry.
+        public var bootloader: String?
         public var adapter: String?
         public var bytes: Int?
         public var crc32: String?
@@ -249,14 +256,14 @@ public enum FlashEvents {
         case .connected(let device, let mtu, let chunk):
             Connected(device: device, mtu: mtu, chunk: chunk)
         case .deviceInfo(let device, let info):
-            DeviceInfo(device: device, protocol: info.protocolVersion ?? 0, state: info.state,
-                       slotSize: info.slotSize ?? 0, firmwareVersion: info.firmwareVersion?.description ?? "unknown")
+            DeviceInfo(device: device, protocolName: info.protocolName, protocol: info.protocolVersion, state: info.state,
+                       slotSize: info.slotSize, firmwareVersion: info.firmwareVersion?.description)
         case .transferStarted(let device, let offset, let total):
             Transfer(device: device, resumeOffset: offset, total: total)
         case .progress(let p):
             Progress(device: p.device, bytes: p.bytes, confirmed: p.confirmed, total: p.total, rate: p.rate, eta: p.eta,
                      elapsed: p.elapsed)
-        case .verifying(let device):
+        case .verifying(let device, _):
             Verify(device: device)
         case .activating(let device):
             Activate(device: device)
@@ -275,6 +282,7 @@ public enum ScanEvents {
         public var name: String?
         public var rssi: Int?
         public var ota: Bool
+        public var `protocol`: String?
     }
 
     public struct Done: CommandDone {
@@ -327,6 +335,7 @@ public enum SimulateEvents {
         public var adapter: String
         public var address: String?
         public var name: String
+        public var `protocol`: String
         public var slotSize: Int
         public var firmwareVersion: String
         public var store: String?
@@ -347,7 +356,7 @@ public enum SimulateEvents {
         public static let name = "begin"
         public var central: String?
         public var size: Int
-        public var crc32: String
+        public var crc32: String?
         public var offset: Int
     }
 
@@ -361,7 +370,7 @@ public enum SimulateEvents {
     public struct Verified: JSONEvent {
         public static let name = "verified"
         public var central: String?
-        public var crc32: String
+        public var crc32: String?
     }
 
     public struct Activated: JSONEvent {
@@ -369,7 +378,7 @@ public enum SimulateEvents {
         public var central: String?
         public var size: Int
         public var crc32: String
-        public var firmwareVersion: String
+        public var firmwareVersion: String?
         public var stored: String?
     }
 
@@ -411,7 +420,7 @@ public enum EventCatalog {
             FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true, protocol: "native"),
             FlashEvents.Batch(devices: 3, parallel: 4, adapters: ["default"]),
             FlashEvents.Connecting(device: device),
-            FlashEvents.DeviceInfo(device: device, protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
+            FlashEvents.DeviceInfo(device: device, protocolName: "native", protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
             FlashEvents.Connected(device: device, mtu: 247, chunk: 240),
             FlashEvents.Transfer(device: device, resumeOffset: 0, total: 4096),
             FlashEvents.Progress(device: device, bytes: 2048, confirmed: 1024, total: 4096, rate: 20_000, eta: 0.1, elapsed: 0.1),
@@ -422,7 +431,7 @@ public enum EventCatalog {
             FlashEvents.Summary(devices: 3, ok: 2, skipped: 0, failed: 1, exitCode: .someFailed, seconds: 2.5),
         ]
         let simulate: [any JSONEvent] = [
-            SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", slotSize: 1 << 20,
+            SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", protocol: "native", slotSize: 1 << 20,
                                    firmwareVersion: "1.0.0", store: nil),
             SimulateEvents.Connected(central: central),
             SimulateEvents.Disconnected(central: central, reason: "the central disconnected"),
@@ -435,7 +444,7 @@ public enum EventCatalog {
             SimulateEvents.Done(activations: 1),
         ]
         return flash.map { ("otaflash flash", $0) }
-            + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true)),
+            + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true, protocol: "native")),
                ("otaflash scan", ScanEvents.Done(count: 1)),
                ("otaflash info", InfoEvents.Info(device: device, manufacturer: "otaflash", model: nil, firmwareRevision: "1.0.0",
                                                  otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",

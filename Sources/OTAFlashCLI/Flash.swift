@@ -92,7 +92,9 @@ struct Flash: AsyncParsableCommand {
         discussion: """
             The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol, or a Nordic Secure \
             DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; --protocol auto picks from \
-            the file and says what it picked. otaflash streams it in packets sized from the \
+            the file, checks it against the services the device exposes, and says what it picked. A Nordic device \
+            that runs its application with the buttonless DFU service is asked into its bootloader first, which is \
+            then flashed where it answers (the application's address with its last octet one higher). otaflash streams it in packets sized from the \
             negotiated MTU, confirms progress with checkpoints, and lets the device activate it only after the device \
             computed the whole image's CRC32 and it matched. A transfer that stops (link loss, Ctrl-C) resumes where it \
             stopped when the same command runs again.
@@ -102,6 +104,7 @@ struct Flash: AsyncParsableCommand {
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
               otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
+              otaflash --simulator --sim-buttonless unbonded app_dfu_package.zip
 
             Exit codes:
             \(ExitCode.helpTable)
@@ -112,7 +115,7 @@ struct Flash: AsyncParsableCommand {
               completion: .file(extensions: ["bin", "hex", "zip"]))
     var image: String
 
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu).", valueName: "name"))
+    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu) and checks the device's services.", valueName: "name"))
     var protocolName = ProtocolRegistry.auto
 
     @OptionGroup var target: TargetOptions
@@ -121,6 +124,12 @@ struct Flash: AsyncParsableCommand {
 
     @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
+
+    @Option(name: .customLong("hw-version"), parsing: .unconditional, help: Ranges.hwVersion.help("Nordic DFU package: the device's hardware version. Every image's init packet must name it (nrfutil pkg generate --hw-version); checked before any radio time, so a package for other hardware costs no transfer", valueName: "n"))
+    var hwVersion: Int?
+
+    @Option(name: .customLong("sd-req"), parsing: .unconditional, help: ArgumentHelp("Nordic DFU package: the SoftDevice FWID the device runs, or several separated by commas for devices on either (0xAF or 0xAF,0xB6; each \(Ranges.sdReq.text)). The first image's sd_req must list each, or 0xFFFE (any); checked before any radio time.", valueName: "fwid,..."))
+    var sdReq: FWIDList?
 
     @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("Bytes between checkpoints (write with response carrying offset and CRC32)", valueName: "bytes"))
     var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
@@ -156,6 +165,8 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
+        try Ranges.hwVersion.check(hwVersion)
+        try Ranges.sdReq.check(sdReq?.values ?? [])
         guard ProtocolRegistry.choices.contains(protocolName) else {
             throw ValidationError("--protocol must be \(ProtocolRegistry.choicesText), got '\(protocolName)'")
         }
@@ -191,15 +202,24 @@ struct Flash: AsyncParsableCommand {
 
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName)
+        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations)
         let firmware = plan.firmware
         let native = plan.profile is NativeProfile
+        if native, !expectations.isEmpty {
+            throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
+        }
+        if native, target.simulator.enabled, let option = target.simulator.secureDFU.given.first {
+            throw CLIFailure(.usage, "\(option) sets up a simulated Secure DFU bootloader, which only a Nordic DFU package (.zip) reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
+        }
         if noActivate, !native {
             throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
         if batch.isBatch(devices: target.device) {
             guard native else {
                 throw CLIFailure(.usage, "flashing several devices speaks the native protocol only for now; flash a \(plan.profile.name) image one --device at a time")
+            }
+            if target.simulator.buttonless != nil {
+                throw CLIFailure(.usage, "--sim-buttonless simulates one device; drop --count and the other devices")
             }
             printer.json(FlashEvents.Start(device: nil, image: image, size: firmware.size, crc32: firmware.crc32,
                                            simulator: target.simulator.enabled, protocol: plan.profile.name))
@@ -208,20 +228,15 @@ struct Flash: AsyncParsableCommand {
             return
         }
         let address = try target.address()
-        printer.json(FlashEvents.Start(device: address.description, image: image, size: plan.size, crc32: plan.crc32,
-                                       simulator: target.simulator.enabled, protocol: plan.profile.name))
         printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
-        printer.note(plan.reason)
         for warning in plan.warnings { printer.note("warning: \(warning)") }
         let central: any GATTCentral
         var simulated: SimulatedDevice?
-        if target.simulator.enabled, !native {
+        if target.simulator.enabled, !native || target.simulator.buttonless != nil {
             guard target.simulator.stateDir == nil else {
-                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) image into the simulator")
+                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a Secure DFU device in the simulator")
             }
-            let config = target.simulator.deviceConfig(address: address)
-            let device = SimulatedDevice(config, model: NordicDFUPeripheral(faults: config.faults, resetDelay: config.bootDelay,
-                                                                            softDeviceAfterUpdate: plan.softDeviceAfterUpdate))
+            let device = try target.simulator.nordicDevice(address: address, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
             central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             simulated = device
         } else if target.simulator.enabled {
@@ -235,24 +250,51 @@ struct Flash: AsyncParsableCommand {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
         let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
-        let sessions = plan.parts.map { part in
-            OTASession(central: central, address: address, image: part.firmware, config: config,
-                       profile: part.profile, timeouts: sessionTimeouts,
-                       reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                       journal: journal,
-                       logger: output.logger("otaflash.session"))
-        }
+        let (timeouts, reconnect) = (sessionTimeouts, ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed))
+        let limits = UpdateModeLimits(reply: config.replyTimeout, disconnect: config.replyTimeout)
+        let logger = output.logger("otaflash.session")
+        let (image, simulator, protocolName) = (image, target.simulator.enabled, protocolName)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
         let (size, crc32) = (plan.size, plan.crc32)
         let started = central.clock.now
+        let bootloader = Slot<DeviceAddress>()
         let work = Task { () async throws(OTAError) -> OTAResult in
+            func start(_ entry: UpdateModeEntry?) {
+                printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
+                                               size: size, crc32: crc32, simulator: simulator, protocol: plan.profile.name))
+            }
+            let prepared: DevicePreparation
+            do throws(OTAError) {
+                prepared = try await plan.prepare(protocol: protocolName, central: central, address: address, timeouts: timeouts, limits: limits)
+            } catch {
+                start(nil)
+                throw error
+            }
+            start(prepared.entry)
+            printer.note(prepared.reason)
+            if let entry = prepared.entry {
+                bootloader.current = entry.address
+                printer.note("\(address) ran its application and was moved into \(entry.mode); "
+                             + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
+            }
+            // The sessions go where the device answers now: the bootloader after an entry.
+            let handoff = Slot(prepared.connection)
+            let destination = prepared.entry?.address ?? address
+            let connect = { @Sendable () async throws(GATTError) -> any GATTConnection in
+                if let connection = handoff.take() { return connection }
+                if let entry = prepared.entry { return try await central.connect(to: entry, timeout: timeouts.connect) }
+                return try await central.connect(to: address, timeout: timeouts.connect)
+            }
             // A package's images in its order, one session each: the device activates each one
             // and reboots, and the next session connects to it again.
             var total: OTAResult?
-            for (index, session) in sessions.enumerated() {
-                if sessions.count > 1 {
-                    printer.note("image \(index + 1) of \(sessions.count): \(labels[index])")
+            for (index, part) in plan.parts.enumerated() {
+                if plan.parts.count > 1 {
+                    printer.note("image \(index + 1) of \(plan.parts.count): \(labels[index])")
                 }
+                let session = OTASession(device: destination.description, image: part.firmware, config: config, profile: part.profile,
+                                         timeouts: timeouts, reconnect: reconnect, journal: journal, clock: central.clock,
+                                         logger: logger, connect: connect)
                 let result = try await session.run { printer.session($0) }
                 total = total.map { $0.followed(by: result, size: size, crc32: crc32) } ?? result
             }
@@ -266,33 +308,50 @@ struct Flash: AsyncParsableCommand {
         CLIContext.output.onFailure { work.cancel() }
         let outcome = await work.result
         if let simulated { try target.simulator.save(simulated) }
+        if let simulated, let model = simulated.model(as: NordicButtonlessDevice.self) {
+            printer.note("simulated device: runs its \(model.mode) at \(simulated.address)"
+                         + (model.application.map { ", the application flashed with CRC32 \(hex32(CRC32.checksum($0)))" } ?? ""))
+        }
         let result: OTAResult
         do {
             result = try outcome.get()
         } catch let error as OTAError {
             // The same `done` line a batch prints for a failed device.
-            printer.json(FlashEvents.Done(BatchOutcome(device: address.description, adapter: target.adapter, result: .failed(error),
-                                                       attempts: 1, seconds: (central.clock.now - started).seconds,
-                                                       firmwareBefore: nil, firmwareAfter: nil)))
+            var done = FlashEvents.Done(BatchOutcome(device: address.description, adapter: target.adapter, result: .failed(error),
+                                                     attempts: 1, seconds: (central.clock.now - started).seconds,
+                                                     firmwareBefore: nil, firmwareAfter: nil))
+            done.bootloader = bootloader.current?.description
+            printer.json(done)
             throw CLIFailure(error).markedReported()
         } catch {
             throw CLIFailure(.internalError, "\(error)")
         }
         // A single device is not reconnected to read its new version back (a batch does that).
-        printer.json(FlashEvents.Done(BatchOutcome(result, adapter: target.adapter, attempts: 1, seconds: result.seconds,
-                                                   firmwareAfter: nil)))
+        var done = FlashEvents.Done(BatchOutcome(result, adapter: target.adapter, attempts: 1, seconds: result.seconds,
+                                                 firmwareAfter: nil))
+        let entered = bootloader.current
+        done.device = address.description
+        done.bootloader = entered?.description
+        printer.json(done)
+        // The device as given, and where its bootloader answered when it was moved there.
+        let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {
-            printer.result("\(result.device): skipped, it already runs \(result.firmwareBefore.map { "\($0)" } ?? "that version") "
+            printer.result("\(device): skipped, it already runs \(result.firmwareBefore.map { "\($0)" } ?? "that version") "
                            + "(--skip-if-version); nothing sent")
             return
         }
         let what = result.activated ? "verified and activated" : "verified (not activated)"
-        printer.result("\(result.device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
+        printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                        + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
     }
 }
 
 extension Flash {
+    /// What `--hw-version` and `--sd-req` say the device is.
+    var expectations: DFUPackage.Expectations {
+        DFUPackage.Expectations(hardwareVersion: hwVersion.map { UInt32(clamping: $0) }, softDevices: sdReq?.values.map(\.value) ?? [])
+    }
+
     var sessionTimeouts: SessionTimeouts {
         SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
     }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import NordicDFU
 import OTA
 
 /// A number an option accepts: whole numbers and fractions print as a person would write them.
@@ -12,6 +13,34 @@ extension UInt64: OptionNumber { var optionText: String { String(self) } }
 extension Double: OptionNumber {
     var optionText: String {
         isFinite && self == rounded() && Swift.abs(self) < 1e15 ? String(Int64(self)) : "\(self)"
+    }
+}
+
+/// A SoftDevice firmware ID as nrfutil writes it (0xAF) or in decimal (175).
+struct FWID: OptionNumber, ExpressibleByArgument, Hashable {
+    let value: UInt32
+
+    init(_ value: UInt32) { self.value = value }
+
+    init?(argument: String) {
+        let text = argument.trimmingCharacters(in: .whitespaces)
+        let hex = text.lowercased().hasPrefix("0x")
+        guard let value = hex ? UInt32(text.dropFirst(2), radix: 16) : UInt32(text) else { return nil }
+        self.value = value
+    }
+
+    var optionText: String { DFUPackage.fwid(value) }
+    static func < (a: FWID, b: FWID) -> Bool { a.value < b.value }
+}
+
+/// SoftDevice FWIDs separated by commas, as nrfutil's `--sd-req` takes them: 0xAF,0xB6.
+struct FWIDList: ExpressibleByArgument, Hashable {
+    let values: [FWID]
+
+    init?(argument: String) {
+        let parts = argument.split(separator: ",", omittingEmptySubsequences: false).map { FWID(argument: String($0)) }
+        guard !parts.isEmpty, !parts.contains(nil) else { return nil }
+        values = parts.compactMap { $0 }
     }
 }
 
@@ -107,17 +136,30 @@ enum Ranges {
     static let corruptAt = offset("--sim-corrupt-at")
     static let flashBitflipAt = offset("--sim-flash-bitflip-at")
     static let stopAnsweringAt = offset("--sim-stop-answering-at")
+    /// Secure DFU init packets carry versions as uint32 (dfu-cc.proto `InitCommand`).
+    static func uint32(_ option: String) -> Bounds<Int> { Bounds(option, 0...Int(UInt32.max)) }
+    static let hwVersion = uint32("--hw-version")
+    static let simHWVersion = uint32("--sim-hw-version")
+    static let simAppVersion = uint32("--sim-app-version")
+    static let simBootloaderVersion = uint32("--sim-bootloader-version")
+    /// A SoftDevice FWID is 16 bits (nrfutil `--sd-req`, the SoftDevice's info struct).
+    static func fwid(_ option: String) -> Bounds<FWID> { Bounds(option, FWID(0)...FWID(0xFFFF)) }
+    static let sdReq = fwid("--sd-req")
+    static let simSoftDevice = fwid("--sim-softdevice")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
-                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt]
+                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
+                                   hwVersion, simHWVersion, simAppVersion, simBootloaderVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
                                          lostNotificationRate, slowFlash]
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]
         for b in ints { texts[b.option] = "a whole number " + b.text }
         for b in doubles { texts[b.option] = "a number " + b.text }
+        texts[simSoftDevice.option] = "a SoftDevice FWID like 0xAF, " + simSoftDevice.text
+        texts[sdReq.option] = "SoftDevice FWIDs like 0xAF or 0xAF,0xB6, each " + sdReq.text
         return texts
     }()
 

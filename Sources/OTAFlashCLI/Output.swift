@@ -274,8 +274,8 @@ public final class EventPrinter: Sendable {
             if offset > 0 { note("resuming at \(formatBytes(offset)) of \(formatBytes(total))") }
         case .progress(let p):
             bar(p)
-        case .verifying:
-            note("verifying: the device computes the CRC32 of the whole image…")
+        case .verifying(_, let check):
+            note("verifying: the device \(check)…")
         case .activating:
             note("image verified; activating")
         case .reconnecting(_, let attempt, let reason, let delay):

@@ -29,20 +29,25 @@ struct FlashPlan {
     }
 
     let parts: [Part]
+    /// What the image file is (the protocol is checked against the device's services with it).
+    let format: ImageFormat.Kind
     /// Why the protocol was chosen, for one note line.
     let reason: String
+    /// What a package holds, after the reason: "; the package's image: application"; empty for an image.
+    var contents = ""
     /// What the user should know about the image before it is sent (an unsigned package…).
     var warnings: [String] = []
     /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
     /// package's SoftDevice (what the package's last image requires).
     var softDeviceAfterUpdate: UInt32?
 
-    init(firmware: FirmwareImage, profile: any OTAProfile, reason: String) {
-        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], reason: reason)
+    init(firmware: FirmwareImage, format: ImageFormat.Kind, profile: any OTAProfile, reason: String) {
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: format, reason: reason)
     }
 
-    init(parts: [Part], reason: String, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil) {
+    init(parts: [Part], format: ImageFormat.Kind, reason: String, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil) {
         self.parts = parts
+        self.format = format
         self.reason = reason
         self.warnings = warnings
         self.softDeviceAfterUpdate = softDeviceAfterUpdate
@@ -63,21 +68,24 @@ extension FlashPlan {
     /// file is: a Nordic package goes over Secure DFU, a raw binary or HEX image over the native
     /// protocol.
     ///
-    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends, a package that
-    ///   does not check out, or a combined package.
-    static func load(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+    /// A package is also checked against `expect` (`--hw-version`, `--sd-req`).
+    ///
+    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
+    ///   that does not check out; `.incompatibleDevice` (exit 7) for a package `expect` says the
+    ///   device would refuse.
+    static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init()) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: path)
         } catch let error where error.format == .nordicDFUPackage {
-            return try loadPackage(path: path, protocol: name)
+            return try loadPackage(path: path, protocol: name, expect: expect)
         } catch {
             throw CLIFailure(.imageFile, "\(error)")
         }
         let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex
         do {
             let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
-            return FlashPlan(firmware: firmware, profile: resolution.profile, reason: resolution.reason)
+            return FlashPlan(firmware: firmware, format: format, profile: resolution.profile, reason: resolution.reason)
         } catch {
             throw CLIFailure(.imageFile, refusal(path, error))
         }
@@ -87,7 +95,7 @@ extension FlashPlan {
         "\(path): \(error.message)" + (error.hint.map { "; \($0)" } ?? "")
     }
 
-    private static func loadPackage(path: String, protocol name: String) throws(CLIFailure) -> FlashPlan {
+    private static func loadPackage(path: String, protocol name: String, expect: DFUPackage.Expectations) throws(CLIFailure) -> FlashPlan {
         let resolution: ProtocolRegistry.Resolution
         do {
             resolution = try ProtocolRegistry.cli.resolve(name, format: .nordicDFUPackage)
@@ -97,16 +105,19 @@ extension FlashPlan {
         let package: DFUPackage
         do {
             package = try DFUPackage.load(path: path)
+            try package.check(expect)
         } catch {
-            throw CLIFailure(.imageFile, "\(error)")
+            throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
         }
         let parts = package.images.map { image in
             FlashPlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
         }
         let kinds = parts.map(\.label).joined(separator: ", then ")
         let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
-        return FlashPlan(parts: parts, reason: resolution.reason + " (\(parts.count == 1 ? "its" : "in the package's order:") \(kinds))",
-                         warnings: package.warnings,
-                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
+        let contents = parts.count == 1 ? "; the package's image: \(kinds)" : "; the package's images, in order: \(kinds)"
+        var plan = FlashPlan(parts: parts, format: .nordicDFUPackage, reason: resolution.reason + contents, warnings: package.warnings,
+                             softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
+        plan.contents = contents
+        return plan
     }
 }

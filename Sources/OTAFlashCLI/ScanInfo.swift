@@ -22,7 +22,7 @@ struct Scan: AsyncParsableCommand {
     @Option(name: .long, parsing: .unconditional, help: Ranges.scanTimeout.help("Seconds to scan", valueName: "seconds"))
     var timeout: Double = 5
 
-    @Flag(name: .customLong("ota-only"), help: "Only devices advertising the OTA service.")
+    @Flag(name: .customLong("ota-only"), help: "Only devices advertising a service otaflash updates over: the OTA service, or Secure DFU (0xFE59).")
     var otaOnly = false
 
     @Option(name: .customLong("name-prefix"), help: "Only devices whose name starts with this.")
@@ -48,7 +48,8 @@ struct Scan: AsyncParsableCommand {
 
     private func scan(_ printer: EventPrinter) async throws {
         let central = simulator.enabled ? simulator.central(address: SimulatorOptions.defaultAddress) : bluezCentral(adapter: adapter)
-        let filter = ScanFilter(serviceUUIDs: otaOnly ? [OTAProtocol.serviceUUID] : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
+        let updatable = ProtocolRegistry.cli.profiles.map(\.serviceUUID)
+        let filter = ScanFilter(serviceUUIDs: otaOnly ? updatable : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
         let found: [Advertisement]
         do {
             found = try await central.scan(filter: filter, timeout: Ranges.scanTimeout.duration(timeout))
@@ -56,9 +57,11 @@ struct Scan: AsyncParsableCommand {
             throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
         }
         for ad in found {
-            let ota = ad.serviceUUIDs.contains(OTAProtocol.serviceUUID)
-            printer.json(ScanEvents.Device(address: ad.address.description, name: ad.name, rssi: ad.rssi, ota: ota))
-            printer.result("\(ad.address)  \(ad.rssi.map { String(format: "%4d dBm", $0) } ?? "   ? dBm")  \(ota ? "OTA" : "   ")  \(ad.name ?? "")")
+            let spoken = ProtocolRegistry.cli.profiles.first { ad.serviceUUIDs.contains($0.serviceUUID) }?.name
+            printer.json(ScanEvents.Device(address: ad.address.description, name: ad.name, rssi: ad.rssi,
+                                           ota: spoken != nil, protocol: spoken))
+            let column = (spoken ?? "").padding(toLength: 10, withPad: " ", startingAt: 0)
+            printer.result("\(ad.address)  \(ad.rssi.map { String(format: "%4d dBm", $0) } ?? "   ? dBm")  \(column)  \(ad.name ?? "")")
         }
         printer.json(ScanEvents.Done(count: found.count))
         if found.isEmpty { printer.note("no devices found in \(timeout) s") }

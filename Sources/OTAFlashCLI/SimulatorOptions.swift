@@ -1,5 +1,7 @@
 import ArgumentParser
+import Foundation
 import GATT
+import NordicDFU
 import OTADevice
 import OTAWire
 import Simulator
@@ -9,7 +11,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device.")
     public var enabled = false
 
-    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds", valueName: "bytes"))
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds (a simulated Secure DFU bootloader: its bank)", valueName: "bytes"))
     public var slotSize: Int = 1 << 20
 
     @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version the device reports before the update.", valueName: "version"))
@@ -59,6 +61,14 @@ public struct SimulatorOptions: ParsableArguments {
     @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")
     public var dataWithoutWriteWithoutResponse = false
 
+    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: SimulatedButtonless.valueName),
+            completion: .list(SimulatedButtonless.allCases.map(\.rawValue)))
+    public var buttonless: String?
+
+    /// Reaches only a Nordic package's simulated bootloader; each help text says so, as
+    /// ArgumentParser shows a nested group's options under the enclosing title.
+    @OptionGroup public var secureDFU: SecureDFUSimulatorOptions
+
     public init() {}
 
     public mutating func validate() throws {
@@ -67,6 +77,7 @@ public struct SimulatorOptions: ParsableArguments {
         try Ranges.interval.check(intervalMs)
         guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
         try Ranges.packetsPerEvent.check(packetsPerEvent)
+        try SimulatedButtonless.check(buttonless)
     }
 
     public var link: LinkModel {
@@ -180,5 +191,73 @@ public struct FaultOptions: ParsableArguments {
                   corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
                   lostNotificationRate: lostNotificationRate,
                   slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt, stopAnsweringAt: stopAnsweringAt)
+    }
+}
+
+/// What the simulated Secure DFU bootloader (`NordicDFUBootloader`) is and holds: the values it
+/// checks an init packet against, so that its refusals (wrong hardware, wrong SoftDevice, a
+/// downgrade, a missing or invalid signature) can be produced without hardware. They apply only
+/// when a Nordic package is flashed into the simulator; `--sim-slot-size` is its bank size there.
+public struct SecureDFUSimulatorOptions: ParsableArguments {
+    public init() {}
+
+    @Option(name: .customLong("sim-hw-version"), parsing: .unconditional, help: Ranges.simHWVersion.help("Simulated Secure DFU bootloader (a .zip package only): its hardware version; a package for another refuses with ext 0x06 (default 52, nrfutil's for the nRF52)", valueName: "n"))
+    var hardwareVersion: Int?
+
+    @Option(name: .customLong("sim-softdevice"), parsing: .unconditional, help: Ranges.simSoftDevice.help("Simulated Secure DFU bootloader: FWID of the SoftDevice it runs; a package whose sd_req lacks it refuses with ext 0x07 (default 0xAF)", valueName: "fwid"))
+    var softDevice: FWID?
+
+    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: Ranges.simAppVersion.help("Simulated Secure DFU bootloader: version of the installed application; a lower application fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
+    var applicationVersion: Int?
+
+    @Option(name: .customLong("sim-bootloader-version"), parsing: .unconditional, help: Ranges.simBootloaderVersion.help("Simulated Secure DFU bootloader: its own version; a lower bootloader fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
+    var bootloaderVersion: Int?
+
+    @Option(name: .customLong("sim-public-key"), help: ArgumentHelp("Simulated Secure DFU bootloader: PEM file of the P-256 public key it verifies signatures with; a package signed with another key refuses with ext 0x0C (default: any signature passes).", valueName: "pem"), completion: .file(extensions: ["pem"]))
+    var publicKey: String?
+
+    @Flag(name: .customLong("sim-open-bootloader"), help: "Simulated Secure DFU bootloader: it takes unsigned packages (default: it refuses them with ext 0x08, as a secure bootloader does).")
+    var openBootloader = false
+
+    @Flag(name: .customLong("sim-debug-bootloader"), help: "Simulated Secure DFU bootloader: a debug one, which takes is_debug packages and skips the version checks for them (default: it refuses them with ext 0x04).")
+    var debugBootloader = false
+
+    public func validate() throws {
+        try Ranges.simHWVersion.check(hardwareVersion)
+        try Ranges.simSoftDevice.check(softDevice)
+        try Ranges.simAppVersion.check(applicationVersion)
+        try Ranges.simBootloaderVersion.check(bootloaderVersion)
+    }
+
+    /// The options given, by name: for the line that refuses them with a native image.
+    var given: [String] {
+        [("--sim-hw-version", hardwareVersion != nil), ("--sim-softdevice", softDevice != nil),
+         ("--sim-app-version", applicationVersion != nil), ("--sim-bootloader-version", bootloaderVersion != nil),
+         ("--sim-public-key", publicKey != nil), ("--sim-open-bootloader", openBootloader),
+         ("--sim-debug-bootloader", debugBootloader)].filter(\.1).map(\.0)
+    }
+
+    /// The simulated bootloader, with a bank of `bankSize` bytes.
+    ///
+    /// - Throws: `CLIFailure` `.usage` when `--sim-public-key` names no readable P-256 public key.
+    func bootloaderConfig(bankSize: Int) throws(CLIFailure) -> NordicDFUBootloader.Config {
+        var config = NordicDFUBootloader.Config()
+        config.bankSize = bankSize
+        if let hardwareVersion { config.hardwareVersion = UInt32(clamping: hardwareVersion) }
+        if let softDevice { config.softDevice = softDevice.value }
+        if let applicationVersion { config.applicationVersion = UInt32(clamping: applicationVersion) }
+        if let bootloaderVersion { config.bootloaderVersion = UInt32(clamping: bootloaderVersion) }
+        config.requireSignature = !openBootloader
+        config.debugBootloader = debugBootloader
+        if let publicKey {
+            guard let data = FileManager.default.contents(atPath: publicKey) else {
+                throw CLIFailure(.usage, "--sim-public-key \(publicKey) cannot be read; give the PEM file of the bootloader's public key")
+            }
+            guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: String(decoding: data, as: UTF8.self)) else {
+                throw CLIFailure(.usage, "--sim-public-key \(publicKey) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
+            }
+            config.signatureCheck = check
+        }
+        return config
     }
 }

@@ -17,12 +17,13 @@ public final class SimulatedCentral: GATTCentral {
 
     public func scan(filter: ScanFilter, timeout: Duration) async throws(GATTError) -> [Advertisement] {
         try await sleep(min(timeout, Self.scanDwell))
-        return devices.map(\.advertisement).filter(filter.matches).sorted { ($0.rssi ?? .min) > ($1.rssi ?? .min) }
+        let now = clock.now
+        return devices.filter { $0.isAdvertising(at: now) }.map(\.advertisement).filter(filter.matches).sorted { ($0.rssi ?? .min) > ($1.rssi ?? .min) }
     }
 
     public func connect(to address: DeviceAddress, timeout: Duration) async throws(GATTError) -> any GATTConnection {
         let deadline = clock.now + timeout
-        guard let device = devices.first(where: { $0.config.address == address }) else {
+        guard let device = devices.first(where: { $0.address == address }) else {
             try await sleep(timeout)
             throw GATTError(.deviceNotFound, "device \(address) was not found within \(timeout.seconds) s")
         }

@@ -16,19 +16,26 @@ public final class SimulatedConnection: GATTConnection {
     public let clock: any MonotonicClock
     let device: SimulatedDevice
     let model: LinkModel
+    /// The device's GATT table as this connection discovered it.
+    let services: [GATTService]
     private let link: Mutex<Link>
 
     init(device: SimulatedDevice, clock: any MonotonicClock) {
         self.device = device
-        self.peer = device.config.address.description
+        (self.peer, self.services) = device.state.withLock { s in
+            ((s.model.currentAddress ?? device.config.address).description, s.currentTable())
+        }
         self.clock = clock
         self.model = device.config.link
         self.link = Mutex(Link(anchor: clock.now, model: device.config.link))
     }
 
+    /// One transmit queue carries requests and commands alike, in the order they were written.
+    public var keepsWriteOrder: Bool { true }
+
     public func discoverServices() async throws(GATTError) -> [GATTService] {
         try await roundTrips(3)
-        return device.services
+        return services
     }
 
     public func mtu() async throws(GATTError) -> Int {
@@ -38,7 +45,8 @@ public final class SimulatedConnection: GATTConnection {
 
     public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
         try await roundTrips(1)
-        guard let value = device.readValue(characteristic.id) else {
+        guard let uuid = services.characteristic(id: characteristic.id)?.uuid,
+              let value = device.state.withLock({ $0.model.read(uuid) }) else {
             throw .att(.readNotPermitted, "reading \(characteristic.uuid)")
         }
         return value
@@ -47,7 +55,10 @@ public final class SimulatedConnection: GATTConnection {
     public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
         try await roundTrips(1)
         link.withLock { l in
-            if enabled { l.notifying.insert(characteristic.id) } else { l.notifying.remove(characteristic.id) }
+            l.notifying[characteristic.uuid] = enabled ? characteristic.id : nil
+        }
+        if let uuid = services.characteristic(id: characteristic.id)?.uuid {
+            device.state.withLock { $0.model.notificationsChanged(enabled, for: uuid) }
         }
     }
 
@@ -215,7 +226,8 @@ struct Link {
     var downNoticedAt: Duration?
     var downReason = ""
     var deviceBusyUntil: Duration = .zero
-    var notifying: Set<String> = []
+    /// The characteristics the central enabled notifications on: their handles by UUID.
+    var notifying: [BluetoothUUID: String] = [:]
     var nextTicket: UInt64 = 0
     var outstanding: Set<WriteTicket> = []
     var blocking: Set<WriteTicket> = []
@@ -440,7 +452,7 @@ struct Link {
         for timed in outputs {
             switch timed.output {
             case .notify(let uuid, let value):
-                if let id = device.handle(of: uuid), notifying.contains(id) {
+                if let id = notifying[uuid] {
                     enqueueReverse(Reverse(time: timed.at, event: .notification(characteristicID: id, value: value), size: value.count + 3))
                 }
             case .dropLink(let reason):

@@ -60,13 +60,31 @@ public struct SimulatedDeviceConfig: Sendable {
 public final class SimulatedDevice: Sendable {
     public let config: SimulatedDeviceConfig
     let state: Mutex<DeviceState>
-    /// The GATT table, with attribute handles as characteristic ids (fixed for the device's life).
-    let services: [GATTService]
 
     struct DeviceState {
         var model: any PeripheralModel
         var connections = 0
         var connected = false
+        /// The model's GATT table, and that table with attribute handles as characteristic ids.
+        var tableSource: [PeripheralService]
+        var table: [GATTService]
+
+        init(model: any PeripheralModel) {
+            self.model = model
+            tableSource = model.services
+            table = SimulatedDevice.table(tableSource)
+        }
+
+        /// The table a new connection discovers: the model's, which may have changed while the
+        /// device was away (an application that rebooted into its bootloader).
+        mutating func currentTable() -> [GATTService] {
+            let source = model.services
+            if source != tableSource {
+                tableSource = source
+                table = SimulatedDevice.table(source)
+            }
+            return table
+        }
     }
 
     public convenience init(_ config: SimulatedDeviceConfig) {
@@ -81,16 +99,16 @@ public final class SimulatedDevice: Sendable {
     }
 
     /// A device running `model`, another protocol's device among them. Of `config`, only the
-    /// identity (address, name, RSSI) and the link apply; the model brings the rest.
+    /// identity (address, name, RSSI) and the link apply; the model brings the rest, and may move
+    /// the device to another address or name (`PeripheralModel.currentAddress`).
     public init(_ config: SimulatedDeviceConfig, model: any PeripheralModel) {
         self.config = config
-        self.services = Self.table(model.services)
         state = Mutex(DeviceState(model: model))
     }
 
     /// Attribute handles as BLE servers lay them out: each service at a multiple of 0x10 from
     /// 0x0010, each characteristic's value handle three after the previous one.
-    private static func table(_ services: [PeripheralService]) -> [GATTService] {
+    static func table(_ services: [PeripheralService]) -> [GATTService] {
         services.enumerated().map { index, service in
             let base = 0x10 * (index + 1)
             let characteristics = service.characteristics.enumerated().map { offset, c in
@@ -103,22 +121,6 @@ public final class SimulatedDevice: Sendable {
     private static func handle(_ value: Int) -> String {
         let hex = String(value, radix: 16)
         return "0x" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
-    }
-
-    /// The characteristic with handle `id`.
-    func characteristic(_ id: String) -> GATTCharacteristic? {
-        for service in services {
-            if let c = service.characteristics.first(where: { $0.id == id }) { return c }
-        }
-        return nil
-    }
-
-    /// The handle of the characteristic `uuid` (the first, if several services have one).
-    func handle(of uuid: BluetoothUUID) -> String? {
-        for service in services {
-            if let c = service.characteristics.first(where: { $0.uuid == uuid }) { return c.id }
-        }
-        return nil
     }
 
     /// The hosted model, when it is an `M`.
@@ -138,13 +140,30 @@ public final class SimulatedDevice: Sendable {
     /// Number of connections accepted so far.
     public var connectionCount: Int { state.withLock { $0.connections } }
 
-    public var advertisement: Advertisement {
-        Advertisement(address: config.address, name: config.name, rssi: config.rssi,
-                      serviceUUIDs: state.withLock { $0.model.advertisedServices })
+    /// The address the device answers at now: the configured one unless the model moved it.
+    public var address: DeviceAddress {
+        state.withLock { $0.model.currentAddress } ?? config.address
     }
 
-    func readValue(_ id: String) -> [UInt8]? {
-        guard let uuid = characteristic(id)?.uuid else { return nil }
-        return state.withLock { $0.model.read(uuid) }
+    public var advertisement: Advertisement {
+        let (address, name, services) = state.withLock { s in
+            (s.model.currentAddress ?? config.address, s.model.advertisedName ?? config.name, s.model.advertisedServices)
+        }
+        return Advertisement(address: address, name: name, rssi: config.rssi, serviceUUIDs: services)
+    }
+
+    /// Whether a scan at `now` hears the device: not while it is away (rebooting).
+    func isAdvertising(at now: Duration) -> Bool {
+        state.withLock { $0.model.availableAt <= now }
+    }
+}
+
+extension [GATTService] {
+    /// The characteristic with handle `id`.
+    func characteristic(id: String) -> GATTCharacteristic? {
+        for service in self {
+            if let c = service.characteristics.first(where: { $0.id == id }) { return c }
+        }
+        return nil
     }
 }

@@ -17,6 +17,10 @@ struct OptionValidationTests {
         BadValue(arguments: simulator + [option, value, samplePath("seeded-4k.bin")], says: [option, range])
     }
 
+    static func nordic(_ option: String, _ value: String, _ range: String) -> BadValue {
+        BadValue(arguments: simulator + [option, value, samplePath("nordic/blinky-app.zip")], says: [option, range])
+    }
+
     static let timeouts = ["--connect-timeout", "--reply-timeout", "--verify-timeout", "--activate-timeout", "--scan-window"]
 
     static let badValues: [BadValue] =
@@ -43,6 +47,13 @@ struct OptionValidationTests {
         + ["-1", "101"].map { flash("--retries", $0, "0 and 100") }
         + ["0", "-2", "1001"].map { flash("--count", $0, "1 and 1000") }
         + ["-128", "21"].map { flash("--min-rssi", $0, "-127 and 20 dBm") }
+        + ["-1", "4294967296", "abc"].flatMap { value in
+            ["--hw-version", "--sim-hw-version", "--sim-app-version", "--sim-bootloader-version"].map { nordic($0, value, "4294967295") }
+        }
+        + ["0x10000", "65536"].map { nordic("--sim-softdevice", $0, "0x00 and 0xFFFF") }
+        + ["0x", "AF", "0xZZ", "-1"].map { nordic("--sim-softdevice", $0, "a SoftDevice FWID like 0xAF, 0x00–0xFFFF") }
+        + ["0x10000", "0xAF,0x10000"].map { nordic("--sd-req", $0, "0x00 and 0xFFFF") }
+        + ["AF;B6", "0xAF,", ",", ""].map { nordic("--sd-req", $0, "SoftDevice FWIDs like 0xAF or 0xAF,0xB6, each 0x00–0xFFFF") }
         + [
             BadValue(arguments: simulator + ["--count", "2", "--sim-device-fault", "1001:gone", samplePath("seeded-4k.bin")],
                      says: ["--sim-device-fault", "1–1000"]),
@@ -80,6 +91,18 @@ struct OptionValidationTests {
         #expect(run.code == 0, "\(run.stderr)")
     }
 
+    /// The Secure DFU options at the edges of their ranges: the debug bootloader skips the version
+    /// checks, so any hardware, SoftDevice and installed versions take the unsigned debug sample.
+    @Test(arguments: [
+        ["--sim-hw-version", "0", "--sim-softdevice", "0x00", "--sim-app-version", "4294967295", "--sim-bootloader-version", "0"],
+        ["--sim-hw-version", "4294967295", "--sim-softdevice", "0xFFFF", "--sim-app-version", "0", "--sim-bootloader-version", "4294967295"],
+    ])
+    func secureDFUValuesAtTheEdgesOfTheirRangesFlash(extra: [String]) async {
+        let run = await otaflash(simulator + ["--quiet", "--sim-open-bootloader", "--sim-debug-bootloader"] + extra
+                                 + [samplePath("nordic/blinky-app-unsigned-debug.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+    }
+
     /// `--min-rssi -70`, as README writes it: a negative value is a value, not an unknown option.
     @Test func aNegativeRSSIIsAValue() async {
         let run = await otaflash(["scan", "--simulator", "--timeout", "0.01", "--min-rssi", "-70", "--json"])
@@ -91,7 +114,8 @@ struct OptionValidationTests {
     @Test(arguments: [
         (["flash", "--help"], ["(0.001–86400 seconds)", "(0–86400 seconds)", "(256–16777216 bytes)", "(23–517)", "(7.5–4000 ms)",
                                "(1–1000)", "(1–64)", "(0–100)", "(-127–20 dBm)", "(0–1)", "(0–1000000000 ms)", "(0–67108864)",
-                               "(0–18446744073709551615)", "(1–4294967295 bytes)"]),
+                               "(0–18446744073709551615)", "(1–4294967295 bytes)", "(0–4294967295)", "(0x00–0xFFFF)",
+                               "each 0x00–0xFFFF"]),
         (["scan", "--help"], ["(0.001–86400 seconds)", "(-127–20 dBm)", "(1–4294967295 bytes)"]),
         (["simulate", "--help"], ["(1–4294967295 bytes)", "(0–1)", "(0–67108864)"]),
     ])

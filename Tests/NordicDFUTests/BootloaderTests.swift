@@ -114,6 +114,24 @@ import Testing
         #expect(device.handleControl([0x09, 0x05]) == [0x60, 0x09, 0x01, 0x05])
     }
 
+    /// The key as nrfutil writes it (76-character lines) and as openssl does (64) reads the same;
+    /// anything else is no key.
+    @Test func aPublicKeyIsReadFromPEMWhateverItsLineLength() throws {
+        let nrfutil = try String(contentsOfFile: nordicSample("test-key-public.pem"), encoding: .utf8)
+        let body = nrfutil.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
+        let rewrapped = (["-----BEGIN PUBLIC KEY-----"] + stride(from: 0, to: body.count, by: 64).map {
+            String(body.dropFirst($0).prefix(64))
+        } + ["-----END PUBLIC KEY-----", ""]).joined(separator: "\n")
+        let check = try #require(NordicDFUBootloader.SignatureCheck.verify(pem: nrfutil))
+        #expect(NordicDFUBootloader.SignatureCheck.verify(pem: rewrapped) == check)
+        guard case .verify(let key) = check else { Issue.record("not a verifying check"); return }
+        #expect(key.count == 64)
+        for bad in ["", "hello", "-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----",
+                    "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----", String(nrfutil.dropLast(40))] {
+            #expect(NordicDFUBootloader.SignatureCheck.verify(pem: bad) == nil, "\(bad)")
+        }
+    }
+
     @Test func garbageInitPacketIsAWrongCommandFormat() {
         var device = NordicDFUBootloader()
         _ = device.handle(.create(.command, size: 3))

@@ -10,6 +10,13 @@ func nordicSample(_ name: String) -> String {
     repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
 }
 
+/// The signed application sample with the byte at `offset` of the zip file flipped.
+func damagedSample(at offset: Int) throws -> Data {
+    var bytes = try Data(contentsOf: URL(fileURLWithPath: nordicSample("blinky-app.zip")))
+    bytes[offset] ^= 0xFF
+    return bytes
+}
+
 /// Writes a zip in memory from (name, bytes) pairs, deflated like nrfutil's.
 func makeZip(_ files: [(String, [UInt8])]) throws -> Data {
     let archive = try Archive(data: Data(), accessMode: .create)
@@ -79,15 +86,35 @@ func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFU
 
     @Test func expectationsCatchWrongHardwareAndSoftDevice() throws {
         let p = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
-        try p.check(.init(hardwareVersion: 52, softDevice: 0xAF))
-        #expect(throws: DFUPackageError.self) { try p.check(.init(hardwareVersion: 40)) }
+        try p.check(.init(hardwareVersion: 52, softDevices: [0xAF]))
         do {
-            try p.check(.init(softDevice: 0x101))
+            try p.check(.init(hardwareVersion: 40))
+            Issue.record("another hardware version passed")
+        } catch {
+            #expect(error.code == .incompatible)
+            #expect(error.otaError.code == .incompatibleDevice)
+            #expect(error.reason.contains("is for hardware version 52 but the device is hardware version 40"), "\(error)")
+            #expect(error.reason.contains("--hw-version 40"), "\(error)")
+        }
+        do {
+            try p.check(.init(softDevices: [0x101]))
             Issue.record("a SoftDevice the package does not list passed")
         } catch {
             #expect(error.code == .incompatible)
-            #expect(error.description.contains("--sd-req"))
+            #expect(error.reason.contains("accepts SoftDevice 0xAF but the device may run 0x101"), "\(error)")
+            #expect(error.reason.contains("--sd-req 0xAF,0x101"), "\(error)")
         }
+    }
+
+    /// A fleet on either of two SoftDevices: the package must accept each; the combined sample's
+    /// first image lists 0xB6 and 0xAF, its application (run on the new SoftDevice) 0xB6 only.
+    @Test(arguments: [
+        ([0xAF], true), ([0xB6], true), ([0xAF, 0xB6], true), ([0xAF, 0x101], false), ([0x101], false),
+    ] as [([UInt32], Bool)])
+    func everySoftDeviceTheDeviceMayRunMustBeAcceptedByTheFirstImage(softDevices: [UInt32], accepted: Bool) throws {
+        let p = try DFUPackage.load(path: nordicSample("blinky-sd-bl-app.zip"))
+        let passed = (try? p.check(.init(softDevices: softDevices))) != nil
+        #expect(passed == accepted)
     }
 
     @Test func looksLikePackageSniffsTheZipMagic() throws {
@@ -129,6 +156,14 @@ func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFU
             z[directory + 42] = 0xF0
             z[directory + 43] = 0xFF
             return Data(z)
+        },
+        // nrfutil stores the sample's entries uncompressed: the .bin's bytes at 50..<286, the
+        // .dat's at 336..<476. A flipped byte in the .dat's signature passes every other check.
+        Case(name: "damaged .bin entry", code: .corruptArchive, says: "blinky-cortex-m4.bin fails the archive's CRC-32 check") {
+            try damagedSample(at: 150)
+        },
+        Case(name: "damaged .dat entry", code: .corruptArchive, says: "blinky-cortex-m4.dat fails the archive's CRC-32 check") {
+            try damagedSample(at: 470)
         },
         Case(name: "no manifest", code: .missingFile, says: "manifest.json") { try makeZip([("app.bin", fw)]) },
         Case(name: "manifest not JSON", code: .badManifest, says: "\"manifest\" key") { try makeZip([("manifest.json", Array("{nope".utf8))]) },

@@ -50,7 +50,7 @@ func attemptNordicFlash(initPacket: [UInt8], firmware: FirmwareImage, bootloader
         let package = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
         let image = try #require(package.images.first)
         var config = NordicDFUBootloader.Config()
-        config.signatureCheck = .verify(publicKey: try publicKeyDER(nordicSample("test-key-public.pem")))
+        config.signatureCheck = try sampleKeyCheck()
         let run = try await flash(initPacket: image.initPacket.bytes, firmware: image.firmware,
                                   bootloader: NordicDFUBootloader(config: config))
         let activations = try #require(run.bootloader?.activations)
@@ -62,6 +62,23 @@ func attemptNordicFlash(initPacket: [UInt8], firmware: FirmwareImage, bootloader
         }
         #expect(summaries.map(\.protocolName) == ["nordic-dfu"])
         #expect(run.events.contains { if case .verifying = $0 { true } else { false } })
+    }
+
+    /// The simulator's link keeps write order, and the profile tells the engine, so an object's
+    /// packets follow its CREATE without waiting for the answer.
+    @Test func anOrderedLinkLetsPacketsFollowCreateAtOnce() async throws {
+        let device = SimulatedDevice(SimulatedDeviceConfig(), model: NordicDFUPeripheral())
+        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        let connection = try await central.connect(to: device.config.address, timeout: .seconds(5))
+        let profile = NordicDFUProfile(initPacket: [1, 2, 3])
+        let link = try await profile.attach(to: connection, device: "sim", discoveryTimeout: .seconds(5))
+        #expect(connection.keepsWriteOrder)
+        #expect(link.peer.keepsWriteOrder)
+        var engine = profile.makeEngine(image: FirmwareImage(bytes: firmwareBytes(100)), config: EngineConfig())
+        #expect(!engine.core.streamsBeforeCreateResponse)
+        _ = engine.handle(.connected(link.peer, mtu: 247))
+        #expect(engine.core.streamsBeforeCreateResponse)
+        await connection.disconnect()
     }
 
     @Test func anImageOfSeveralObjectsGoesObjectByObject() async throws {

@@ -107,6 +107,8 @@ struct ImageFormatTests {
         ("update.zip", zipArchive([("manifest.json", manifest), ("app.bin", [1])]), .nordicDFUPackage,
          ["Nordic Secure DFU package", "goes over Nordic Secure DFU", "`DFUPackage.load`"]),
         ("bundle.zip", zipArchive([("readme.txt", [1]), ("fw/app.bin", [2])]), .zip, ["is a zip archive, not a firmware image", "`unzip bundle.zip`", "pass fw/app.bin"]),
+        ("app_dfu_package.zip", zipArchive([("app.bin", [1]), ("app.dat", [2])]), .zip,
+         ["is a zip archive with init packets (.dat) but no manifest.json", "regenerate it with nrfutil pkg generate"]),
         ("signed.bin", cases[7].bytes, .mcuboot, ["MCUboot image", "MCUmgr/SMP, which is not supported yet"]),
         ("app.uf2", cases[9].bytes, .uf2, ["UF2 file", "uf2conv.py app.uf2 --convert --output app.bin"]),
         ("app.bin.gz", cases[11].bytes, .gzip, ["gzip-compressed", "gunzip -k app.bin.gz"]),

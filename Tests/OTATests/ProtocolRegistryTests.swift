@@ -46,11 +46,11 @@ private struct OtherProfile: OTAProfile {
     @Test func autoPicksTheProtocolWhoseServiceTheDeviceExposes() throws {
         let pick = try registry.resolve("auto", format: .rawBinary, services: [BluetoothUUID(uint16: 0x1234), BluetoothUUID(uint16: 0x180A)])
         #expect(pick.profile.name == "raw")
-        #expect(pick.reason == "picked raw: the device exposes \(BluetoothUUID(uint16: 0x1234))")
+        #expect(pick.reason == "picked raw: the first protocol that sends raw-binary images; the device exposes \(BluetoothUUID(uint16: 0x1234))")
 
         let native = try registry.resolve("auto", format: .rawBinary, services: [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0x1234)])
         #expect(native.profile.name == "native")
-        #expect(native.reason == "picked native: the device exposes \(OTAProtocol.serviceUUID)")
+        #expect(native.reason == "picked native: the first protocol that sends raw-binary images; the device exposes \(OTAProtocol.serviceUUID)")
     }
 
     @Test func theImageOutranksTheServices() throws {
@@ -72,6 +72,29 @@ private struct OtherProfile: OTAProfile {
             return error.code == .incompatibleDevice && error.message.contains("native (\(OTAProtocol.serviceUUID))")
                 && error.message.contains("raw (")
         }
+    }
+
+    @Test func aDeviceThatSpeaksAnotherProtocolSaysWhichAndWhatItTakes() {
+        let nativeOnly = ProtocolRegistry([
+            NativeProfile(),
+            OtherProfile(name: "package", serviceUUID: BluetoothUUID(uint16: 0xFE59), imageFormats: [.nordicDFUPackage]),
+        ])
+        #expect {
+            try nativeOnly.resolve("auto", format: .rawBinary, services: [BluetoothUUID(uint16: 0xFE59)])
+        } throws: { error in
+            guard let error = error as? OTAError else { return false }
+            return error.code == .incompatibleDevice
+                && error.message.hasPrefix("the device exposes \(BluetoothUUID(uint16: 0xFE59)) of package, none of the services of native")
+                && error.hint == "give it an image package sends (nordic-dfu-package), or check that it is the device you mean"
+        }
+    }
+
+    /// A device with no protocol's service: the image decides, and attaching names what is missing.
+    @Test func aDeviceWithNoProtocolsServiceKeepsTheImagesChoice() throws {
+        let pick = try registry.resolve("auto", format: .intelHex, services: [BluetoothUUID(uint16: 0x180A)])
+        #expect(pick.profile.name == "native")
+        #expect(pick.reason == "picked native: only native sends intel-hex images; the device exposes no service of a protocol otaflash speaks")
+        #expect(throws: OTAError.self) { try registry.resolve("auto", services: [BluetoothUUID(uint16: 0x180A)]) }
     }
 
     @Test func anImageNoProtocolSendsIsRefused() {

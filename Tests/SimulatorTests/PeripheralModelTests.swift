@@ -146,3 +146,82 @@ private struct EchoModel: PeripheralModel {
         }
     }
 }
+
+/// A device whose address changes: it answers at `home` until `01` is written to its command
+/// characteristic (with notifications on), then resets for a second and comes up at `away` with
+/// another table and name, as an application that reboots into its bootloader does.
+private struct MovingModel: PeripheralModel {
+    static let home = DeviceAddress("C0:FF:EE:00:00:10")!
+    static let away = DeviceAddress("C0:FF:EE:00:00:11")!
+    static let service = BluetoothUUID(uint16: 0xFFE0)
+    static let command = BluetoothUUID(uint16: 0xFFE1)
+    static let other = BluetoothUUID(uint16: 0xFFE2)
+    var moved = false
+    var notifying = false
+    var back = Duration.zero
+
+    var services: [PeripheralService] {
+        [PeripheralService(Self.service, [PeripheralCharacteristic(moved ? Self.other : Self.command, [.write, .notify])])]
+    }
+    var advertisedServices: [BluetoothUUID] { [Self.service] }
+    var availableAt: Duration { back }
+    var currentAddress: DeviceAddress? { moved ? Self.away : nil }
+    var advertisedName: String? { moved ? "moved" : nil }
+    func refusesConnection(after connections: Int) -> Bool { false }
+    func read(_ characteristic: BluetoothUUID) -> [UInt8]? { nil }
+
+    mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {
+        if characteristic == Self.command { notifying = enabled }
+    }
+
+    mutating func write(_ bytes: [UInt8], to characteristic: BluetoothUUID, withResponse: Bool,
+                        from central: String?, at now: Duration) -> PeripheralWriteResult {
+        guard characteristic == Self.command, notifying, bytes == [0x01] else {
+            return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
+        }
+        moved = true
+        back = now + .seconds(1)
+        return PeripheralWriteResult(reply: .success(at: now), outputs: [
+            PeripheralTimed(at: now, .notify(Self.command, [0x01])),
+            PeripheralTimed(at: now + .milliseconds(5), .reboot(until: back, reason: "moving")),
+        ])
+    }
+
+    mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] { [] }
+    mutating func linkDropped(central: String?) { notifying = false }
+}
+
+/// A model that moves answers at one address at a time, with the table and name of where it is.
+@Suite struct MovingPeripheralTests {
+    @Test func aDeviceComesUpAtItsNewAddressWithItsNewTableAndNothingAnswersAtTheOld() async throws {
+        let device = SimulatedDevice(SimulatedDeviceConfig(address: MovingModel.home, name: "home"), model: MovingModel())
+        let clock = VirtualClock()
+        let central = SimulatedCentral(devices: [device], clock: clock)
+        let connection = try await central.connect(to: MovingModel.home, timeout: .seconds(5))
+        let command = try #require(try await connection.discoverService(MovingModel.service, name: "moving").characteristic(MovingModel.command))
+        // The CCCD write reaches the model: without it the model refuses.
+        await #expect(throws: GATTError.self) { try await connection.write([0x01], to: command, type: .withResponse) }
+        try await connection.setNotifications(true, for: command)
+        try await connection.write([0x01], to: command, type: .withResponse)
+        var sawNotification = false
+        var dropped = false
+        while let event = await connection.nextEvent(timeout: .seconds(5)) {
+            if case .notification(let id, [0x01]) = event, id == command.id { sawNotification = true }
+            if case .disconnected = event { dropped = true; break }
+        }
+        #expect(sawNotification && dropped)
+
+        // While it resets it is heard nowhere; after, only at its new address and name.
+        #expect(clock.now < .seconds(1))
+        #expect(try await central.scan(filter: ScanFilter(), timeout: .milliseconds(10)).isEmpty)
+        try await clock.sleep(until: .seconds(1))
+        let heard = try await central.scan(filter: ScanFilter(), timeout: .seconds(1))
+        #expect(heard.map(\.address) == [MovingModel.away])
+        #expect(heard.map(\.name) == ["moved"])
+        await #expect(throws: GATTError.self) { try await central.connect(to: MovingModel.home, timeout: .seconds(1)) }
+        let moved = try await central.connect(to: MovingModel.away, timeout: .seconds(5))
+        #expect(moved.peer == MovingModel.away.description)
+        let service = try await moved.discoverService(MovingModel.service, name: "moving")
+        #expect(service.characteristics.map(\.uuid) == [MovingModel.other])
+    }
+}

@@ -133,9 +133,21 @@ public struct DFUExtendedError: RawRepresentable, Hashable, Sendable, CustomStri
         default: "unknown extended error 0x\(hex2(rawValue))"
         }
     }
+
+    /// The line for a refusal of the init packet (EXECUTE of the command object), where some
+    /// codes narrow down: 0x0C can only be the signature there (the firmware's hash is checked at
+    /// the last EXECUTE), and 0x04 for a debug init packet means a release bootloader.
+    public func initPacketDescription(debugPacket: Bool) -> String {
+        switch self {
+        case .verificationFailed: "signature does not verify (ext 0x0C): the package was signed with a key other than the one this bootloader trusts; sign it with that key (nrfutil pkg generate --key-file)"
+        case .initCommandInvalid where debugPacket: "init command invalid (ext 0x04): a debug package (is_debug) needs a debug bootloader; regenerate the package without --debug-mode"
+        default: description
+        }
+    }
 }
 
-func hex2(_ value: UInt8) -> String {
+/// Upper-case hex with at least two digits: 0F, AF, 101.
+func hex2(_ value: some BinaryInteger) -> String {
     let s = String(value, radix: 16, uppercase: true)
     return s.count == 1 ? "0" + s : s
 }

@@ -20,6 +20,20 @@ public struct NordicDFUBootloader: Sendable {
         /// Verify ECDSA P-256 over the `InitCommand` bytes with this public key (64 bytes x ‖ y,
         /// or its PEM text's DER body).
         case verify(publicKey: [UInt8])
+
+        /// `.verify` with the key in a PEM file's text (what `nrfutil keys display --key pk
+        /// --format pem KEY.pem` prints); nil when the text is no P-256 public key.
+        ///
+        /// The base64 body is read whatever its line length: nrfutil writes 76-character lines,
+        /// which a strict RFC 7468 reader (64) refuses.
+        public static func verify(pem: String) -> SignatureCheck? {
+            let lines = pem.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+            guard let begin = lines.firstIndex(of: "-----BEGIN PUBLIC KEY-----"),
+                  let end = lines[begin...].firstIndex(of: "-----END PUBLIC KEY-----"),
+                  let der = Data(base64Encoded: lines[(begin + 1)..<end].joined()),
+                  let key = try? P256.Signing.PublicKey(derRepresentation: der) else { return nil }
+            return .verify(publicKey: Array(key.rawRepresentation))
+        }
     }
 
     public struct Config: Sendable, Hashable, Codable {

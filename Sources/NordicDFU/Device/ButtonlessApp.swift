@@ -17,6 +17,9 @@ public struct NordicButtonlessApp: Sendable {
     public private(set) var advertisingName: String?
     /// Enter Bootloader was accepted: the application disconnects and resets.
     public private(set) var enteringBootloader = false
+    /// Nil: Enter Bootloader succeeds. Otherwise the result it is answered with (an application
+    /// that cannot enter its bootloader now).
+    public var refusal: ButtonlessResult?
 
     public init(address: String, requiresBond: Bool = false) {
         self.address = address
@@ -50,6 +53,7 @@ public struct NordicButtonlessApp: Sendable {
         guard !enteringBootloader else { return .indicate(ButtonlessResponse(opcode: request.opcode, result: .busy).encoded) }
         switch request {
         case .enterBootloader:
+            if let refusal { return .indicate(ButtonlessResponse(opcode: request.opcode, result: refusal).encoded) }
             enteringBootloader = true
         case .setAdvertisingName(let name):
             advertisingName = name
@@ -61,5 +65,10 @@ public struct NordicButtonlessApp: Sendable {
     /// otherwise the least significant octet plus one (wrapping).
     public var bootloaderAddress: String? {
         requiresBond ? address : SecureDFUService.bootloaderAddress(for: address)
+    }
+
+    /// The buttonless characteristic this application exposes.
+    public var characteristicUUID: BluetoothUUID {
+        requiresBond ? SecureDFUService.buttonlessBondedUUID : SecureDFUService.buttonlessUUID
     }
 }

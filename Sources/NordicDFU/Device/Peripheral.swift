@@ -68,14 +68,22 @@ public struct NordicDFUPeripheral: PeripheralModel {
                                from central: String?, at now: Duration) -> PeripheralWriteResult {
         switch characteristic {
         case SecureDFUService.packetUUID:
-            return PeripheralWriteResult(reply: .success(at: now), outputs: packet(bytes, at: now))
+            let outputs = packet(bytes, at: now)
+            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: packetReports)
         case SecureDFUService.controlPointUUID where withResponse:
             guard now >= awayUntil else { return PeripheralWriteResult(reply: .away, outputs: []) }
             if injector.silent { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
             if injector.refusesCommand() {
-                return PeripheralWriteResult(reply: .failure(.unlikelyError, "writing the DFU control point"), outputs: [])
+                return PeripheralWriteResult(reply: .failure(.unlikelyError, "writing the DFU control point"), outputs: [],
+                                             reports: [.note("injected fault: control point write answered with an ATT error")])
             }
-            return PeripheralWriteResult(reply: .success(at: now), outputs: request(bytes, at: now))
+            let before = bootloader
+            let (outputs, notified) = request(bytes, at: now)
+            var reports = controlReports(before: before)
+            if !notified {
+                reports.append(.note("injected fault: the answer to \(DFUOpcode(rawValue: bytes.first ?? 0)) is not notified"))
+            }
+            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: reports)
         default:
             return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
         }
@@ -107,7 +115,7 @@ public struct NordicDFUPeripheral: PeripheralModel {
 
     /// A control point request: answered once the flash is idle (the last EXECUTE also reads the
     /// whole image back for its hash); a validated image is activated and the device resets.
-    private mutating func request(_ bytes: [UInt8], at now: Duration) -> [PeripheralTimed] {
+    private mutating func request(_ bytes: [UInt8], at now: Duration) -> (outputs: [PeripheralTimed], notified: Bool) {
         var ready = max(busyUntil, now)
         if bytes.first == DFUOpcode.execute.rawValue, bootloader.currentType == .data {
             ready += injector.flashTime(bytes: bootloader.writeOffset)
@@ -115,7 +123,8 @@ public struct NordicDFUPeripheral: PeripheralModel {
         busyUntil = ready
         let response = bootloader.handleControl(bytes)
         var outputs: [PeripheralTimed] = []
-        if !injector.losesNotification() {
+        let notified = !injector.losesNotification()
+        if notified {
             outputs.append(PeripheralTimed(at: ready, .notify(SecureDFUService.controlPointUUID, response)))
         }
         if bootloader.resetPending {
@@ -128,7 +137,7 @@ public struct NordicDFUPeripheral: PeripheralModel {
             awayUntil = resetAt + resetDuration
             outputs.append(PeripheralTimed(at: resetAt, .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
         }
-        return outputs
+        return (outputs, notified)
     }
 
     public mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] { [] }

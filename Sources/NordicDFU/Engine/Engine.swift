@@ -10,8 +10,10 @@ public struct NordicDFUConfig: Sendable, Hashable {
     public var prn: UInt16?
     /// Stream an object's packets right after CREATE, before its response. The bootloader handles
     /// writes in order, so this saves a round trip per object; it needs a transport that keeps
-    /// control point writes and packet writes in order.
-    public var streamBeforeCreateResponse: Bool
+    /// control point writes and packet writes in order. Nil, the default, does so on links that
+    /// say they keep that order (`GATTConnection.keepsWriteOrder`) and waits for CREATE's answer
+    /// on others.
+    public var streamBeforeCreateResponse: Bool?
     /// Stop streaming after every `prn` packets until their receipt arrives, as the mobile DFU
     /// libraries do. Off by default: receipts are checked as they come while streaming goes on.
     public var waitForReceipts: Bool
@@ -24,7 +26,7 @@ public struct NordicDFUConfig: Sendable, Hashable {
     /// The last EXECUTE: the bootloader checks the whole image's hash before it answers.
     public var validationTimeout: Duration
 
-    public init(prn: UInt16? = nil, streamBeforeCreateResponse: Bool = false, waitForReceipts: Bool = false, commandRetries: Int = 3,
+    public init(prn: UInt16? = nil, streamBeforeCreateResponse: Bool? = nil, waitForReceipts: Bool = false, commandRetries: Int = 3,
                 maxRecoveries: Int = 8, replyTimeout: Duration = .seconds(20), validationTimeout: Duration = .seconds(60)) {
         self.prn = prn
         self.waitForReceipts = waitForReceipts
@@ -38,10 +40,13 @@ public struct NordicDFUConfig: Sendable, Hashable {
 
 extension NordicDFUConfig {
     /// nrfutil's BLE transport, for comparison: PRN 0; Create, stream, Calculate Checksum and
-    /// Execute per object.
-    public static var nrfutilStrategy: NordicDFUConfig { NordicDFUConfig(prn: 0) }
-    /// Nordic's mobile DFU libraries, for comparison: a receipt every 12 packets, waited for.
-    public static var mobileLibraryStrategy: NordicDFUConfig { NordicDFUConfig(prn: 12, waitForReceipts: true) }
+    /// Execute per object, each request's answer waited for.
+    public static var nrfutilStrategy: NordicDFUConfig { NordicDFUConfig(prn: 0, streamBeforeCreateResponse: false) }
+    /// Nordic's mobile DFU libraries, for comparison: a receipt every 12 packets, waited for, and
+    /// CREATE's answer before an object's packets.
+    public static var mobileLibraryStrategy: NordicDFUConfig {
+        NordicDFUConfig(prn: 12, streamBeforeCreateResponse: false, waitForReceipts: true)
+    }
 }
 
 /// The central side of Nordic Secure DFU for one image (init packet + firmware) as a pure state
@@ -62,7 +67,9 @@ public struct NordicDFUEngine: Sendable {
 
     public enum Event: Sendable {
         /// Connected, characteristics found, control point notifications enabled.
-        case connected(mtu: Int)
+        /// `keepsWriteOrder`: the link delivers control point and packet writes in the order they
+        /// were made (`GATTConnection.keepsWriteOrder`).
+        case connected(mtu: Int, keepsWriteOrder: Bool = false)
         /// A control point notification.
         case notification([UInt8])
         /// The control point write of the command in flight failed.
@@ -178,6 +185,9 @@ public struct NordicDFUEngine: Sendable {
     }
 
     private var objectState = ObjectState.creating
+    /// This connection streams an object's packets before CREATE's answer
+    /// (`NordicDFUConfig.streamBeforeCreateResponse`, resolved against the link).
+    public private(set) var streamsBeforeCreateResponse = false
     private var inFlight: (request: DFURequest, attempts: Int)?
     private var prnInUse: UInt16 = 0
     /// Packets and receipts since the device last reset its receipt counter (SET PRN, CREATE).
@@ -236,8 +246,8 @@ public struct NordicDFUEngine: Sendable {
 
     public mutating func handle(_ event: Event) -> [Action] {
         switch event {
-        case .connected(let mtu):
-            return start(mtu: mtu)
+        case .connected(let mtu, let keepsWriteOrder):
+            return start(mtu: mtu, keepsWriteOrder: keepsWriteOrder)
         case .notification(let bytes):
             guard !isFinished, phase != .idle else { return [] }
             guard let response = try? DFUResponse(decoding: bytes) else { return [] }
@@ -267,7 +277,7 @@ public struct NordicDFUEngine: Sendable {
 
     /// Starts, or after a link loss restarts, on a fresh connection; the device's SELECT answers
     /// decide what is sent again.
-    private mutating func start(mtu: Int) -> [Action] {
+    private mutating func start(mtu: Int, keepsWriteOrder: Bool) -> [Action] {
         guard phase != .done else { return [] }
         guard !firmware.bytes.isEmpty else {
             return fail(OTAError(.image, "\(firmware.source): the firmware is empty; nothing to send"))
@@ -278,6 +288,7 @@ public struct NordicDFUEngine: Sendable {
         stats.connections += 1
         resumeFrom = stats.connections > 1 ? highWaters[1] : nil
         chunkSize = mtu - 3
+        streamsBeforeCreateResponse = config.streamBeforeCreateResponse ?? keepsWriteOrder
         inFlight = nil
         resumeExecute = false
         nextChecksumIsAnswer = false
@@ -474,7 +485,7 @@ public struct NordicDFUEngine: Sendable {
         receiptsInStep = true
         nextChecksumIsAnswer = false
         stats.objectsCreated += 1
-        objectState = config.streamBeforeCreateResponse ? .streaming : .creating
+        objectState = streamsBeforeCreateResponse ? .streaming : .creating
         return send(.create(objectType, size: UInt32(size)))
     }
 
@@ -576,7 +587,11 @@ public struct NordicDFUEngine: Sendable {
             phase = .done
             return [.finished]
         }
-        let reason = r.reason
+        let reason = if let ext, request == .execute, objectType == .command {
+            ext.initPacketDescription(debugPacket: (try? DFUInitPacket(decoding: initPacket))?.command.isDebug == true)
+        } else {
+            r.reason
+        }
         let what: String = switch (request, objectType) {
         case (.execute, .command): "the bootloader refused the init packet"
         case (.execute, _) where objectEnd == firmware.size: "the bootloader refused the image at its last EXECUTE"
@@ -629,7 +644,7 @@ public struct NordicDFUEngine: Sendable {
             packetsSinceReset = 0
             receiptsSinceReset = 0
             receiptsInStep = true
-            objectState = config.streamBeforeCreateResponse ? .streaming : .creating
+            objectState = streamsBeforeCreateResponse ? .streaming : .creating
         }
         if flight.request == .calculateChecksum { nextChecksumIsAnswer = true }
         inFlight = (flight.request, flight.attempts + 1)

@@ -107,8 +107,10 @@ public struct DFUPackage: Sendable {
             }
             var out: [UInt8] = []
             out.reserveCapacity(Int(entry.uncompressedSize))
+            let crc: UInt32
             do {
-                _ = try archive.extract(entry, skipCRC32: false) { chunk in
+                // ZIPFoundation returns the CRC-32 of what it extracted; comparing it is the caller's job.
+                crc = try archive.extract(entry, skipCRC32: false) { chunk in
                     // The header's size can lie: stop at the limit whatever it says.
                     guard out.count + chunk.count <= limit else { throw SizeLimitExceeded() }
                     out += chunk
@@ -120,6 +122,9 @@ public struct DFUPackage: Sendable {
             }
             guard out.count == Int(entry.uncompressedSize) else {
                 throw DFUPackageError(.corruptArchive, source, "\(name) holds \(out.count) bytes, its header says \(entry.uncompressedSize); the archive is damaged")
+            }
+            guard crc == entry.checksum else {
+                throw DFUPackageError(.corruptArchive, source, "\(name) fails the archive's CRC-32 check (0x\(hex2(crc)), the archive says 0x\(hex2(entry.checksum))); the archive is damaged, download or regenerate it")
             }
             return out
         }
@@ -224,33 +229,50 @@ public struct DFUPackage: Sendable {
         }
     }
 
-    /// What the device is known to be: checked against the first image, before any radio time.
+    /// What the device is known to be (`flash --hw-version`, `--sd-req`): checked against the
+    /// package before any radio time, as the bootloader would check it after the init packet
+    /// went over the air (`nrf_dfu_validation_prevalidate`).
     public struct Expectations: Sendable, Hashable {
         /// The device's hardware version (`--hw-version` when the package was made).
         public var hardwareVersion: UInt32?
-        /// The FWID of the SoftDevice the device runs now.
-        public var softDevice: UInt32?
-        public init(hardwareVersion: UInt32? = nil, softDevice: UInt32? = nil) {
+        /// The FWIDs of the SoftDevices the device may run now: the first image must accept each.
+        public var softDevices: [UInt32]
+        public init(hardwareVersion: UInt32? = nil, softDevices: [UInt32] = []) {
             self.hardwareVersion = hardwareVersion
-            self.softDevice = softDevice
+            self.softDevices = softDevices
         }
+
+        public var isEmpty: Bool { hardwareVersion == nil && softDevices.isEmpty }
     }
 
     /// Checks the hardware version of every image, and the SoftDevice requirement of the first
-    /// (later images run on the SoftDevice the first one installs).
+    /// (later images run on the SoftDevice the first one installs). 0xFFFE in `sd_req` accepts
+    /// any SoftDevice, as the bootloader's check does.
+    ///
+    /// - Throws: `DFUPackageError` `.incompatible`: one line naming the package's value, the
+    ///   device's, and how to regenerate the package.
     public func check(_ expected: Expectations) throws(DFUPackageError) {
         for (i, image) in images.enumerated() {
             let c = image.initPacket.command
-            if let hw = expected.hardwareVersion, let packageHW = c.hardwareVersion, packageHW != hw {
-                throw DFUPackageError(.incompatible, source, "\(image.datFile) is for hardware version \(packageHW), the device is \(hw); regenerate the package with --hw-version \(hw)")
+            if let hw = expected.hardwareVersion, c.hardwareVersion != hw {
+                let what = c.hardwareVersion.map { "is for hardware version \($0)" } ?? "names no hardware version"
+                throw DFUPackageError(.incompatible, source, "\(image.datFile) \(what) but the device is hardware version \(hw); the bootloader would refuse it (extended error 0x06): regenerate the package with nrfutil pkg generate --hw-version \(hw), or check the device's hardware version")
             }
-            if i == 0, let sd = expected.softDevice, !c.softDeviceRequirements.isEmpty,
-               !c.softDeviceRequirements.contains(sd), !c.softDeviceRequirements.contains(0xFFFE) {
-                let listed = c.softDeviceRequirements.map { "0x" + String($0, radix: 16, uppercase: true) }.joined(separator: ", ")
-                throw DFUPackageError(.incompatible, source, "\(image.datFile) requires SoftDevice \(listed), the device runs 0x\(String(sd, radix: 16, uppercase: true)); regenerate the package with --sd-req including it")
+            let required = c.softDeviceRequirements
+            if i == 0, !required.contains(Self.anySoftDevice),
+               let sd = expected.softDevices.first(where: { !required.contains($0) }) {
+                let listed = required.isEmpty ? "none" : required.map(Self.fwid).joined(separator: ", ")
+                let wanted = (required + expected.softDevices.filter { !required.contains($0) }).map(Self.fwid).joined(separator: ",")
+                throw DFUPackageError(.incompatible, source, "\(image.datFile) accepts SoftDevice \(listed) but the device may run \(Self.fwid(sd)); the bootloader would refuse it (extended error 0x07): regenerate the package with nrfutil pkg generate --sd-req \(wanted), or update the device's SoftDevice first")
             }
         }
     }
+
+    /// The `sd_req` value that accepts any SoftDevice.
+    public static let anySoftDevice: UInt32 = 0xFFFE
+
+    /// A SoftDevice FWID as nrfutil prints it: 0xAF, 0x101.
+    public static func fwid(_ value: UInt32) -> String { "0x" + hex2(value) }
 }
 
 /// A package that cannot be used: why, and the file and step to take in one line.
@@ -270,7 +292,7 @@ public struct DFUPackageError: Error, Sendable, Hashable, CustomStringConvertibl
         public static let typeMismatch = Code(rawValue: "type-mismatch")
         public static let sizeMismatch = Code(rawValue: "size-mismatch")
         public static let hashMismatch = Code(rawValue: "hash-mismatch")
-        /// The package does not fit the device's stated hardware or SoftDevice.
+        /// The package does not fit the device's stated hardware or SoftDevice (exit code 7).
         public static let incompatible = Code(rawValue: "incompatible")
 
         public var description: String { rawValue }
@@ -288,6 +310,7 @@ public struct DFUPackageError: Error, Sendable, Hashable, CustomStringConvertibl
 
     public var description: String { "\(path): \(reason)" }
 
-    /// The failure the session reports: the image-file class (exit code 3).
-    public var otaError: OTAError { OTAError(.image, description, cause: self) }
+    /// The failure the session reports: the image-file class (exit code 3), or the
+    /// incompatible-device class (exit code 7) for a package the stated device would refuse.
+    public var otaError: OTAError { OTAError(code == .incompatible ? .incompatibleDevice : .image, description, cause: self) }
 }

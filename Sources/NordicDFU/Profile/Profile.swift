@@ -29,9 +29,10 @@ public struct NordicDFUProfile: OTAProfile {
     public var name: String { Self.name }
     public var serviceUUID: BluetoothUUID { SecureDFUService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.nordicDFUPackage] }
+    public var imageCheck: String { "checks the whole image's SHA-256 against the signed init packet" }
 
     public func attach(to connection: any GATTConnection, device: String,
-                       discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<Void> {
+                       discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<NordicDFULink> {
         do {
             let (control, packet) = try await withTimeout(discoveryTimeout, clock: connection.clock, "discovering the Secure DFU service") { () async throws(GATTError) in
                 let service = try await connection.discoverService(SecureDFUService.serviceUUID, name: "Secure DFU")
@@ -43,7 +44,8 @@ public struct NordicDFUProfile: OTAProfile {
                 return (control, packet)
             }
             try await connection.setNotifications(true, for: control)
-            return AttachedLink(characteristics: [.control: control, .data: packet], peer: (),
+            return AttachedLink(characteristics: [.control: control, .data: packet],
+                                peer: NordicDFULink(keepsWriteOrder: connection.keepsWriteOrder),
                                 summary: DeviceSummary(protocolName: name, state: "bootloader"))
         } catch {
             throw OTAError.from(error, device: device)
@@ -60,6 +62,17 @@ public struct NordicDFUProfile: OTAProfile {
         dfu.replyTimeout = config.replyTimeout
         dfu.validationTimeout = max(config.verifyTimeout, config.activateTimeout)
         return NordicDFUTransfer(NordicDFUEngine(initPacket: initPacket, firmware: image, config: dfu))
+    }
+}
+
+/// What `NordicDFUProfile.attach` learns of a link for the engine.
+public struct NordicDFULink: Sendable, Hashable {
+    /// Control point and packet writes reach the bootloader in the order they were made
+    /// (`GATTConnection.keepsWriteOrder`), so an object's packets may follow CREATE at once.
+    public var keepsWriteOrder: Bool
+
+    public init(keepsWriteOrder: Bool) {
+        self.keepsWriteOrder = keepsWriteOrder
     }
 }
 
@@ -129,12 +142,12 @@ public struct NordicDFUTransfer: TransferEngine {
         core.seed(confirmedOffset: confirmedOffset, crc: crc)
     }
 
-    public mutating func handle(_ event: TransferEvent<Void>) -> [TransferAction] {
+    public mutating func handle(_ event: TransferEvent<NordicDFULink>) -> [TransferAction] {
         let mapped: NordicDFUEngine.Event
         switch event {
-        case .connected(_, let mtu):
+        case .connected(let link, let mtu):
             resentAtConnect.append(core.stats.bytesResent)
-            mapped = .connected(mtu: mtu)
+            mapped = .connected(mtu: mtu, keepsWriteOrder: link.keepsWriteOrder)
         case .notification(let role, let bytes):
             guard role == .control else { return [] }
             mapped = .notification(bytes)

@@ -8,9 +8,13 @@ public struct NativeProfile: OTAProfile {
 
     public init() {}
 
-    public var name: String { "native" }
+    /// The name `--protocol` takes.
+    public static let name = "native"
+
+    public var name: String { Self.name }
     public var serviceUUID: BluetoothUUID { OTAProtocol.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.rawBinary, .intelHex] }
+    public var imageCheck: String { "computes the CRC32 of the whole image" }
 
     /// The info characteristic's role: read once per connection.
     public static let info = CharacteristicRole("info")

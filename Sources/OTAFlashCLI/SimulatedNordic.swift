@@ -1,0 +1,46 @@
+import ArgumentParser
+import GATT
+import NordicDFU
+import Simulator
+
+/// How `--sim-buttonless` starts the simulated Secure DFU device: in its application, with the
+/// buttonless service, and what it does when asked to enter its bootloader.
+enum SimulatedButtonless: String, CaseIterable {
+    /// 8EC90003: it reboots into its bootloader at the address + 1.
+    case unbonded
+    /// 8EC90004: it enters its bootloader only for a bonded central.
+    case bonded
+    /// It answers Enter Bootloader with "operation failed".
+    case refusing
+    /// It accepts Enter Bootloader, resets, and its bootloader never comes up.
+    case lost
+
+    static let valueName = allCases.map(\.rawValue).joined(separator: "|")
+
+    static let help = "Start the simulated Secure DFU device in its application with the buttonless service: "
+        + "unbonded (8EC90003: it reboots into its bootloader at the address + 1), bonded (8EC90004: only for a bonded central), "
+        + "refusing (it answers Enter Bootloader with 'operation failed') or lost (its bootloader never comes up)."
+
+    static func check(_ value: String?) throws {
+        guard let value, Self(rawValue: value) == nil else { return }
+        throw ValidationError("--sim-buttonless must be \(allCases.map(\.rawValue).joined(separator: ", ")), got '\(value)'")
+    }
+}
+
+extension SimulatorOptions {
+    /// The simulated Secure DFU device at `address`: the bootloader, or with `--sim-buttonless`
+    /// the application that reboots into it.
+    func nordicDevice(address: DeviceAddress, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {
+        let config = deviceConfig(address: address)
+        let settings = try secureDFU.bootloaderConfig(bankSize: slotSize)
+        let bootloader = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: settings), faults: config.faults,
+                                             resetDelay: config.bootDelay, softDeviceAfterUpdate: softDeviceAfterUpdate)
+        guard let kind = buttonless.flatMap(SimulatedButtonless.init(rawValue:)) else {
+            return SimulatedDevice(config, model: bootloader)
+        }
+        let device = NordicButtonlessDevice(address: address, requiresBond: kind == .bonded, bootloader: bootloader,
+                                            enterRefusal: kind == .refusing ? .operationFailed : nil,
+                                            bootloaderNeverAppears: kind == .lost)
+        return SimulatedDevice(config, model: device)
+    }
+}
