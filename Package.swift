@@ -53,7 +53,7 @@ let package = Package(
         // Throughput and CPU figures on the link model (run in release mode).
         .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator", "NordicDFU"]),
         // Fault soak on the simulator (run in release mode).
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),

@@ -6,17 +6,16 @@ import OTAWire
 /// run it, so a fault means the same thing on either.
 public struct FaultyDevice: Sendable {
     public var target: OTATarget
-    public private(set) var faults: FaultPlan
-    private var rng: SeededGenerator
+    private var injector: FaultInjector
+    public var faults: FaultPlan { injector.plan }
     /// The device hung (`FaultPlan.stopAnsweringAt`): it ignores data and answers no command.
-    public private(set) var silent = false
+    public var silent: Bool { injector.silent }
 
     public init(target: OTATarget, faults: FaultPlan) {
         var target = target
         target.flashBitFlipAt = faults.flashBitFlipAt
         self.target = target
-        self.faults = faults
-        self.rng = SeededGenerator(seed: faults.seed)
+        self.injector = FaultInjector(faults)
     }
 
     /// What became of a data packet.
@@ -43,7 +42,7 @@ public struct FaultyDevice: Sendable {
 
     /// Extra time the flash needs for `bytes` bytes.
     public func flashTime(bytes: Int) -> Duration {
-        faults.slowFlashPerKiB * bytes / 1024
+        injector.flashTime(bytes: bytes)
     }
 
     /// Handles a data packet as the faults dictate.
@@ -51,27 +50,15 @@ public struct FaultyDevice: Sendable {
         var bytes = packet
         guard let (offset32, payload) = DataPacket.decode(bytes) else { return .handled(notification: target.handleData(bytes, from: central)) }
         let offset = Int(offset32)
-        let range = offset..<(offset + payload.count)
-        if silent { return .dropped }
-        if let at = faults.stopAnsweringAt, range.contains(at) {
-            silent = true
-            return .dropped
-        }
-        if let i = faults.disconnectAt.firstIndex(where: range.contains) {
-            faults.disconnectAt.remove(at: i)
-            return .disconnect(reason: "disconnect fault at offset \(offset)")
-        }
-        if rng.chance(faults.dropRate) { return .dropped }
-        if let i = faults.corruptAt.firstIndex(where: range.contains) {
-            bytes[OTAProtocol.dataHeaderSize + faults.corruptAt[i] - offset] ^= 0xA5
-            faults.corruptAt.remove(at: i)
-        } else if rng.chance(faults.corruptRate) {
-            bytes[OTAProtocol.dataHeaderSize + Int(rng.next() % UInt64(range.count))] ^= 0x5A
+        switch injector.packet(at: offset, count: payload.count) {
+        case .dropped: return .dropped
+        case .disconnect(let reason): return .disconnect(reason: reason)
+        case .corrupt(let index, let mask): bytes[OTAProtocol.dataHeaderSize + index] ^= mask
+        case .deliver: break
         }
         var event = target.handleData(bytes, from: central)
-        if event != nil, rng.chance(faults.lostNotificationRate) { event = nil }
-        if let i = faults.rebootAt.firstIndex(where: range.contains) {
-            faults.rebootAt.remove(at: i)
+        if event != nil, injector.losesNotification() { event = nil }
+        if injector.rebootsAfterPacket(at: offset, count: payload.count) {
             target.reboot()
             return .reboot(reason: "device rebooted at offset \(offset)")
         }
@@ -81,15 +68,15 @@ public struct FaultyDevice: Sendable {
     /// Handles a control point write as the faults dictate.
     public mutating func receiveCommand(_ bytes: [UInt8], from central: String? = nil) -> CommandOutcome {
         if silent { return .handled(response: [], notify: false, activated: false) }
-        if rng.chance(faults.gattErrorRate) { return .attError }
+        if injector.refusesCommand() { return .attError }
         let response = target.handleControl(bytes, from: central)
         let activated = bytes.first == OTAOpcode.activate.rawValue && response.count >= 3
             && response[2] == OTAStatus.success.rawValue
-        return .handled(response: response, notify: !rng.chance(faults.lostNotificationRate), activated: activated)
+        return .handled(response: response, notify: !injector.losesNotification(), activated: activated)
     }
 
     /// Whether a connection attempt is refused (a device gone for good).
     public func refusesConnection(after connections: Int) -> Bool {
-        faults.refuseConnectionsAfter.map { connections >= $0 } ?? false
+        injector.refusesConnection(after: connections)
     }
 }

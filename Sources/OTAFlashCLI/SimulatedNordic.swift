@@ -34,7 +34,7 @@ extension SimulatorOptions {
         let config = deviceConfig(address: address)
         let settings = try secureDFU.bootloaderConfig(bankSize: slotSize)
         let bootloader = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: settings), faults: config.faults,
-                                             softDeviceAfterUpdate: softDeviceAfterUpdate)
+                                             resetDelay: config.bootDelay, softDeviceAfterUpdate: softDeviceAfterUpdate)
         guard let kind = buttonless.flatMap(SimulatedButtonless.init(rawValue:)) else {
             return SimulatedDevice(config, model: bootloader)
         }

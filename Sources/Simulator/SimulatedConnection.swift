@@ -334,6 +334,12 @@ struct Link {
                 continue
             }
             let done = slotTime + .microseconds(Int64(cost))
+            if let at = scheduledDrop?.at, at <= now, at < done {
+                // The device reboots before this packet is through. (Waiting for the event to
+                // reach the reboot's time would wait on a time already past, for ever.)
+                dropForBoot(device: device)
+                break
+            }
             if done > now { break }  // the event goes on when time reaches it
             eventUsed += cost
             if isReverse {

@@ -41,10 +41,13 @@ public struct SimulatedDeviceConfig: Sendable {
         self.holdEarlyCheckpoint = holdEarlyCheckpoint
     }
 
-    /// The device's timing: it boots a new image two connection intervals after its ACTIVATE
-    /// reply, time enough for the reply to go out.
+    /// From a device's last answer to its reboot into a new image: two connection intervals, time
+    /// enough for the answer to go out.
+    public var bootDelay: Duration { link.timed ? link.connectionInterval * 2 : .zero }
+
+    /// The device's timing: it boots a new image `bootDelay` after its ACTIVATE reply.
     var timing: DeviceModel.Timing {
-        DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: link.timed ? link.connectionInterval * 2 : .zero)
+        DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: bootDelay)
     }
 }
 

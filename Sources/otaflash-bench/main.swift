@@ -254,7 +254,7 @@ func secureDFUBoundSeconds(_ link: LinkModel, imageSize: Int, objectSize: Int) -
     answer(att: 15 + 3, riding: false)
     let start = used
     nextEvent()
-    let chunk = link.mtu - 3
+    let chunk = ATTWriteLimit.value(mtu: link.mtu)
     var offset = 0
     while true {
         let size = min(objectSize, imageSize - offset)

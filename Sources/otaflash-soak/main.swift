@@ -1,14 +1,16 @@
 // otaflash-soak: flashes the simulator under random, seeded faults and checks the invariants.
 //
-//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--json FILE] [--verbose]
+//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu] [--json FILE] [--verbose]
 //
 // Each run draws an image size, a link and a set of faults from the seed, then runs a whole
 // session (with the reconnect supervisor) on virtual time. It fails (exit 1) if any run
 // activated an image other than the one sent, hung past its timeouts, or re-sent more than one
-// checkpoint window after a resume. docs/RELIABILITY.md records a full run.
+// checkpoint window (Secure DFU: one data object) after a resume. docs/RELIABILITY.md records
+// a full run of each protocol.
 
 import Foundation
 import GATT
+import NordicDFU
 import OTA
 import OTADevice
 import OTAWire
@@ -21,6 +23,7 @@ struct Options {
     var verbose = false
     /// Replay one run only, printing its session events.
     var only: Int?
+    var protocolName = "native"
 
     init(_ args: [String]) {
         var i = 0
@@ -36,8 +39,11 @@ struct Options {
             case "--json": json = value()
             case "--verbose", "-v": verbose = true
             case "--only": only = Int(value()) ?? { fail("--only takes a run number") }()
+            case "--protocol":
+                protocolName = value()
+                guard ["native", NordicDFUProfile.name].contains(protocolName) else { fail("--protocol must be native or \(NordicDFUProfile.name)") }
             case "--help", "-h":
-                print("usage: otaflash-soak [--runs N] [--seed S] [--json FILE] [--verbose] [--only RUN]")
+                print("usage: otaflash-soak [--runs N] [--seed S] [--protocol native|\(NordicDFUProfile.name)] [--json FILE] [--verbose] [--only RUN]")
                 exit(0)
             default: fail("unknown argument \(args[i])")
             }
@@ -52,7 +58,10 @@ func fail(_ message: String) -> Never {
     exit(2)
 }
 
-/// What one run drew from the seed.
+/// What one run drew from the seed: an image size, a link and the faults the simulated device
+/// injects. A Secure DFU run (`nordic`) draws sizes around its 4096-byte objects (a short one,
+/// whole objects only, a short last object, up to 256 KiB) and a tenth of the drop and corruption
+/// rates: a lost or corrupted packet spoils its whole object, as Secure DFU packets carry no offset.
 struct Scenario: CustomStringConvertible {
     var size: Int
     var link: LinkModel
@@ -61,10 +70,11 @@ struct Scenario: CustomStringConvertible {
     /// A device that never confirms: it drops or corrupts every packet, or stops answering.
     var neverConfirms: String?
 
-    init(seed: UInt64) {
+    init(seed: UInt64, nordic: Bool = false) {
         var rng = SeededGenerator(seed: seed)
-        let size = [4096, 32 * 1024, 100_000, 256 * 1024][Int(rng.next() % 4)] + Int(rng.next() % 512)
+        let size = nordic ? Self.objectSize(&rng) : [4096, 32 * 1024, 100_000, 256 * 1024][Int(rng.next() % 4)] + Int(rng.next() % 512)
         self.size = size
+        let scale = nordic ? 0.1 : 1
         let mtu = [23, 185, 247, 517][Int(rng.next() % 4)]
         let phy: LinkModel.PHY = rng.next() % 2 == 0 ? .le1M : .le2M
         let ci = [7500, 15000, 30000, 50000][Int(rng.next() % 4)]
@@ -75,10 +85,10 @@ struct Scenario: CustomStringConvertible {
         self.bitFlip = bitFlip
         faults = FaultPlan(
             seed: rng.next(),
-            dropRate: rate(0.03),
+            dropRate: rate(0.03 * scale),
             disconnectAt: offsets(3),
             rebootAt: offsets(2),
-            corruptRate: rate(0.005),
+            corruptRate: rate(0.005 * scale),
             gattErrorRate: rate(0.1),
             lostNotificationRate: rate(0.1),
             slowFlashPerKiB: .microseconds(Int64(rng.next() % 3000)),
@@ -92,6 +102,16 @@ struct Scenario: CustomStringConvertible {
                 faults.stopAnsweringAt = Int(rng.next() % UInt64(size))
                 neverConfirms = "stops answering at \(faults.stopAnsweringAt!)"
             }
+        }
+    }
+
+    private static func objectSize(_ rng: inout SeededGenerator) -> Int {
+        let objects = 1 + Int(rng.next() % 32)
+        return switch rng.next() % 4 {
+        case 0: 1 + Int(rng.next() % 4096)
+        case 1: objects * 4096
+        case 2: (objects - 1) * 4096 + 1 + Int(rng.next() % 4095)
+        default: 100_000 + Int(rng.next() % 160_000)
         }
     }
 
@@ -114,29 +134,28 @@ struct RunRecord {
     /// Virtual seconds from the last newly confirmed data (or the start) to the end.
     var afterProgress: Double
     var neverConfirms: Bool
+    /// The link was lost during the last command and the device activated the image anyway:
+    /// the run failed with a connection error, the image is the one sent (Secure DFU's last EXECUTE).
+    var unconfirmedActivation = false
+    /// The run failed, yet the device activated something (other than `unconfirmedActivation`).
+    var activatedOnFailure = false
+    /// The device activated an image other than the one sent (or one whose hash did not match).
+    var mismatchedActivation = false
 }
 
-let options = Options(Array(CommandLine.arguments.dropFirst()))
-let config = EngineConfig()
-let timeouts = SessionTimeouts()
-let reconnectWindow: Duration = .seconds(60)
-/// The documented bound after the last progress (README, "Time limits").
-let bound = OTASession.bound(config: config, timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow))
-/// Wall-clock limit of one run: every wait is virtual, so a run that takes this long is stuck.
-let hangLimit: Duration = .seconds(20)
-var records: [RunRecord] = []
-let soakStart = ContinuousClock.now
+/// A session's run on virtual time: its result and what its events showed.
+struct SessionRun {
+    var result: Result<OTAResult, OTAError>
+    var reconnects: Int
+    var virtualSeconds: Double
+    var wallSeconds: Double
+    var afterProgress: Double
+    var hung: Bool
+}
 
-for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
-    let scenarioSeed = options.seed &* 0x9E37_79B9 &+ UInt64(run)
-    let scenario = Scenario(seed: scenarioSeed)
-    var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
-    let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
-    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults))
-    let clock = VirtualClock()
-    let central = SimulatedCentral(devices: [device], clock: clock)
-    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
-                             timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
+/// Runs `session` to its end with a wall-clock watchdog: every wait is virtual, so a run that
+/// takes `hangLimit` of real time is stuck.
+func runSession(_ session: OTASession, clock: VirtualClock, trace: Bool) async -> SessionRun {
     let reconnects = Counter()
     let lastProgress = Counter()
     let t0 = ContinuousClock.now
@@ -148,7 +167,7 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
                     lastProgress.mark = p.confirmed
                     lastProgress.at = clock.now
                 }
-                if options.only != nil {
+                if trace {
                     switch event {
                     case .progress: break
                     default: print("  \(clock.now.seconds): \(event)")
@@ -159,7 +178,6 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
             return .failure(error)
         }
     }
-    // Watchdog: a run that does not finish in wall time is a hang.
     let watchdog = Task {
         try await Task.sleep(for: hangLimit)
         work.cancel()
@@ -167,41 +185,103 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     let result = await work.value
     watchdog.cancel()
     let wall = (ContinuousClock.now - t0).seconds
+    var hung = false
+    if case .failure(let e) = result, e.code == .interrupted, wall >= hangLimit.seconds { hung = true }
+    return SessionRun(result: result, reconnects: reconnects.value, virtualSeconds: clock.now.seconds, wallSeconds: wall,
+                      afterProgress: (clock.now - lastProgress.at).seconds, hung: hung)
+}
 
-    var record = RunRecord(outcome: "", violation: nil, reconnects: reconnects.value, resumeResends: [],
-                           bytesSent: 0, virtualSeconds: clock.now.seconds, wallSeconds: wall,
-                           afterProgress: (clock.now - lastProgress.at).seconds, neverConfirms: scenario.neverConfirms != nil)
+extension RunRecord {
+    init(_ run: SessionRun, neverConfirms: Bool) {
+        self.init(outcome: "", violation: nil, reconnects: run.reconnects, resumeResends: [], bytesSent: 0,
+                  virtualSeconds: run.virtualSeconds, wallSeconds: run.wallSeconds, afterProgress: run.afterProgress,
+                  neverConfirms: neverConfirms)
+        switch run.result {
+        case .success(let r):
+            outcome = "ok"
+            resumeResends = r.stats.resumeResends
+            bytesSent = r.stats.bytesSent
+        case .failure(let e):
+            outcome = run.hung ? "hang" : e.code.description
+            if run.hung { violation = "no end within \(hangLimit.seconds) s of wall time" }
+        }
+    }
+
+    /// The checks every protocol's run shares: a device that never confirms does not succeed, the
+    /// run ends within the bound after its last progress, and no resume re-sends more than
+    /// `resendLimit` bytes (`limitName`).
+    mutating func checkShared(bound: Duration, resendLimit: Int, limitName: String) {
+        if neverConfirms, outcome == "ok" {
+            violation = violation ?? "a device that never confirms reported success"
+        }
+        if afterProgress > bound.seconds {
+            violation = violation ?? "ran \(afterProgress) s after its last progress, past the \(bound.seconds) s bound"
+        }
+        if let worst = resumeResends.max(), worst > resendLimit {
+            violation = violation ?? "re-sent \(worst) bytes after a resume, more than the \(resendLimit)-byte \(limitName)"
+        }
+    }
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+let config = EngineConfig()
+let timeouts = SessionTimeouts()
+let reconnectWindow: Duration = .seconds(60)
+/// The documented bound after the last progress (README, "Time limits").
+let bound = OTASession.bound(config: config, timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow))
+/// Wall-clock limit of one run: every wait is virtual, so a run that takes this long is stuck.
+let hangLimit: Duration = .seconds(20)
+let nordic = options.protocolName == NordicDFUProfile.name
+/// The most a resume may send again: one checkpoint window, or one Secure DFU data object.
+let resendLimit = nordic ? NordicDFUBootloader.Config().dataMaxSize : config.window
+let resendLimitName = nordic ? "data object" : "window"
+var records: [RunRecord] = []
+let soakStart = ContinuousClock.now
+
+for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
+    let scenarioSeed = options.seed &* 0x9E37_79B9 &+ UInt64(run)
+    let record: RunRecord
+    let described: String
+    if nordic {
+        let scenario = Scenario(seed: scenarioSeed, nordic: true)
+        record = await runNordic(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
+        described = "\(scenario)"
+    } else {
+        let scenario = Scenario(seed: scenarioSeed)
+        record = await runNative(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
+        described = "\(scenario)"
+    }
+    if options.verbose || record.violation != nil {
+        print("run \(run) (seed \(scenarioSeed)): \(record.outcome)\(record.violation.map { " VIOLATION: \($0)" } ?? ""); reconnects \(record.reconnects), resume re-sends \(record.resumeResends); \(described)")
+    }
+    records.append(record)
+}
+
+/// One run of the native protocol against `NativePeripheral`.
+func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, verbose: Bool) async -> RunRecord {
+    var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
+    let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults))
+    let clock = VirtualClock()
+    let central = SimulatedCentral(devices: [device], clock: clock)
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
+                             timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
+    let run = await runSession(session, clock: clock, trace: trace)
+    var record = RunRecord(run, neverConfirms: scenario.neverConfirms != nil)
     let activation = device.target?.lastActivation
     if let activation, activation.image != image.bytes || activation.crc != image.crc32 {
         record.violation = "activated an image that differs from the one sent"
     }
-    switch result {
+    switch run.result {
     case .success(let r):
-        if options.only != nil { print("  stats: \(r.stats)") }
-        record.outcome = "ok"
-        record.resumeResends = r.stats.resumeResends
-        record.bytesSent = r.stats.bytesSent
+        if trace { print("  stats: \(r.stats)") }
         if activation?.image != image.bytes { record.violation = record.violation ?? "reported ok but the device did not activate the image" }
     case .failure(let e):
-        record.outcome = e.code == .interrupted && wall >= hangLimit.seconds ? "hang" : e.code.description
-        if options.verbose { print("run \(run): \(e)") }
-        if record.outcome == "hang" { record.violation = "no end within \(hangLimit.seconds) s of wall time" }
+        if verbose { print("  \(e)") }
         if activation != nil && e.code != .connection { record.violation = record.violation ?? "failed (\(e.code)) after activating" }
     }
-    if scenario.neverConfirms != nil, record.outcome == "ok" {
-        record.violation = record.violation ?? "a device that never confirms reported success"
-    }
-    if record.afterProgress > bound.seconds {
-        record.violation = record.violation ?? "ran \(record.afterProgress) s after its last progress, past the \(bound.seconds) s bound"
-    }
-    if let worst = record.resumeResends.max(), worst > config.window {
-        record.violation = record.violation ?? "re-sent \(worst) bytes after a resume, more than the \(config.window)-byte window"
-    }
-    if options.verbose || record.violation != nil {
-        let line = "run \(run) (seed \(scenarioSeed)): \(record.outcome)\(record.violation.map { " VIOLATION: \($0)" } ?? ""); reconnects \(record.reconnects), resume re-sends \(record.resumeResends); \(scenario)"
-        print(line)
-    }
-    records.append(record)
+    record.checkShared(bound: bound, resendLimit: config.window, limitName: "window")
+    return record
 }
 
 final class Counter: @unchecked Sendable {
@@ -225,26 +305,32 @@ let wall = records.map(\.wallSeconds).sorted()
 let virtual = records.map(\.virtualSeconds).sorted()
 func pctile(_ xs: [Double], _ p: Double) -> Double { xs.isEmpty ? 0 : xs[min(xs.count - 1, Int(Double(xs.count) * p))] }
 
-print("otaflash-soak: \(options.runs) runs, seed \(options.seed), \(String(format: "%.1f", total)) s")
+print("otaflash-soak: \(options.runs) runs\(nordic ? " of \(NordicDFUProfile.name)" : ""), seed \(options.seed), \(String(format: "%.1f", total)) s")
 print("outcomes: " + outcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
-print("reconnects: \(reconnectTotal) in all; resumes measured: \(resumes.count); max bytes re-sent per resume: \(maxResend) (window \(config.window))")
+print("reconnects: \(reconnectTotal) in all; resumes measured: \(resumes.count); max bytes re-sent per resume: \(maxResend) (\(resendLimitName) \(resendLimit))")
 print(String(format: "virtual time per run: median %.2f s, p95 %.2f s, max %.2f s; wall time per run: median %.1f ms, max %.1f ms",
              pctile(virtual, 0.5), pctile(virtual, 0.95), virtual.last ?? 0, pctile(wall, 0.5) * 1000, (wall.last ?? 0) * 1000))
-let mismatched = violations.filter { $0.violation?.contains("activated an image") == true }.count
+let mismatched = records.filter { $0.mismatchedActivation || $0.violation?.contains("activated an image") == true }.count
 let hangs = records.filter { $0.outcome == "hang" }.count
-let overWindow = records.filter { ($0.resumeResends.max() ?? 0) > config.window }.count
+let overWindow = records.filter { ($0.resumeResends.max() ?? 0) > resendLimit }.count
 let never = records.filter(\.neverConfirms)
 let neverOutcomes = Dictionary(grouping: never, by: \.outcome).mapValues(\.count)
 let pastBound = records.filter { $0.afterProgress > bound.seconds }.count
 print("never-confirming devices: \(never.count) runs (" + neverOutcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
       + String(format: "), longest after the last progress %.1f s; bound %.0f s, runs past it: %d", never.map(\.afterProgress).max() ?? 0, bound.seconds, pastBound))
-print("violations: \(violations.count) (mismatched activations \(mismatched), hangs \(hangs), resumes over one window \(overWindow))")
+if nordic {
+    let unconfirmed = records.filter(\.unconfirmedActivation).count
+    let onFailure = records.filter(\.activatedOnFailure).count
+    let okOnce = records.filter { $0.outcome == "ok" && $0.violation == nil }.count
+    print("activations: \(okOnce) runs ok with the image sent activated once, byte-identical, its hash matched; \(unconfirmed) failed runs activated it while the link was lost during the last EXECUTE (a connection error that says so); other failed runs that activated anything: \(onFailure)")
+}
+print("violations: \(violations.count) (mismatched activations \(mismatched), hangs \(hangs), resumes over one \(resendLimitName) \(overWindow))")
 print("\(options.runs - violations.count) passed, \(violations.count) failed")
 
 if let path = options.json {
     let object: [String: Any] = [
         "runs": options.runs, "seed": options.seed, "seconds": total, "outcomes": outcomes,
-        "reconnects": reconnectTotal, "resumes": resumes.count, "max_resend_per_resume": maxResend, "window": config.window,
+        "protocol": options.protocolName, "reconnects": reconnectTotal, "resumes": resumes.count, "max_resend_per_resume": maxResend, "resend_limit": resendLimit,
         "mismatched_activations": mismatched, "hangs": hangs, "never_confirming_runs": never.count, "past_bound": pastBound, "resumes_over_window": overWindow, "violations": violations.count,
     ]
     if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {

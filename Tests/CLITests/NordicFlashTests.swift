@@ -47,6 +47,20 @@ struct NordicFlashTests {
         #expect(resent > 0 && resent <= 236 - 100)
     }
 
+    /// The simulator's fault options reach the Secure DFU bootloader: a byte corrupted on the
+    /// way is caught at the object's checksum and the object sent again; a bank byte that rots
+    /// before the post-validation fails it, and nothing is activated (exit 8).
+    @Test func faultOptionsReachTheSimulatedBootloader() async throws {
+        let corrupted = await otaflash(simulator + ["--json", "--sim-mtu", "23", "--sim-corrupt-at", "50", nordicSample("blinky-app.zip")])
+        #expect(corrupted.code == 0, "\(corrupted.stderr)")
+        let done = corrupted.jsonEvents.last
+        #expect(done?["result"] as? String == "ok")
+        #expect((done?["bytes_resent"] as? Int ?? 0) > 0, "\(String(describing: done))")
+        let rotten = await otaflash(simulator + ["--sim-flash-bitflip-at", "10", nordicSample("blinky-app.zip")])
+        #expect(rotten.code == 8, "\(rotten.stderr)")
+        #expect(rotten.stderr.contains("nothing was activated"))
+    }
+
     /// SoftDevice+bootloader, then the application (which needs the new SoftDevice): one session
     /// per image in the package's order, the device rebooting and reconnected in between.
     @Test func aCombinedPackageGoesImageByImageInItsOrder() async throws {

@@ -470,6 +470,26 @@ func sampleKeyCheck() throws -> NordicDFUBootloader.SignatureCheck {
         #expect(bench.engine.finalExecuteUnconfirmed)
         #expect(e.message.contains("last EXECUTE"))
     }
+
+    /// The answer to the last EXECUTE was lost with the link, and the bootloader, on the next
+    /// connection, holds no init packet: it ran the EXECUTE. Sending the image again would
+    /// activate it a second time, so the engine stops there and says so.
+    @Test func afterAnUnconfirmedLastExecuteABootloaderThatEndedTheTransferGetsNothingAgain() {
+        var bench = Bench(engine: makeEngine(firmware: Self.fw))
+        bench.maxConnections = 2
+        bench.activationCountsAsFinished = false
+        bench.linkLossAfterRequest = { request, device in request == .execute && device.resetPending }
+        guard case .failed(let e) = bench.run() else { Issue.record("expected a failure"); return }
+        #expect(bench.engine.stats.connections == 2)
+        #expect(!e.resumable)
+        #expect(e.message.contains("ended the transfer"), "\(e.message)")
+        #expect(bench.device.activations.map(\.image) == [Self.fw])
+        // The second connection asked where the device stands and created nothing.
+        let lastExecute = bench.controlLog.lastIndex(of: DFURequest.execute.encoded) ?? 0
+        let after = bench.controlLog[lastExecute...].dropFirst()
+        #expect(!after.contains { $0.first == DFUOpcode.create.rawValue }, "\(after)")
+        #expect(after.contains(DFURequest.select(.command).encoded))
+    }
 }
 
 @Suite struct EngineLossTests {

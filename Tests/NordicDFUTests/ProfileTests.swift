@@ -13,6 +13,23 @@ private final class EventLog: Sendable {
     let events = Mutex<[SessionEvent]>([])
 }
 
+/// Flashes `firmware` into a simulated bootloader through the shared session; the outcome
+/// either way, and the device to inspect.
+func attemptNordicFlash(initPacket: [UInt8], firmware: FirmwareImage, bootloader: NordicDFUBootloader = NordicDFUBootloader(),
+                        faults: FaultPlan = .none, link: LinkModel = .default, reconnect: ReconnectPolicy = .never,
+                        events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async -> (Result<OTAResult, OTAError>, SimulatedDevice) {
+    let config = SimulatedDeviceConfig(link: link)
+    let device = SimulatedDevice(config, model: NordicDFUPeripheral(bootloader: bootloader, faults: faults, resetDelay: config.bootDelay))
+    let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+    let session = OTASession(central: central, address: device.config.address, image: firmware,
+                             profile: NordicDFUProfile(initPacket: initPacket), reconnect: reconnect)
+    do throws(OTAError) {
+        return (.success(try await session.run(events: events)), device)
+    } catch {
+        return (.failure(error), device)
+    }
+}
+
 @Suite struct NordicDFUProfileTests {
     struct Run {
         let result: OTAResult
@@ -23,13 +40,10 @@ private final class EventLog: Sendable {
 
     func flash(initPacket: [UInt8], firmware: FirmwareImage, bootloader: NordicDFUBootloader,
                faults: FaultPlan = .none, reconnect: ReconnectPolicy = .never) async throws -> Run {
-        let device = SimulatedDevice(SimulatedDeviceConfig(), model: NordicDFUPeripheral(bootloader: bootloader, faults: faults))
-        let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(central: central, address: device.config.address, image: firmware,
-                                 profile: NordicDFUProfile(initPacket: initPacket), reconnect: reconnect)
         let log = EventLog()
-        let result = try await session.run { event in log.events.withLock { $0.append(event) } }
-        return Run(result: result, device: device, events: log.events.withLock { $0 })
+        let (result, device) = await attemptNordicFlash(initPacket: initPacket, firmware: firmware, bootloader: bootloader,
+                                                        faults: faults, reconnect: reconnect) { event in log.events.withLock { $0.append(event) } }
+        return Run(result: try result.get(), device: device, events: log.events.withLock { $0 })
     }
 
     @Test func theSignedSampleFlashesThroughTheSessionAndIsActivatedByteIdentical() async throws {

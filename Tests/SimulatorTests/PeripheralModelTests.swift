@@ -5,7 +5,8 @@ import Simulator
 import Testing
 
 /// A device model of another protocol: writes to its command characteristic are answered, after
-/// a delay, with the bytes reversed; `EE` is refused with ATT error 0x81; `AA` asks for a wake 20 ms later that notifies `BB`; its
+/// a delay, with the bytes reversed; `EE` is refused with ATT error 0x81; `AA` asks for a wake 20 ms later that notifies `BB`;
+/// `BD` reboots the device 3 ms later; writes without response are taken silently; its
 /// counter characteristic reads how many commands it took.
 private struct EchoModel: PeripheralModel {
     static let service = BluetoothUUID(uint16: 0xFFF0)
@@ -15,7 +16,7 @@ private struct EchoModel: PeripheralModel {
     var woken: [UInt64] = []
 
     var services: [PeripheralService] {
-        [PeripheralService(Self.service, [PeripheralCharacteristic(Self.command, [.write, .notify]),
+        [PeripheralService(Self.service, [PeripheralCharacteristic(Self.command, [.write, .writeWithoutResponse, .notify]),
                                           PeripheralCharacteristic(Self.counter, [.read])])]
     }
     var advertisedServices: [BluetoothUUID] { [Self.service] }
@@ -34,7 +35,12 @@ private struct EchoModel: PeripheralModel {
         if bytes == [0xEE] {
             return PeripheralWriteResult(reply: .failure(ATTError(rawValue: 0x81), "writing the command"), outputs: [])
         }
+        guard withResponse else { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
         commands += 1
+        if bytes == [0xBD] {
+            let reboot = PeripheralTimed(at: now + .milliseconds(3), .reboot(until: now + .milliseconds(50), reason: "rebooted"))
+            return PeripheralWriteResult(reply: .success(at: now), outputs: [reboot])
+        }
         if bytes == [0xAA] {
             return PeripheralWriteResult(reply: .success(at: now), outputs: [PeripheralTimed(at: now + .milliseconds(20), .wake(7))])
         }
@@ -72,7 +78,7 @@ private struct EchoModel: PeripheralModel {
         let (device, connection, _) = try await connect()
         #expect(device.advertisement.serviceUUIDs == [EchoModel.service])
         let service = try await connection.discoverService(EchoModel.service, name: "echo")
-        #expect(service.characteristic(EchoModel.command)?.properties == [.write, .notify])
+        #expect(service.characteristic(EchoModel.command)?.properties == [.write, .writeWithoutResponse, .notify])
         #expect(service.characteristic(EchoModel.counter)?.properties == [.read])
         #expect(device.target == nil)
         #expect(device.activatedImage == nil)
@@ -105,6 +111,28 @@ private struct EchoModel: PeripheralModel {
         #expect(value == [0xBB])
         #expect(clock.now - start >= .milliseconds(20))
         #expect(device.model(as: EchoModel.self)?.woken == [7])
+    }
+
+    /// A reboot the model schedules while packets are still on their way: the link drops at the
+    /// reboot's time, in the middle of a packet's air time, and the central learns of it.
+    @Test(.timeLimit(.minutes(1)))
+    func aRebootDueWhilePacketsAreOnTheAirDropsTheLink() async throws {
+        let (_, connection, clock) = try await connect()
+        let service = try await connection.discoverService(EchoModel.service, name: "echo")
+        let command = try #require(service.characteristic(EchoModel.command))
+        _ = try connection.submitWrite([0xBD], to: command)
+        var queued = 0
+        while try connection.tryWriteWithoutResponse([UInt8](repeating: 0x11, count: 244), to: command) { queued += 1 }
+        #expect(queued > 3)
+        var disconnected = false
+        while let event = await connection.nextEvent(timeout: .seconds(5)) {
+            if case .disconnected = event {
+                disconnected = true
+                break
+            }
+        }
+        #expect(disconnected)
+        #expect(clock.now < .seconds(1))
     }
 
     @Test func aWriteTheModelRefusesFailsWithItsATTError() async throws {

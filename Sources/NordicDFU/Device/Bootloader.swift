@@ -95,6 +95,10 @@ public struct NordicDFUBootloader: Sendable {
     /// Objects executed with data whose CRC the central never confirmed cannot be told apart
     /// here; what is counted is what the bank held at each data EXECUTE.
     public private(set) var dataExecutes = 0
+    /// Fault hook: a byte of the bank that rots at rest once written (it flips when the last
+    /// EXECUTE reads the bank back), so receipts and checksums pass and only the post-validation's
+    /// hash can catch it. Fires once.
+    public var flashBitFlipAt: Int?
 
     public init(config: Config = Config()) {
         self.config = config
@@ -336,6 +340,10 @@ public struct NordicDFUBootloader: Sendable {
         dataObjectSize = 0
         dataExecutes += 1
         guard writeOffset == Int(initPacket.command.totalSize) else { return DFUResponse(request: op, result: .success) }
+        if let flip = flashBitFlipAt, flip < bank.count {
+            bank[flip] ^= 0x01
+            flashBitFlipAt = nil
+        }
         // Post-validation: the whole image's SHA-256 against the init packet's (stored reversed).
         let digest = Array(SHA256.hash(data: bank))
         guard let stored = initPacket.command.hash, Array(stored.reversed()) == digest else {

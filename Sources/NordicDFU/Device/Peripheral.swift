@@ -3,30 +3,50 @@ import OTADevice
 
 /// A Secure DFU bootloader (`NordicDFUBootloader`) with its GATT table, as the simulator serves
 /// it: service 0xFE59 with the control point (write, notify) and the packet characteristic
-/// (write without response). Each control point write is answered by a notification at once;
-/// after the last EXECUTE the device resets into the new image, away for `resetDuration`.
+/// (write without response). Each control point write is acknowledged at once and answered by a
+/// notification once the flash is idle; after the last EXECUTE the device resets into the new
+/// image, away for `resetDuration`.
 ///
-/// Of the fault options it honours `disconnectAt` (firmware offsets: the link drops once when a
-/// packet first brings the bank to or past one) and `refuseConnectionsAfter`.
+/// It honours the fault options through the same `FaultInjector` the native device draws from,
+/// with offsets in firmware bytes (a data packet sits where the bank's write offset stands; the
+/// init packet's packets take the rate faults only): dropped and corrupted packets (the bootloader
+/// appends what arrives, so only the next receipt's or checksum's CRC shows it), link losses,
+/// reboots (the object in progress is lost, the device is away for `FaultPlan.rebootDuration`),
+/// a hang (packets ignored, requests acknowledged but never answered), ATT errors on control point
+/// writes, lost notifications, slow flash (answers wait for the flash, the last EXECUTE also
+/// reads the whole image back), a bank byte that rots before the post-validation, and refused
+/// connections.
 public struct NordicDFUPeripheral: PeripheralModel {
     public private(set) var bootloader: NordicDFUBootloader
-    public var faults: FaultPlan
     /// How long the device is away while it resets into a validated image.
     public var resetDuration: Duration
+    /// From the last EXECUTE's answer to the reset: time for the answer to go out on the link
+    /// (the simulator's `SimulatedDeviceConfig.bootDelay`), as the SDK waits for it.
+    public var resetDelay: Duration
     /// The SoftDevice FWID the bootloader reports once it activated a SoftDevice image (a real
     /// one reads it from the new SoftDevice; the model is told). Nil: unchanged.
     public var softDeviceAfterUpdate: UInt32?
-    private var pendingDisconnects: [Int]
+    private var injector: FaultInjector
     private var awayUntil = Duration.zero
+    /// The flash is busy until then: an answer waits for it.
+    private var busyUntil = Duration.zero
 
     public init(bootloader: NordicDFUBootloader = NordicDFUBootloader(), faults: FaultPlan = .none,
-                resetDuration: Duration = .milliseconds(500), softDeviceAfterUpdate: UInt32? = nil) {
+                resetDuration: Duration = .milliseconds(500), resetDelay: Duration = .milliseconds(100),
+                softDeviceAfterUpdate: UInt32? = nil) {
+        var bootloader = bootloader
+        bootloader.flashBitFlipAt = faults.flashBitFlipAt ?? bootloader.flashBitFlipAt
         self.bootloader = bootloader
         self.softDeviceAfterUpdate = softDeviceAfterUpdate
-        self.faults = faults
+        self.injector = FaultInjector(faults)
         self.resetDuration = resetDuration
-        self.pendingDisconnects = faults.disconnectAt.sorted()
+        self.resetDelay = resetDelay
     }
+
+    /// The faults still to come (offset faults that fired are gone).
+    public var faults: FaultPlan { injector.plan }
+    /// The device hung (`FaultPlan.stopAnsweringAt`).
+    public var silent: Bool { injector.silent }
 
     public var services: [PeripheralService] {
         [PeripheralService(SecureDFUService.serviceUUID, [
@@ -39,7 +59,7 @@ public struct NordicDFUPeripheral: PeripheralModel {
     public var availableAt: Duration { awayUntil }
 
     public func refusesConnection(after connections: Int) -> Bool {
-        faults.refuseConnectionsAfter.map { connections >= $0 } ?? false
+        injector.refusesConnection(after: connections)
     }
 
     public func read(_ characteristic: BluetoothUUID) -> [UInt8]? { nil }
@@ -48,33 +68,76 @@ public struct NordicDFUPeripheral: PeripheralModel {
                                from central: String?, at now: Duration) -> PeripheralWriteResult {
         switch characteristic {
         case SecureDFUService.packetUUID:
-            var outputs: [PeripheralTimed] = []
-            if let receipt = bootloader.handlePacket(bytes) {
-                outputs.append(PeripheralTimed(at: now, .notify(SecureDFUService.controlPointUUID, receipt)))
-            }
-            if bootloader.currentType == .data, let next = pendingDisconnects.first, bootloader.writeOffset >= next {
-                pendingDisconnects.removeAll { $0 <= bootloader.writeOffset }
-                outputs.append(PeripheralTimed(at: now, .dropLink(reason: "injected disconnect at offset \(next)")))
-            }
+            let outputs = packet(bytes, at: now)
             return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: packetReports)
         case SecureDFUService.controlPointUUID where withResponse:
-            let before = bootloader
-            let response = bootloader.handleControl(bytes)
-            var outputs = [PeripheralTimed(at: now, .notify(SecureDFUService.controlPointUUID, response))]
-            if bootloader.resetPending {
-                bootloader.reset()
-                if let type = bootloader.activations.last?.type, type == .softDevice || type == .softDeviceBootloader,
-                   let softDevice = softDeviceAfterUpdate {
-                    bootloader.config.softDevice = softDevice
-                }
-                awayUntil = now + resetDuration
-                outputs.append(PeripheralTimed(at: now + .milliseconds(5),
-                                               .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
+            guard now >= awayUntil else { return PeripheralWriteResult(reply: .away, outputs: []) }
+            if injector.silent { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
+            if injector.refusesCommand() {
+                return PeripheralWriteResult(reply: .failure(.unlikelyError, "writing the DFU control point"), outputs: [],
+                                             reports: [.note("injected fault: control point write answered with an ATT error")])
             }
-            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: controlReports(before: before))
+            let before = bootloader
+            let (outputs, notified) = request(bytes, at: now)
+            var reports = controlReports(before: before)
+            if !notified {
+                reports.append(.note("injected fault: the answer to \(DFUOpcode(rawValue: bytes.first ?? 0)) is not notified"))
+            }
+            return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: reports)
         default:
             return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
         }
+    }
+
+    /// A packet write: the faults decide what arrives; a receipt goes out once the flash took it.
+    private mutating func packet(_ bytes: [UInt8], at now: Duration) -> [PeripheralTimed] {
+        guard now >= awayUntil else { return [] }
+        let offset = bootloader.currentType == .data && bootloader.dataObjectSize > 0 ? bootloader.writeOffset : nil
+        var bytes = bytes
+        switch injector.packet(at: offset, count: bytes.count) {
+        case .dropped: return []
+        case .disconnect(let reason): return [PeripheralTimed(at: now, .dropLink(reason: reason))]
+        case .corrupt(let index, let mask): bytes[index] ^= mask
+        case .deliver: break
+        }
+        busyUntil = max(busyUntil, now) + injector.flashTime(bytes: bytes.count)
+        var outputs: [PeripheralTimed] = []
+        if let receipt = bootloader.handlePacket(bytes), !injector.losesNotification() {
+            outputs.append(PeripheralTimed(at: busyUntil, .notify(SecureDFUService.controlPointUUID, receipt)))
+        }
+        if injector.rebootsAfterPacket(at: offset, count: bytes.count) {
+            bootloader.reset()
+            awayUntil = now + injector.plan.rebootDuration
+            outputs.append(PeripheralTimed(at: now, .reboot(until: awayUntil, reason: "device rebooted at offset \(offset ?? 0)")))
+        }
+        return outputs
+    }
+
+    /// A control point request: answered once the flash is idle (the last EXECUTE also reads the
+    /// whole image back for its hash); a validated image is activated and the device resets.
+    private mutating func request(_ bytes: [UInt8], at now: Duration) -> (outputs: [PeripheralTimed], notified: Bool) {
+        var ready = max(busyUntil, now)
+        if bytes.first == DFUOpcode.execute.rawValue, bootloader.currentType == .data {
+            ready += injector.flashTime(bytes: bootloader.writeOffset)
+        }
+        busyUntil = ready
+        let response = bootloader.handleControl(bytes)
+        var outputs: [PeripheralTimed] = []
+        let notified = !injector.losesNotification()
+        if notified {
+            outputs.append(PeripheralTimed(at: ready, .notify(SecureDFUService.controlPointUUID, response)))
+        }
+        if bootloader.resetPending {
+            bootloader.reset()
+            if let type = bootloader.activations.last?.type, type == .softDevice || type == .softDeviceBootloader,
+               let softDevice = softDeviceAfterUpdate {
+                bootloader.config.softDevice = softDevice
+            }
+            let resetAt = ready + resetDelay
+            awayUntil = resetAt + resetDuration
+            outputs.append(PeripheralTimed(at: resetAt, .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
+        }
+        return (outputs, notified)
     }
 
     public mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] { [] }

@@ -119,6 +119,9 @@ public struct NordicDFUEngine: Sendable {
         public var commandRetries = 0
         /// The firmware offset SELECT reported on each connection.
         public var resumedFrom: [Int] = []
+        /// For each resume that sent firmware (a connection after the first): the bytes it sent
+        /// again, from where streaming restarted up to the furthest sent before the link was lost.
+        public var resumeResends: [Int] = []
         /// The init packet was already on the device and was not sent again.
         public var initPacketSkipped = 0
         public var connections = 0
@@ -204,6 +207,9 @@ public struct NordicDFUEngine: Sendable {
     /// The device's last receipt or checksum named an offset outside the object being sent.
     private var lastReportMisplaced = false
     private var lastRecreatedStart = -1
+    /// The furthest firmware offset sent before the last link loss, until the first firmware
+    /// packet of the next connection measures what the resume sends again.
+    private var resumeFrom: Int?
 
     public init(initPacket: [UInt8], firmware: FirmwareImage, config: NordicDFUConfig = NordicDFUConfig()) {
         self.initPacket = initPacket
@@ -280,6 +286,7 @@ public struct NordicDFUEngine: Sendable {
             return fail(OTAError(.incompatibleDevice, "the link reports ATT MTU \(mtu), below the minimum of 23 every BLE link supports; the transport is misbehaving"))
         }
         stats.connections += 1
+        resumeFrom = stats.connections > 1 ? highWaters[1] : nil
         chunkSize = ATTWriteLimit.value(mtu: mtu)
         streamsBeforeCreateResponse = config.streamBeforeCreateResponse ?? keepsWriteOrder
         inFlight = nil
@@ -326,6 +333,14 @@ public struct NordicDFUEngine: Sendable {
         guard initPacket.count <= maxSize else {
             return fail(OTAError(.incompatibleDevice, "the init packet is \(initPacket.count) bytes, the bootloader takes at most \(maxSize); regenerate the package for this bootloader"))
         }
+        let holdsPrefix = offset > 0 && offset < initPacket.count && crc == CRC32.checksum(initPacket[0..<offset])
+        if finalExecuteUnconfirmed, !(offset == initPacket.count && crc == initCRC), !holdsPrefix {
+            // A bootloader that never ran the last EXECUTE still holds this init packet; one that
+            // ran it dropped the transfer after validating the image (and activated it) or after
+            // rejecting it. Sending it all again would activate it a second time.
+            return fail(OTAError(.connection, "the link was lost during the last EXECUTE and the bootloader has since ended the transfer: it validated and activated the image, or rejected it",
+                                 hint: "check the firmware version the device runs; to send the image anew run the same command again"))
+        }
         phase = .sendingInitPacket
         objectType = .command
         objectStart = 0
@@ -336,7 +351,7 @@ public struct NordicDFUEngine: Sendable {
             objectState = .executing
             return send(.execute)
         }
-        if offset > 0, offset < initPacket.count, crc == CRC32.checksum(initPacket[0..<offset]) {
+        if holdsPrefix {
             // Part of this init packet arrived: send the rest without CREATE.
             sentInPayload = offset
             runningCRC = CRC32(value: crc)
@@ -672,6 +687,10 @@ public struct NordicDFUEngine: Sendable {
             let payload = objectType == .command ? initPacket[...] : firmware.bytes[...]
             let slice = payload[sentInPayload..<(sentInPayload + count)]
             let which = objectType == .command ? 0 : 1
+            if which == 1, let from = resumeFrom {
+                resumeFrom = nil
+                stats.resumeResends.append(max(0, from - sentInPayload))
+            }
             if sentInPayload < highWaters[which] { stats.bytesResent += min(count, highWaters[which] - sentInPayload) }
             runningCRC.update(slice)
             let offset = sentInPayload

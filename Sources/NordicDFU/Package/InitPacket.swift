@@ -203,6 +203,11 @@ public struct DFUInitPacket: Hashable, Sendable {
         public let type: UInt32
         /// As stored: for ECDSA, r ‖ s with each 32-byte half byte-reversed.
         public let bytes: [UInt8]
+
+        public init(type: UInt32, bytes: [UInt8]) {
+            self.type = type
+            self.bytes = bytes
+        }
     }
 
     public var isSigned: Bool { signature != nil }

@@ -135,7 +135,7 @@ public struct NordicDFUTransfer: TransferEngine {
         out.resentPerConnection = resentAtConnect.indices.map { i in
             (i + 1 < resentAtConnect.count ? resentAtConnect[i + 1] : s.bytesResent) - resentAtConnect[i]
         }
-        out.resumeResends = Array(out.resentPerConnection.dropFirst())
+        out.resumeResends = s.resumeResends
         return out
     }
 
