@@ -102,6 +102,25 @@ func attemptNordicFlash(initPacket: [UInt8], firmware: FirmwareImage, bootloader
         #expect(device.model(as: NordicDFUPeripheral.self)?.bootloader.activations.map(\.image) == [firmware])
     }
 
+    /// What BlueZ gets (its writes keep no order with requests): CREATE's answer is waited for,
+    /// then the object's packets, the last one's receipt confirming it. Nothing is sent twice.
+    @Test func waitingForCreateAtMTU517SendsEachObjectOnce() async throws {
+        let firmware = firmwareBytes(4096 * 6 + 2048)
+        let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),
+                                signature: placeholderSignature).bytes
+        var config = SimulatedDeviceConfig()
+        config.link = LinkModel(mtu: 517)
+        let device = SimulatedDevice(config, model: NordicDFUPeripheral(bootloader: NordicDFUBootloader()))
+        let profile = NordicDFUProfile(initPacket: dat, dfuConfig: NordicDFUConfig(streamBeforeCreateResponse: false))
+        let session = OTASession(central: SimulatedCentral(devices: [device], clock: VirtualClock()), address: config.address,
+                                 image: FirmwareImage(bytes: firmware), profile: profile)
+        let result = try await session.run { _ in }
+        #expect(result.activated)
+        #expect(result.stats.bytesResent == 0)
+        #expect(result.stats.rollbacks == 0)
+        #expect(device.model(as: NordicDFUPeripheral.self)?.bootloader.dataExecutes == 7)
+    }
+
     @Test func anImageOfSeveralObjectsGoesObjectByObject() async throws {
         let firmware = firmwareBytes(4096 * 3 + 500)
         let dat = DFUInitPacket(command: .application(firmware: firmware, version: 2, softDeviceRequirements: [0xAF]),

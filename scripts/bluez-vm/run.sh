@@ -27,6 +27,7 @@ RESULTS=$WORK/results
 KEEP=0
 VERBOSE=0
 BTD_DEBUG=0
+GATT_CHANNELS=
 BTMON=0
 MEMORY=1024
 CPUS=2
@@ -49,6 +50,8 @@ Options:
   --boot-timeout SECONDS time allowed from qemu start to a ready bluetoothd (default 180)
   --results DIR          results folder (default scripts/bluez-vm/work/results)
   --bluetoothd-debug     run bluetoothd with -d (debug log in DIR/logs/bluetoothd.log)
+  --gatt-channels N      bluetoothd's [GATT] Channels (1-5; default: BlueZ's, EATT on): 1 is
+                         one ATT bearer per link, as an nRF5 SDK device has
   --btmon                record HCI traffic to DIR/logs/btmon.snoop (read with btmon -r)
   --keep                 keep the per-run folder (guest config) under work/
   --verbose              stream the guest console (and scenario output) to stdout
@@ -97,6 +100,7 @@ while [ $# -gt 0 ]; do
 	--env) need_arg "$@"; need_env "$2"; SCENARIO_ENV+=("$2"); shift 2 ;;
 	--env=*) need_env "${1#*=}"; SCENARIO_ENV+=("${1#*=}"); shift ;;
 	--bluetoothd-debug) BTD_DEBUG=1; shift ;;
+	--gatt-channels) need_arg "$@"; need_int "$1" "$2"; [ "$2" -le 5 ] || die_usage "option $1 takes 1-5, got '$2'"; GATT_CHANNELS=$2; shift 2 ;;
 	--btmon) BTMON=1; shift ;;
 	--keep) KEEP=1; shift ;;
 	--verbose | -v) VERBOSE=1; shift ;;
@@ -430,6 +434,7 @@ RUN_DIR=$(mktemp -d "$WORK/run.XXXXXX")
 	printf 'SCENARIO_TIMEOUT=%q\n' "$SCENARIO_TIMEOUT"
 	printf 'STEP_TIMEOUT=%q\n' "$STEP_TIMEOUT"
 	printf 'BTD_DEBUG=%q\nBTMON=%q\nVERBOSE=%q\n' "$BTD_DEBUG" "$BTMON" "$VERBOSE"
+	printf 'GATT_CHANNELS=%q\n' "$GATT_CHANNELS"
 	printf 'CONTROLLERS_WANTED=%q\n' "$CONTROLLERS"
 	printf 'SCENARIO_ENV=('; [ ${#SCENARIO_ENV[@]} -eq 0 ] || printf ' %q' "${SCENARIO_ENV[@]}"; printf ' )\n'
 	printf 'SCENARIOS=('; printf ' %q' "${SCEN_PATHS[@]}"; printf ' )\n'

@@ -204,6 +204,12 @@ BTD=/usr/libexec/bluetooth/bluetoothd
 [ -x "$BTD" ] || BTD=/usr/lib/bluetooth/bluetoothd
 btd_args=(-n -E)
 [ "${BTD_DEBUG:-0}" = 1 ] && btd_args+=(-d)
+if [ -n "${GATT_CHANNELS:-}" ]; then
+	# run.sh --gatt-channels: ATT bearers per link (1 turns EATT off; write commands then keep
+	# their order, as with a peer that has one bearer).
+	printf '[GATT]\nChannels = %s\n' "$GATT_CHANNELS" >/run/otaflash/main.conf
+	btd_args+=(-f /run/otaflash/main.conf)
+fi
 "$BTD" "${btd_args[@]}" >"$LOGS/bluetoothd.log" 2>&1 &
 BTD_PID=$!
 BG_PIDS+=("$BTD_PID")

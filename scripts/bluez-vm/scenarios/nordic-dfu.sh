@@ -7,7 +7,8 @@
 #      and the stored image is byte-identical to the package's .bin.
 #   4. blinky-sd-bl-app.zip: SoftDevice+bootloader, then the application, the bootloader resetting
 #      in between and otaflash reconnecting; both stored images byte-identical to the package's.
-# Prints per package: images, seconds, kB/s.
+# Prints per package: images, seconds, kB/s. Run it with run.sh --gatt-channels 1 (one ATT bearer,
+# as an nRF5 SDK bootloader has): each package is then sent once, nothing twice.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -62,6 +63,9 @@ flash_package() {
 	grep -q '"result":"ok"' <<<"$done_line" || fail "flashing $(basename "$zip") did not end done/ok: $done_line"
 	start_line=$(grep -m1 '"event":"start"' "$f" | cut -f2-)
 	grep -q '"protocol":"nordic-dfu"' <<<"$start_line" || fail "the start event does not say nordic-dfu: $start_line"
+	# No link was lost: nothing may have been sent twice (with several ATT bearers, packets
+	# arriving out of order spoil objects that are then sent again; run.sh --gatt-channels 1).
+	[ "$(jfield "$done_line" bytes_resent)" = 0 ] || fail "$(basename "$zip"): $(jfield "$done_line" bytes_resent) bytes sent twice without a lost link: $done_line"
 	want=$((before + ${#bins[@]}))
 	local deadline=$((SECONDS + 15))
 	until [ "$(activations)" -ge "$want" ]; do
