@@ -146,6 +146,7 @@ enum Ranges {
     static func fwid(_ option: String) -> Bounds<FWID> { Bounds(option, FWID(0)...FWID(0xFFFF)) }
     static let sdReq = fwid("--sd-req")
     static let simSoftDevice = fwid("--sim-softdevice")
+    static let sdAfterUpdate = fwid("--sd-after-update")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
@@ -158,7 +159,7 @@ enum Ranges {
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]
         for b in ints { texts[b.option] = "a whole number " + b.text }
         for b in doubles { texts[b.option] = "a number " + b.text }
-        texts[simSoftDevice.option] = "a SoftDevice FWID like 0xAF, " + simSoftDevice.text
+        for b in [simSoftDevice, sdAfterUpdate] { texts[b.option] = "a SoftDevice FWID like 0xAF, " + b.text }
         texts[sdReq.option] = "SoftDevice FWIDs like 0xAF or 0xAF,0xB6, each " + sdReq.text
         return texts
     }()

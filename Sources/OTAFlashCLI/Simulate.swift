@@ -54,8 +54,8 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "file"), completion: .file())
     var publicKey: String?
 
-    @Option(name: .customLong("sd-after-update"), help: ArgumentHelp("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged.", valueName: "fwid"))
-    var softDeviceAfterUpdate: String?
+    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
+    var softDeviceAfterUpdate: FWID?
 
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
@@ -74,7 +74,7 @@ struct Simulate: AsyncParsableCommand {
         }
         let nordic = protocolName == NordicDFUProfile.name
         if !nordic {
-            for (option, given) in [("--public-key", publicKey), ("--sd-after-update", softDeviceAfterUpdate)] where given != nil {
+            for (option, given) in [("--public-key", publicKey != nil), ("--sd-after-update", softDeviceAfterUpdate != nil)] where given {
                 throw ValidationError("\(option) configures a Secure DFU bootloader; add --protocol nordic-dfu")
             }
         }
@@ -85,9 +85,7 @@ struct Simulate: AsyncParsableCommand {
                 throw ValidationError("--firmware-version must look like 1.2.3, got '\(firmwareVersion)'")
             }
         }
-        if let softDeviceAfterUpdate, Self.parseFWID(softDeviceAfterUpdate) == nil {
-            throw ValidationError("--sd-after-update must be a SoftDevice FWID 0x0000-0xFFFF, e.g. 0xB6, got '\(softDeviceAfterUpdate)'")
-        }
+        try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
         if let name {
             guard !name.isEmpty, name.utf8.count <= 29 else { throw ValidationError("--name must be 1–29 bytes, got '\(name)'") }
         }
@@ -208,15 +206,10 @@ struct Simulate: AsyncParsableCommand {
             config.signatureCheck = check
         }
         let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
-                                        softDeviceAfterUpdate: softDeviceAfterUpdate.flatMap(Self.parseFWID))
+                                        softDeviceAfterUpdate: softDeviceAfterUpdate?.value)
         return (model, name ?? "DfuTarg", "\(config.applicationVersion)", "Secure DFU bootloader")
     }
 
-    /// A SoftDevice FWID: `0xB6` or `182`.
-    static func parseFWID(_ text: String) -> UInt32? {
-        let value = text.lowercased().hasPrefix("0x") ? UInt32(text.dropFirst(2), radix: 16) : UInt32(text)
-        return value.flatMap { $0 <= 0xFFFF ? $0 : nil }
-    }
 
     static func failure(_ error: any Error, _ operation: String) -> CLIFailure {
         let mapped = PeripheralError.from(error, operation)
