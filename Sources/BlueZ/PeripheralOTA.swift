@@ -20,6 +20,33 @@ public protocol PeripheralLinkControl: Sendable {
 
 extension PeripheralHost: PeripheralLinkControl {}
 
+/// The link operations of a device served on several adapters (an application on one, its
+/// bootloader on another): a central's link is dropped through the adapter it came on, and
+/// connections are watched on every adapter.
+public struct AdapterLinks: PeripheralLinkControl {
+    public let hosts: [PeripheralHost]
+
+    public init(_ hosts: [PeripheralHost]) {
+        self.hosts = hosts
+    }
+
+    public func dropLink(device: String?) async -> String {
+        guard let device else {
+            var done: [String] = []
+            for host in hosts { done.append(await host.dropLink(device: nil)) }
+            return done.joined(separator: "; ")
+        }
+        guard let host = hosts.first(where: { device.hasPrefix($0.adapterPath + "/") }) else {
+            return "no served adapter has \(device)"
+        }
+        return await host.dropLink(device: device)
+    }
+
+    public func watchConnections(_ handler: @escaping @Sendable (String, Bool) -> Void) async throws {
+        for host in hosts { try await host.watchConnections(handler) }
+    }
+}
+
 /// How `otaflash simulate` presents itself.
 public struct OTAPeripheralConfig: Sendable {
     public var name: String
@@ -71,6 +98,9 @@ public enum OTAPeripheralEvent: Sendable, Hashable {
     case busy(central: String, owner: String)
     /// An injected fault fired, or something worth a line (a failed store, a dropped link).
     case note(String)
+    /// The device reset and now answers at another address (`PeripheralModel.currentAddress`):
+    /// a host that serves each address on its own adapter moves its advertising there.
+    case moved(address: DeviceAddress?)
 }
 
 extension OTAPeripheralConfig {
@@ -142,6 +172,8 @@ public actor OTAPeripheral {
     private var runnerWakesAt: Duration?
     private var stopped = false
     private var watcher: Task<Void, Never>?
+    /// The address the device answered at when it last reset (`PeripheralModel.currentAddress`).
+    private var servedAddress: DeviceAddress?
 
     private struct Job {
         var at: Duration
@@ -163,6 +195,7 @@ public actor OTAPeripheral {
                 clock: any MonotonicClock = SystemClock(), events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
         self.model = model
         self.table = model.services
+        self.servedAddress = model.currentAddress
         self.storeDirectory = storeDirectory
         self.trace = trace
         self.clock = clock
@@ -187,8 +220,16 @@ public actor OTAPeripheral {
     /// Connects the device to the link operations and the notification path of its application;
     /// starts watching connections.
     public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication) async throws {
+        try await attach(link: link) { [application] uuid, value in try await application.notify(uuid, value) }
+    }
+
+    /// Connects the device to the link operations and a notification path (one that picks the
+    /// application holding the characteristic, when the device is served by several); starts
+    /// watching connections.
+    public func attach(link: (any PeripheralLinkControl)?,
+                       notify: @escaping @Sendable (BluetoothUUID, [UInt8]) async throws -> Void) async throws {
         self.link = link
-        notifier = { [application] uuid, value in try await application.notify(uuid, value) }
+        notifier = notify
         guard let link else { return }
         // One consumer, so connects and disconnects reach the device in the order bluetoothd sent them.
         let (changes, continuation) = AsyncStream.makeStream(of: (String, Bool).self)
@@ -217,7 +258,11 @@ public actor OTAPeripheral {
 
     /// The model's GATT table as BlueZ objects, wired to this actor: a characteristic that takes
     /// writes without response only gets them as data, any other write is a write with response.
-    public nonisolated var services: [PeripheralService] {
+    public nonisolated var services: [PeripheralService] { services(for: table) }
+
+    /// `table` as BlueZ objects wired to this actor, for a device whose table changes with what it
+    /// runs (an application and its bootloader) and is served by an application per table.
+    public nonisolated func services(for table: [OTADevice.PeripheralService]) -> [PeripheralService] {
         table.map { service in
             PeripheralService(uuid: service.uuid, characteristics: service.characteristics.map(characteristic))
         }
@@ -442,6 +487,10 @@ public actor OTAPeripheral {
                 await dropLink(nil, reason: reason)
             } else {
                 for c in links.sorted() { await dropLink(c, reason: reason) }
+            }
+            if model.currentAddress != servedAddress {
+                servedAddress = model.currentAddress
+                events(.moved(address: servedAddress))
             }
         }
     }

@@ -339,6 +339,17 @@ public enum SimulateEvents {
         public var slotSize: Int
         public var firmwareVersion: String
         public var store: String?
+        /// `--buttonless`: the adapter the bootloader answers on, and its address.
+        public var bootloaderAdapter: String? = nil
+        public var bootloaderAddress: String? = nil
+    }
+
+    /// The served device reset and answers at another address, on `adapter` (`--buttonless`).
+    public struct Moved: JSONEvent {
+        public static let name = "moved"
+        public var address: String?
+        public var adapter: String
+        public var mode: String
     }
 
     public struct Connected: JSONEvent {
@@ -432,7 +443,8 @@ public enum EventCatalog {
         ]
         let simulate: [any JSONEvent] = [
             SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", protocol: "native", slotSize: 1 << 20,
-                                   firmwareVersion: "1.0.0", store: nil),
+                                   firmwareVersion: "1.0.0", store: nil, bootloaderAdapter: "hci2", bootloaderAddress: "C0:11:22:33:44:11"),
+            SimulateEvents.Moved(address: "C0:11:22:33:44:11", adapter: "hci2", mode: "bootloader"),
             SimulateEvents.Connected(central: central),
             SimulateEvents.Disconnected(central: central, reason: "the central disconnected"),
             SimulateEvents.Begin(central: central, size: 4096, crc32: "a1206a16", offset: 0),

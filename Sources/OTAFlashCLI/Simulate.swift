@@ -27,12 +27,22 @@ struct Simulate: AsyncParsableCommand {
             `otaflash --device <address> app_dfu_package.zip` can be tried without a Nordic board. It activates an \
             image once its hash matched and resets into it.
 
+            --buttonless (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
+            buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its \
+            Secure DFU bootloader answers at the address whose least significant octet is one higher. A BlueZ \
+            adapter cannot change its address, so the bootloader is served and advertised on \
+            --bootloader-adapter, a second adapter whose address must be --adapter's + 1 (e.g. random static \
+            addresses set with `btmgmt static-addr`); once it activated an application, the device answers on \
+            --adapter again. --name is the application's name; the bootloader advertises DfuTarg, or the name \
+            the central gave it.
+
             Serves until SIGINT or SIGTERM, then unregisters and exits 0.
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
               otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
               otaflash simulate --adapter hci1 --protocol nordic-dfu --public-key firmware-samples/nordic/test-key-public.pem
+              otaflash simulate --adapter hci1 --protocol nordic-dfu --buttonless --bootloader-adapter hci2
             """
     )
 
@@ -42,8 +52,17 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks: \(Self.protocols.joined(separator: " or ")).", valueName: "name"))
     var protocolName: String = NativeProfile.name
 
-    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders).")
+    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --buttonless's application).")
     var name: String?
+
+    @Flag(name: .long, help: "nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter.")
+    var buttonless = false
+
+    @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"))
+    var bootloaderAdapter: String?
+
+    @Option(name: .customLong("address"), help: ArgumentHelp("With --buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
+    var applicationAddress: String?
 
     @Option(name: .customLong("slot-size"), parsing: .unconditional, help: Ranges.slotSize.help("Bytes the device's image slot (a bootloader's bank) holds", valueName: "bytes"))
     var slotSize: Int = 1 << 20
@@ -89,8 +108,40 @@ struct Simulate: AsyncParsableCommand {
         if let name {
             guard !name.isEmpty, name.utf8.count <= 29 else { throw ValidationError("--name must be 1–29 bytes, got '\(name)'") }
         }
-        if let adapter, !(adapter.hasPrefix("hci") && adapter.dropFirst(3).allSatisfy(\.isNumber) && adapter.count > 3) {
-            throw ValidationError("--adapter must look like hci0, got '\(adapter)'")
+        for (option, given) in [("--adapter", adapter), ("--bootloader-adapter", bootloaderAdapter)] {
+            if let given, !(given.hasPrefix("hci") && given.dropFirst(3).allSatisfy(\.isNumber) && given.count > 3) {
+                throw ValidationError("\(option) must look like hci0, got '\(given)'")
+            }
+        }
+        try Self.checkButtonless(buttonless, protocol: protocolName, adapter: adapter, bootloaderAdapter: bootloaderAdapter)
+        if let applicationAddress {
+            guard buttonless else { throw ValidationError("--address is where a --buttonless device's application answers; add --buttonless") }
+            guard DeviceAddress(applicationAddress) != nil else {
+                throw ValidationError("--address must look like C0:11:22:33:44:10, got '\(applicationAddress)'")
+            }
+        }
+    }
+
+    /// `--buttonless` serves a Secure DFU device on two adapters: the application's and the bootloader's.
+    static func checkButtonless(_ buttonless: Bool, protocol name: String, adapter: String?, bootloaderAdapter: String?) throws {
+        guard buttonless else {
+            if bootloaderAdapter != nil {
+                throw ValidationError("--bootloader-adapter is where a --buttonless device's bootloader answers; add --buttonless")
+            }
+            return
+        }
+        guard name == NordicDFUProfile.name else {
+            throw ValidationError("--buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
+        }
+        guard let bootloaderAdapter else {
+            throw ValidationError("--buttonless needs --bootloader-adapter hciN: a BlueZ adapter cannot change its address, "
+                                  + "so the bootloader answers on a second adapter whose address is the application's + 1")
+        }
+        guard let adapter else {
+            throw ValidationError("--buttonless needs --adapter hciN, the adapter the application answers on (its address + 1 is --bootloader-adapter's)")
+        }
+        guard adapter != bootloaderAdapter else {
+            throw ValidationError("--bootloader-adapter must be another adapter than --adapter (\(adapter)): the bootloader answers at another address")
         }
     }
 
@@ -114,49 +165,112 @@ struct Simulate: AsyncParsableCommand {
         defer { signals.cancel() }
         CLIContext.output.onFailure { stop.fire(.outputFailed) }
 
-        let host: PeripheralHost
+        var hosts: [PeripheralHost] = []
         do {
-            host = try await PeripheralHost.open(adapter: adapter)
+            for name in [adapter] + (buttonless ? [bootloaderAdapter] : []) {
+                hosts.append(try await PeripheralHost.open(adapter: name))
+            }
         } catch {
+            for host in hosts { await host.close() }
             throw Self.failure(error, "")
         }
+        let host = hosts[0]
         var trace: (@Sendable (String) -> Void)?
         if output.verbose {
             trace = { line in StandardOutput().err("otaflash: \(line)\n") }
         }
-        let device = try served()
+        let device: ServedDevice
+        do {
+            device = try served(address: (applicationAddress ?? host.address).flatMap(DeviceAddress.init))
+        } catch {
+            for host in hosts { await host.close() }
+            throw error
+        }
         let name = device.name
-        let peripheral = OTAPeripheral(model: device.model, storeDirectory: store, trace: trace, events: { Self.print($0, printer) })
+        // The device's address changes (`--buttonless`), for the task that moves the bootloader's advertising.
+        let moves = AsyncStream.makeStream(of: DeviceAddress?.self)
+        let peripheral = OTAPeripheral(model: device.model, storeDirectory: store, trace: trace, events: { event in
+            if case .moved(let address) = event { moves.continuation.yield(address) }
+            Self.print(event, printer)
+        })
         let application = PeripheralApplication(connection: host.connection, root: Self.applicationRoot,
                                                 services: peripheral.services)
         let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
                                                     localName: name, serviceUUIDs: device.model.advertisedServices)
+        // `--buttonless`: the bootloader's GATT application on the second adapter, registered throughout
+        // and advertised only while the device runs its bootloader. The application's advertisement
+        // stays registered meanwhile, as through a reboot (withdrawing and registering it again on
+        // BlueZ 5.66 left it unseen by other controllers' scans), and its table answers nothing then.
+        var bootloader: BootloaderSite?
+        if let table = device.bootloaderServices, hosts.count > 1 {
+            bootloader = BootloaderSite(host: hosts[1], application: PeripheralApplication(
+                connection: hosts[1].connection, root: Self.applicationRoot, services: peripheral.services(for: table)))
+        }
+        var mover: Task<Void, Never>?
 
         var failure: CLIFailure?
         do {
             try await application.export()
             try await advertisement.export()
-            try await peripheral.attach(link: host, application: application)
+            if let bootloader {
+                try await bootloader.application.export()
+                let applications = [application, bootloader.application]
+                try await peripheral.attach(link: AdapterLinks(hosts)) { uuid, value in
+                    let holder = applications.first { $0.characteristicPaths[uuid] != nil } ?? application
+                    try await holder.notify(uuid, value)
+                }
+            } else {
+                try await peripheral.attach(link: host, application: application)
+            }
             // bluetoothd going away ends the service with the bluetooth_unavailable code.
             try await host.connection.subscribe(DBusMatchRule(
                 sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
                 member: "NameOwnerChanged", arg0: "org.bluez")) { signal in
                 if signal.arguments.count == 3, signal.arguments[2].string?.isEmpty == true { stop.fire(.stackGone) }
             }
-            do {
-                try await application.register(on: host.adapterPath)
-            } catch {
-                throw Self.failure(error, "registering the GATT application on \(host.adapter) (GattManager1.RegisterApplication)")
+            for (served, on) in [(application, host)] + (bootloader.map { [($0.application, $0.host)] } ?? []) {
+                do {
+                    try await served.register(on: on.adapterPath)
+                } catch {
+                    throw Self.failure(error, "registering the GATT application on \(on.adapter) (GattManager1.RegisterApplication)")
+                }
             }
             do {
                 try await advertisement.register(on: host.adapterPath)
             } catch {
                 throw Self.failure(error, "registering the advertisement on \(host.adapter) (LEAdvertisingManager1.RegisterAdvertisement)")
             }
-            printer.json(SimulateEvents.Serving(adapter: host.adapter, address: host.address, name: name, protocol: protocolName,
-                                                slotSize: slotSize, firmwareVersion: device.firmwareVersion, store: store))
-            printer.note("serving \(device.what) \"\(name)\" on \(host.adapter)\(host.address.map { " (\($0))" } ?? ""): "
-                         + "slot \(formatBytes(slotSize)), firmware \(device.firmwareVersion); Ctrl-C to stop")
+            if let bootloader {
+                let home = host.adapter
+                mover = Task {
+                    for await address in moves.stream {
+                        let mode = address == device.bootloaderAddress ? "bootloader" : "application"
+                        if mode == "bootloader" {
+                            // Advertised once the reset is over, as the device comes up.
+                            await peripheral.waitUntilBack()
+                            let advertised = await peripheral.model.advertisedName ?? "DfuTarg"
+                            if let problem = await bootloader.advertise(advertised, services: device.model.advertisedServices) {
+                                printer.json(SimulateEvents.Note(message: problem))
+                                printer.note(problem)
+                                continue
+                            }
+                            printer.note("the device reset into its bootloader: \"\(advertised)\" at \(address?.description ?? "?") on \(bootloader.host.adapter)")
+                        } else {
+                            await bootloader.withdraw()
+                            printer.note("the device reset into its application at \(address?.description ?? "?") on \(home)")
+                        }
+                        printer.json(SimulateEvents.Moved(address: address?.description, adapter: mode == "bootloader" ? bootloader.host.adapter : home,
+                                                          mode: mode))
+                    }
+                }
+            }
+            printer.json(SimulateEvents.Serving(adapter: host.adapter, address: applicationAddress.flatMap(DeviceAddress.init)?.description ?? host.address, name: name, protocol: protocolName,
+                                                slotSize: slotSize, firmwareVersion: device.firmwareVersion, store: store,
+                                                bootloaderAdapter: bootloader?.host.adapter, bootloaderAddress: device.bootloaderAddress?.description))
+            printer.note("serving \(device.what) \"\(name)\" on \(host.adapter)\((applicationAddress ?? host.address).map { " (\($0))" } ?? ""): "
+                         + "slot \(formatBytes(slotSize)), firmware \(device.firmwareVersion)"
+                         + (bootloader.map { "; its bootloader on \($0.host.adapter)\(device.bootloaderAddress.map { " (\($0))" } ?? "")" } ?? "")
+                         + "; Ctrl-C to stop")
             switch await stop.wait() {
             case .signal(let number):
                 printer.note("\(number == SIGINT ? "SIGINT" : "SIGTERM"): unregistering and exiting")
@@ -173,22 +287,42 @@ struct Simulate: AsyncParsableCommand {
 
         // Teardown, each step bounded by its own call timeout.
         await peripheral.stop()
+        moves.continuation.finish()
+        mover?.cancel()
+        await mover?.value
         try? await advertisement.unregister()
         try? await application.unregister()
         await advertisement.unexport()
         await application.unexport()
-        await host.close()
+        if let bootloader {
+            await bootloader.withdraw()
+            try? await bootloader.application.unregister()
+            await bootloader.application.unexport()
+        }
+        for host in hosts { await host.close() }
         if let failure { throw failure }
         let activated = await peripheral.activations
         printer.json(SimulateEvents.Done(activations: activated))
     }
 
+    /// What `simulate` serves: the model, its name and starting version, and for a device whose
+    /// bootloader answers at another address, that address and the bootloader's GATT table.
+    struct ServedDevice: Sendable {
+        var model: any PeripheralModel
+        var name: String
+        var firmwareVersion: String
+        var what: String
+        var bootloaderAddress: DeviceAddress?
+        var bootloaderServices: [OTADevice.PeripheralService]?
+    }
+
     /// The device `--protocol` names, as its options configure it.
-    private func served() throws -> (model: any PeripheralModel, name: String, firmwareVersion: String, what: String) {
+    /// `address`: the served adapter's, where a `--buttonless` application answers.
+    private func served(address: DeviceAddress?) throws -> ServedDevice {
         guard protocolName == NordicDFUProfile.name else {
             let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
             let config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
-            return (config.nativeModel, config.name, version.description, "OTA target")
+            return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description, what: "OTA target")
         }
         var config = NordicDFUBootloader.Config()
         config.bankSize = slotSize
@@ -207,7 +341,16 @@ struct Simulate: AsyncParsableCommand {
         }
         let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
                                         softDeviceAfterUpdate: softDeviceAfterUpdate?.value)
-        return (model, name ?? "DfuTarg", "\(config.applicationVersion)", "Secure DFU bootloader")
+        guard buttonless else {
+            return ServedDevice(model: model, name: name ?? "DfuTarg", firmwareVersion: "\(config.applicationVersion)", what: "Secure DFU bootloader")
+        }
+        guard let address else {
+            throw CLIFailure(.bluetoothUnavailable, "--buttonless: BlueZ did not report \(adapter ?? "the adapter")'s address, which the bootloader's is derived from")
+        }
+        let device = NordicButtonlessDevice(address: address, bootloader: model)
+        return ServedDevice(model: device, name: name ?? "otaflash-app", firmwareVersion: "\(config.applicationVersion)",
+                            what: "Secure DFU application with the buttonless service", bootloaderAddress: device.bootloaderAddress,
+                            bootloaderServices: device.bootloader.services)
     }
 
 
@@ -253,7 +396,48 @@ struct Simulate: AsyncParsableCommand {
         case .note(let text):
             printer.json(SimulateEvents.Note(message: text))
             printer.note(text)
+        case .moved:
+            break  // the host that serves the new address says so (`SimulateEvents.Moved`)
         }
+    }
+}
+
+/// The adapter a `--buttonless` device's bootloader answers on: its GATT application stays
+/// registered; its advertisement is there only while the device runs its bootloader.
+actor BootloaderSite {
+    nonisolated let host: PeripheralHost
+    nonisolated let application: PeripheralApplication
+    private var advertisement: PeripheralAdvertisement?
+    private var count = 0
+
+    init(host: PeripheralHost, application: PeripheralApplication) {
+        self.host = host
+        self.application = application
+    }
+
+    /// Starts advertising `name`; a line saying what failed, or nil.
+    func advertise(_ name: String, services: [BluetoothUUID]) async -> String? {
+        await withdraw()
+        count += 1
+        let made = PeripheralAdvertisement(connection: host.connection, path: Simulate.applicationRoot + "/bootloader\(count)",
+                                           localName: String(name.utf8.prefix(29)) ?? "DfuTarg", serviceUUIDs: services)
+        do {
+            try await made.export()
+            try await made.register(on: host.adapterPath)
+        } catch {
+            await made.unexport()
+            return "advertising the bootloader on \(host.adapter) failed: \(Simulate.failure(error, "LEAdvertisingManager1.RegisterAdvertisement").message)"
+        }
+        advertisement = made
+        return nil
+    }
+
+    /// Stops advertising, if it does.
+    func withdraw() async {
+        guard let advertisement else { return }
+        self.advertisement = nil
+        try? await advertisement.unregister()
+        await advertisement.unexport()
     }
 }
 

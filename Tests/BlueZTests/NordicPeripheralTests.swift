@@ -89,4 +89,30 @@ extension ProcessBusSuites.PeripheralTests {
             await fake.connection.close()
         }
     }
+
+    /// A device whose address changes (a buttonless application resetting into its bootloader at
+    /// the address + 1) says so once it reset: the host that serves each address on its own
+    /// adapter moves its advertising on that event. Until then it answers at the old address.
+    @Test func aButtonlessApplicationThatEntersItsBootloaderReportsItsNewAddress() async throws {
+        try await Self.withBus { bus in
+            let fake = try await FakeBlueZPeripheralSide.start(on: bus, devices: [Self.centralA])
+            let application = try #require(DeviceAddress("C0:11:22:33:44:10"))
+            let model = NordicButtonlessDevice(address: application, resetDuration: .milliseconds(50))
+            let served = try await Self.serve(bus, model: model, name: "otaflash-app")
+            // The bootloader's table, for its own application on another adapter, is wired to the same device.
+            let bootloaderTable = served.peripheral.services(for: model.bootloader.services)
+            #expect(bootloaderTable.flatMap { $0.characteristics.map(\.uuid) }.contains(SecureDFUService.controlPointUUID))
+            #expect(!served.peripheral.services.flatMap { $0.characteristics.map(\.uuid) }.contains(SecureDFUService.controlPointUUID))
+
+            let indications = try await fake.startNotify(SecureDFUService.buttonlessUUID)
+            try await fake.write(SecureDFUService.buttonlessUUID, ButtonlessRequest.enterBootloader.encoded, device: Self.centralA)
+            #expect(try await peripheralNext(indications) == [0x20, 0x01, 0x01])
+            try await fake.waitForCall("Disconnect \(Self.centralA)")
+            try await served.events.waitFor(.moved(address: DeviceAddress("C0:11:22:33:44:11")))
+            #expect(await served.peripheral.model.currentAddress == DeviceAddress("C0:11:22:33:44:11"))
+            #expect(served.events.all.filter { if case .moved = $0 { true } else { false } }.count == 1)
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
 }

@@ -43,6 +43,15 @@ struct Run {
     }
 }
 
+/// A run refused its arguments: exit 2 and one error line containing each of `texts`.
+func expectOneUsageLine(_ run: Run, saying texts: [String], sourceLocation: SourceLocation = #_sourceLocation) {
+    #expect(run.code == 2, "\(run.stderr)", sourceLocation: sourceLocation)
+    #expect(run.errorLines.count == 1, "\(run.stderr)", sourceLocation: sourceLocation)
+    for text in texts {
+        #expect(run.errorLines.first?.contains(text) == true, "\(run.stderr) does not say \(text)", sourceLocation: sourceLocation)
+    }
+}
+
 /// The simulator on virtual time: a whole update finishes at CPU speed.
 let simulator = ["--simulator", "--sim-time", "virtual"]
 

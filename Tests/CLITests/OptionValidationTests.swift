@@ -69,11 +69,7 @@ struct OptionValidationTests {
     @Test(arguments: badValues)
     func anOutOfRangeValueIsOneUsageLineNamingTheRange(input: BadValue) async {
         let run = await otaflash(input.arguments)
-        #expect(run.code == 2, "\(run.stderr)")
-        #expect(run.errorLines.count == 1, "\(run.stderr)")
-        for text in input.says {
-            #expect(run.errorLines.first?.contains(text) == true, "\(run.stderr) does not say \(text)")
-        }
+        expectOneUsageLine(run, saying: input.says)
         #expect(!run.stdout.contains("\"event\":\"connecting\""))
     }
 
