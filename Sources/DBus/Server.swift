@@ -157,6 +157,8 @@ extension DBusConnection {
     /// running still get their replies.
     public func unexport(path: String) {
         guard let object = objects.removeValue(forKey: path) else { return }
+        // An object's own chain ends with it; a group's serves the group's other objects.
+        if case .serial = object.ordering, let chain = Self.chain(.serial, path: path) { callTails[chain] = nil }
         if objectManagers.contains(path) {
             objectManagers.remove(path)
         }

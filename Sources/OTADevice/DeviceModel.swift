@@ -26,35 +26,9 @@ public struct DeviceModel: Sendable {
         }
     }
 
-    /// Something the transport must do at a given time.
-    public enum Output: Sendable, Hashable {
-        /// Notify these bytes on the control point.
-        case notify([UInt8])
-        /// Drop the link to the central that wrote (an injected disconnect).
-        case dropLink(reason: String)
-        /// Drop every link and stay away until `until`: not advertising, refusing connections
-        /// (a power cycle, or booting the image just activated).
-        case reboot(until: Duration, reason: String)
-        /// Call `wake(_:at:)` with this token: a held CHECKPOINT's time is up.
-        case wake(Token)
-    }
-
-    /// Identifies one held CHECKPOINT; a token whose CHECKPOINT was since answered, replaced or
-    /// cancelled wakes nothing.
-    public struct Token: Sendable, Hashable {
-        let id: UInt64
-    }
-
-    /// An output and when it is due.
-    public struct Timed: Sendable, Hashable {
-        public var at: Duration
-        public var output: Output
-
-        public init(at: Duration, _ output: Output) {
-            self.at = at
-            self.output = output
-        }
-    }
+    /// An output and when it is due: the notifications go to the control point, a `.wake`
+    /// carries the token of a held CHECKPOINT.
+    public typealias Timed = PeripheralTimed
 
     /// How a control point write is completed.
     public enum Reply: Sendable, Hashable {
@@ -88,7 +62,9 @@ public struct DeviceModel: Sendable {
     public private(set) var busyUntil: Duration = .zero
     /// While the device reboots: it neither advertises nor accepts connections.
     public private(set) var away: Range<Duration>?
-    private var held: Token?
+    /// The token of the held CHECKPOINT's `.wake`; one whose CHECKPOINT was since answered,
+    /// replaced or cancelled wakes nothing.
+    private var held: UInt64?
     private var nextToken: UInt64 = 0
 
     public init(device: FaultyDevice, timing: Timing) {
@@ -131,7 +107,7 @@ public struct DeviceModel: Sendable {
         case .handled(let notification):
             busyUntil = max(busyUntil, now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
             if target.deferred == nil { held = nil }
-            return notification.map { [Timed(at: busyUntil, .notify($0))] } ?? []
+            return notification.map { [Timed(at: busyUntil, .notify(OTAProtocol.controlPointUUID, $0))] } ?? []
         }
     }
 
@@ -142,7 +118,7 @@ public struct DeviceModel: Sendable {
         busyUntil = max(busyUntil, now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
         let notification = device.target.handleData(bytes)
         if target.deferred == nil { held = nil }
-        return (busyUntil, notification.map { [Timed(at: busyUntil, .notify($0))] } ?? [])
+        return (busyUntil, notification.map { [Timed(at: busyUntil, .notify(OTAProtocol.controlPointUUID, $0))] } ?? [])
     }
 
     /// A control point write reached the device at `now`.
@@ -171,13 +147,12 @@ public struct DeviceModel: Sendable {
             busyUntil = ready
             var outputs: [Timed] = []
             if !response.isEmpty, notify {
-                outputs.append(Timed(at: ready, .notify(response)))
+                outputs.append(Timed(at: ready, .notify(OTAProtocol.controlPointUUID, response)))
             }
             if response.isEmpty, target.deferred != nil, let bound = timing.holdEarlyCheckpoint {
                 nextToken += 1
-                let token = Token(id: nextToken)
-                held = token
-                outputs.append(Timed(at: ready + bound, .wake(token)))
+                held = nextToken
+                outputs.append(Timed(at: ready + bound, .wake(nextToken)))
             }
             if activated {
                 outputs.append(rebootOutput(at: ready + timing.bootDelay, reason: "the device boots the new image"))
@@ -189,11 +164,11 @@ public struct DeviceModel: Sendable {
 
     /// A `.wake` output is due: answers the CHECKPOINT it was for with `gap`, unless that one was
     /// answered, replaced or cancelled since.
-    public mutating func wake(_ token: Token, at now: Duration) -> [Timed] {
+    public mutating func wake(_ token: UInt64, at now: Duration) -> [Timed] {
         guard held == token else { return [] }
         held = nil
         guard let reply = device.target.expireDeferredCheckpoint() else { return [] }
-        return [Timed(at: max(now, busyUntil), .notify(reply))]
+        return [Timed(at: max(now, busyUntil), .notify(OTAProtocol.controlPointUUID, reply))]
     }
 
     /// The link to `central` (nil: every link) went down. A held CHECKPOINT from it is forgotten:

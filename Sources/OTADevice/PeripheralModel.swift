@@ -195,11 +195,11 @@ public struct NativePeripheral: PeripheralModel {
                                from central: String?, at now: Duration) -> PeripheralWriteResult {
         if characteristic == OTAProtocol.dataUUID, hasOTAService {
             guard withResponse else {
-                let outputs = Self.timed(model.receiveData(bytes, from: central, at: now))
+                let outputs = model.receiveData(bytes, from: central, at: now)
                 return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: progress)
             }
             let (acknowledged, outputs) = model.receiveAcknowledgedData(bytes, at: now)
-            return PeripheralWriteResult(reply: .success(at: acknowledged), outputs: Self.timed(outputs), reports: progress)
+            return PeripheralWriteResult(reply: .success(at: acknowledged), outputs: outputs, reports: progress)
         }
         guard withResponse else { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
         guard characteristic == OTAProtocol.controlPointUUID, hasOTAService else {
@@ -221,7 +221,7 @@ public struct NativePeripheral: PeripheralModel {
         case .away:
             reply = .away
         }
-        return PeripheralWriteResult(reply: reply, outputs: Self.timed(result.outputs), reports: reports)
+        return PeripheralWriteResult(reply: reply, outputs: result.outputs, reports: reports)
     }
 
     /// The transfer's progress after a data write.
@@ -265,21 +265,10 @@ public struct NativePeripheral: PeripheralModel {
     }
 
     public mutating func wake(_ token: UInt64, at now: Duration) -> [PeripheralTimed] {
-        Self.timed(model.wake(DeviceModel.Token(id: token), at: now))
+        model.wake(token, at: now)
     }
 
     public mutating func linkDropped(central: String?) {
         model.linkDropped(central: central)
-    }
-
-    private static func timed(_ outputs: [DeviceModel.Timed]) -> [PeripheralTimed] {
-        outputs.map { timed in
-            switch timed.output {
-            case .notify(let bytes): PeripheralTimed(at: timed.at, .notify(OTAProtocol.controlPointUUID, bytes))
-            case .dropLink(let reason): PeripheralTimed(at: timed.at, .dropLink(reason: reason))
-            case .reboot(let until, let reason): PeripheralTimed(at: timed.at, .reboot(until: until, reason: reason))
-            case .wake(let token): PeripheralTimed(at: timed.at, .wake(token.id))
-            }
-        }
     }
 }

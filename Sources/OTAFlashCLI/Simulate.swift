@@ -328,16 +328,7 @@ struct Simulate: AsyncParsableCommand {
         config.bankSize = slotSize
         config.applicationVersion = firmwareVersion.flatMap { UInt32($0) } ?? 0
         if let publicKey {
-            let pem: String
-            do {
-                pem = try String(contentsOfFile: publicKey, encoding: .utf8)
-            } catch {
-                throw CLIFailure(.usage, "--public-key \(publicKey): cannot read it (\(error.localizedDescription))")
-            }
-            guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: pem) else {
-                throw CLIFailure(.usage, "--public-key \(publicKey) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
-            }
-            config.signatureCheck = check
+            config.signatureCheck = try SecureDFUSimulatorOptions.signatureCheck(publicKeyFile: publicKey, option: "--public-key")
         }
         let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
                                         softDeviceAfterUpdate: softDeviceAfterUpdate?.value)

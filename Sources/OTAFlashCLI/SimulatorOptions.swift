@@ -249,15 +249,20 @@ public struct SecureDFUSimulatorOptions: ParsableArguments {
         if let bootloaderVersion { config.bootloaderVersion = UInt32(clamping: bootloaderVersion) }
         config.requireSignature = !openBootloader
         config.debugBootloader = debugBootloader
-        if let publicKey {
-            guard let data = FileManager.default.contents(atPath: publicKey) else {
-                throw CLIFailure(.usage, "--sim-public-key \(publicKey) cannot be read; give the PEM file of the bootloader's public key")
-            }
-            guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: String(decoding: data, as: UTF8.self)) else {
-                throw CLIFailure(.usage, "--sim-public-key \(publicKey) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
-            }
-            config.signatureCheck = check
-        }
+        if let publicKey { config.signatureCheck = try Self.signatureCheck(publicKeyFile: publicKey, option: "--sim-public-key") }
         return config
+    }
+
+    /// Verification with the P-256 public key in the PEM file at `path`, given with `option`.
+    ///
+    /// - Throws: `CLIFailure` `.usage` when the file cannot be read or holds no such key.
+    static func signatureCheck(publicKeyFile path: String, option: String) throws(CLIFailure) -> NordicDFUBootloader.SignatureCheck {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw CLIFailure(.usage, "\(option) \(path) cannot be read; give the PEM file of the bootloader's public key")
+        }
+        guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: String(decoding: data, as: UTF8.self)) else {
+            throw CLIFailure(.usage, "\(option) \(path) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
+        }
+        return check
     }
 }

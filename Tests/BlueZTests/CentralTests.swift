@@ -77,9 +77,12 @@ struct CentralTests {
             let uuids = [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0xFE59)]
             let found = try await central.scan(filter: ScanFilter(serviceUUIDs: uuids), timeout: BlueZCentral.rediscoverEvery * 2 + .milliseconds(500))
             #expect(found.map(\.address) == [Self.address])
-            #expect(Self.count("StartDiscovery", in: fake.log) == 3, "fake log:\n\(fake.log)")
-            #expect(Self.count("StopDiscovery", in: fake.log) == 3)
-            #expect(Self.count("uuids=\(uuids.map(\.description).joined(separator: ","))", in: fake.log) == 3)
+            // Started at 0 s and again at about 2 s and 4 s (a slow machine may push the last
+            // restart past the window's end); each start has its filter, each one is stopped.
+            let started = Self.count("StartDiscovery", in: fake.log)
+            #expect((2...3).contains(started), "fake log:\n\(fake.log)")
+            #expect(Self.count("StopDiscovery", in: fake.log) == started)
+            #expect(Self.count("uuids=\(uuids.map(\.description).joined(separator: ","))", in: fake.log) == started)
         }
     }
 

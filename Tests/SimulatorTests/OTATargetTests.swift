@@ -555,7 +555,7 @@ struct DeviceModelTests {
         #expect(activate.reply == .success(at: ready))
         #expect(activate.activated)
         #expect(activate.outputs == [
-            .init(at: ready, .notify(ControlResponse(opcode: .activate, status: .success).encoded)),
+            .init(at: ready, .notify(OTAProtocol.controlPointUUID, ControlResponse(opcode: .activate, status: .success).encoded)),
             .init(at: ready + .milliseconds(30), .reboot(until: ready + .milliseconds(530), reason: "the device boots the new image")),
         ])
         // Connectable until the reboot, refused during it, back after it.
@@ -581,7 +581,7 @@ struct DeviceModelTests {
         #expect(model.wake(oldToken, at: .milliseconds(1010)) == [])
         #expect(model.target.deferred?.offset == 1024)
         let gap = ControlResponse(opcode: .checkpoint, status: .gap, payload: .position(offset: 256, crc: CRC32.checksum(image[0..<256])))
-        #expect(model.wake(newToken, at: .milliseconds(1500)) == [.init(at: .milliseconds(1500), .notify(gap.encoded))])
+        #expect(model.wake(newToken, at: .milliseconds(1500)) == [.init(at: .milliseconds(1500), .notify(OTAProtocol.controlPointUUID, gap.encoded))])
         #expect(model.wake(newToken, at: .milliseconds(1600)) == [])
     }
 
@@ -593,7 +593,7 @@ struct DeviceModelTests {
         guard case .wake(let token)? = held.outputs.first?.output else { throw HarnessFailure("no hold: \(held)") }
         // Its data arrives: answered now, and the deadline wakes nothing.
         let success = ControlResponse(opcode: .checkpoint, status: .success, payload: .position(offset: 512, crc: CRC32.checksum(image[0..<512])))
-        #expect(model.receiveData(packet(256..<512, of: image), at: .milliseconds(5)) == [.init(at: .milliseconds(5), .notify(success.encoded))])
+        #expect(model.receiveData(packet(256..<512, of: image), at: .milliseconds(5)) == [.init(at: .milliseconds(5), .notify(OTAProtocol.controlPointUUID, success.encoded))])
         #expect(model.wake(token, at: .seconds(1)) == [])
 
         let again = model.receiveCommand(checkpoint(1024), at: .milliseconds(10))
@@ -608,7 +608,7 @@ struct DeviceModelTests {
         _ = model.receiveCommand(begin(image), at: .zero)
         let result = model.receiveCommand(checkpoint(512), at: .zero)
         let gap = ControlResponse(opcode: .checkpoint, status: .gap, payload: .position(offset: 0, crc: 0))
-        #expect(result.outputs == [.init(at: .zero, .notify(gap.encoded))])
+        #expect(result.outputs == [.init(at: .zero, .notify(OTAProtocol.controlPointUUID, gap.encoded))])
     }
 
     @Test func aRebootFaultDropsTheLinkAndTheDeviceIsAwayForItsDuration() {
