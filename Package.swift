@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "OTAWire", targets: ["OTAWire"]),
         .library(name: "Simulator", targets: ["Simulator"]),
         .library(name: "NordicDFU", targets: ["NordicDFU"]),
+        .library(name: "SMP", targets: ["SMP"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -39,6 +40,11 @@ let package = Package(
         .target(name: "NordicDFU", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
         ]),
+        // MCUmgr/SMP with MCUboot images (Zephyr, nRF Connect SDK): wire codec and CBOR, MCUboot
+        // images, the central's engine and the SMP server's device model, each in its own folder.
+        .target(name: "SMP", dependencies: [
+            "GATT", "OTAWire", "OTA", "OTADevice", .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
@@ -63,6 +69,7 @@ let package = Package(
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
+        .testTarget(name: "SMPTests", dependencies: ["SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
