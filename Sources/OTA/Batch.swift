@@ -25,8 +25,13 @@ public struct BatchOptions: Sendable {
     /// Whole-session attempts after the first, once a session's own reconnects gave up.
     public var retries: Int
     public var config: EngineConfig
-    /// The protocol spoken to every device.
+    /// The protocol spoken to every device, when the runner is given one image
+    /// (`BatchRunner(image:options:)`); a plan names its own.
     public var profile: any OTAProfile
+    /// The protocols the plan's protocol is checked among, against each device's services.
+    public var registry: ProtocolRegistry
+    /// `auto` or a registered name (`--protocol`).
+    public var protocolName: String
     public var timeouts: SessionTimeouts
     public var reconnect: ReconnectPolicy
     public var journal: JournalStore?
@@ -35,12 +40,15 @@ public struct BatchOptions: Sendable {
 
     public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
                 profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
                 journal: JournalStore? = nil, readBackVersion: Bool = true) {
         self.parallel = parallel
         self.perAdapter = perAdapter
         self.retries = retries
         self.config = config
         self.profile = profile
+        self.registry = registry
+        self.protocolName = protocolName
         self.timeouts = timeouts
         self.reconnect = reconnect
         self.journal = journal
@@ -57,6 +65,9 @@ public struct BatchOutcome: Sendable {
     }
 
     public let device: String
+    /// Where the device answered in its update mode, when it was moved there (a Nordic
+    /// bootloader after buttonless entry).
+    public var updateModeAddress: String?
     public let adapter: String?
     public let result: Result
     /// Sessions started (1 + retries used).
@@ -65,9 +76,10 @@ public struct BatchOutcome: Sendable {
     public let firmwareBefore: FirmwareVersion?
     public let firmwareAfter: FirmwareVersion?
 
-    public init(device: String, adapter: String?, result: Result, attempts: Int, seconds: Double,
+    public init(device: String, updateModeAddress: String? = nil, adapter: String?, result: Result, attempts: Int, seconds: Double,
                 firmwareBefore: FirmwareVersion?, firmwareAfter: FirmwareVersion?) {
         self.device = device
+        self.updateModeAddress = updateModeAddress
         self.adapter = adapter
         self.result = result
         self.attempts = attempts
@@ -78,8 +90,9 @@ public struct BatchOutcome: Sendable {
 
     /// The outcome of a session that returned: `skipped` when the device already ran the version
     /// (it still runs it afterwards), otherwise `ok`.
-    public init(_ result: OTAResult, adapter: String?, attempts: Int, seconds: Double, firmwareAfter: FirmwareVersion?) {
-        self.init(device: result.device, adapter: adapter, result: result.skipped ? .skipped(result.firmwareBefore) : .ok(result),
+    public init(_ result: OTAResult, updateModeAddress: String? = nil, adapter: String?, attempts: Int, seconds: Double,
+                firmwareAfter: FirmwareVersion?) {
+        self.init(device: result.device, updateModeAddress: updateModeAddress, adapter: adapter, result: result.skipped ? .skipped(result.firmwareBefore) : .ok(result),
                   attempts: attempts, seconds: seconds, firmwareBefore: result.firmwareBefore,
                   firmwareAfter: result.skipped ? result.firmwareBefore : firmwareAfter)
     }
@@ -92,26 +105,33 @@ public struct BatchOutcome: Sendable {
     }
 }
 
-/// Flashes one image into many devices, several at a time, each with its own session, reconnect
-/// supervisor and retries. A device's failure never stops the others. The image is shared by all
-/// sessions, never copied per device.
+/// Flashes one plan (an image, or a package's images) into many devices, several at a time, each
+/// through its own `DeviceUpdater`: its own sessions, reconnect supervisor and retries. A device's
+/// failure never stops the others. The images are shared by all sessions, never copied per device.
 public struct BatchRunner: Sendable {
-    public let image: FirmwareImage
+    public let plan: UpdatePlan
     public let options: BatchOptions
     public let clock: any MonotonicClock
     public let logger: Logger
 
-    public init(image: FirmwareImage, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
+    public init(plan: UpdatePlan, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
                 logger: Logger = Logger(label: "otaflash.batch")) {
-        self.image = image
+        self.plan = plan
         self.options = options
         self.clock = clock
         self.logger = logger
     }
 
-    /// Runs every target and returns their outcomes in the targets' order.
+    /// One image over `options.profile`.
+    public init(image: FirmwareImage, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
+                logger: Logger = Logger(label: "otaflash.batch")) {
+        self.init(plan: UpdatePlan(firmware: image, profile: options.profile), options: options, clock: clock, logger: logger)
+    }
+
+    /// Runs every target and returns their outcomes in the targets' order. Every event carries
+    /// the address the target was given.
     public func run(_ targets: [BatchTarget],
-                    events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async -> [BatchOutcome] {
+                    events: @escaping @Sendable (DeviceUpdater.Event) -> Void = { _ in }) async -> [BatchOutcome] {
         let total = Limiter(options.parallel)
         var perAdapter: [String: Limiter] = [:]
         for key in Set(targets.map { $0.adapter ?? "" }) { perAdapter[key] = Limiter(options.perAdapter) }
@@ -134,42 +154,52 @@ public struct BatchRunner: Sendable {
         }
     }
 
-    private func flash(_ target: BatchTarget, events: @escaping @Sendable (SessionEvent) -> Void) async -> BatchOutcome {
+    private func flash(_ target: BatchTarget, events: @escaping @Sendable (DeviceUpdater.Event) -> Void) async -> BatchOutcome {
         let started = clock.now
+        let updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
+                                    timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
+                                    logger: logger, namesSessionsByDevice: true)
         var attempt = 0
         var lastError: OTAError?
         var before: FirmwareVersion?
+        var progress = DeviceUpdater.Progress()
         while attempt <= options.retries {
             attempt += 1
             if Task.isCancelled { break }
-            let session = OTASession(central: target.central, address: target.address, image: image, config: options.config, profile: options.profile,
-                                     timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
-                                     logger: logger)
-            do {
-                let result = try await session.run(events: events)
+            let outcome = await updater.run(central: target.central, address: target.address, from: progress, events: events)
+            progress = outcome.progress
+            let error: OTAError
+            switch outcome.result {
+            case .success(let result):
                 before = result.firmwareBefore
                 let after = !result.skipped && result.activated && options.readBackVersion ? await readVersion(target) : nil
-                return BatchOutcome(result, adapter: target.adapter, attempts: attempt, seconds: (clock.now - started).seconds,
-                                    firmwareAfter: after)
-            } catch {
-                lastError = error
-                logger.debug("attempt failed", metadata: ["device": "\(target.address)", "attempt": "\(attempt)", "error": "\(error)"])
-                // Only failures a new session can overcome are worth another attempt.
-                guard error.resumable, error.code != .interrupted else { break }
+                return BatchOutcome(result, updateModeAddress: progress.entry?.address.description, adapter: target.adapter,
+                                    attempts: attempt, seconds: (clock.now - started).seconds, firmwareAfter: after)
+            case .failure(let failure):
+                error = failure
             }
+            lastError = error
+            logger.debug("attempt failed", metadata: ["device": "\(target.address)", "attempt": "\(attempt)", "error": "\(error)"])
+            // Only failures a new attempt can overcome are worth one; it goes on where this one
+            // left the device (moved into its update mode, images installed).
+            guard error.resumable, error.code != .interrupted else { break }
         }
         let error = lastError ?? OTAError(.interrupted, "stopped before \(target.address) was flashed", resumable: true)
-        return BatchOutcome(device: target.address.description, adapter: target.adapter, result: .failed(error), attempts: attempt,
+        return BatchOutcome(device: target.address.description, updateModeAddress: progress.entry?.address.description,
+                            adapter: target.adapter, result: .failed(error), attempts: attempt,
                             seconds: (clock.now - started).seconds, firmwareBefore: before, firmwareAfter: nil)
     }
 
-    /// After activation the device reboots; read what it runs now (nil if it does not come back soon).
+    /// After activation the device reboots; read what it runs now (nil if it does not come back
+    /// soon, or when its protocol does not tell).
     private func readVersion(_ target: BatchTarget) async -> FirmwareVersion? {
+        let profile = plan.parts[plan.parts.count - 1].profile
+        guard profile.reportsFirmwareVersion else { return nil }
         do {
             let connection = try await target.central.connect(to: target.address, timeout: options.timeouts.connect)
             defer { Task { await connection.disconnect() } }
-            let version = try await options.profile.firmwareVersion(on: connection, device: target.address.description,
-                                                                    discoveryTimeout: options.timeouts.discovery)
+            let version = try await profile.firmwareVersion(on: connection, device: target.address.description,
+                                                            discoveryTimeout: options.timeouts.discovery)
             await connection.disconnect()
             return version
         } catch {

@@ -189,6 +189,9 @@ public protocol OTAProfile: Sendable {
     /// How the device checks the whole image before it may activate it, for the line that says
     /// so: "computes the CRC32 of the whole image".
     var imageCheck: String { get }
+    /// Whether a device of this protocol tells the version it runs once it came back from an
+    /// update (a batch reads it back); false: do not connect again to ask.
+    var reportsFirmwareVersion: Bool { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -221,6 +224,7 @@ public protocol OTAProfile: Sendable {
 
 extension OTAProfile {
     public var imageCheck: String { "checks the whole image" }
+    public var reportsFirmwareVersion: Bool { true }
     /// A device of this protocol is always ready as it is.
     public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                                 limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {

@@ -98,7 +98,7 @@ func readDevicesFile(_ path: String) throws -> [DeviceAddress] {
 
 extension Flash {
     /// The devices of a batch, each with the central that reaches it.
-    func batchTargets(printer: EventPrinter) async throws -> [BatchTarget] {
+    func batchTargets(plan: FlashPlan, printer: EventPrinter) async throws -> [BatchTarget] {
         var addresses = target.device.compactMap(DeviceAddress.init)
         if let file = batch.devicesFile { addresses += try readDevicesFile(file) }
         if target.simulator.enabled {
@@ -106,7 +106,7 @@ extension Flash {
                 addresses += (1...count).map { i in DeviceAddress(String(format: "C0:FF:EE:00:%02X:%02X", i >> 8, i & 0xFF))! }
             }
             if addresses.isEmpty { addresses = [SimulatorOptions.defaultAddress] }
-            return simulatedTargets(unique(addresses))
+            return try simulatedTargets(unique(addresses), plan: plan)
         }
         let adapters = target.adapter.map { $0.split(separator: ",").map(String.init) } ?? [nil as String?].compactMap { $0 }
         let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
@@ -114,7 +114,9 @@ extension Flash {
             : adapters.map { ($0, target.bluezCentral(adapter: $0)) }
         var targets: [BatchTarget] = []
         if batch.scan {
-            let filter = ScanFilter(serviceUUIDs: [OTAProtocol.serviceUUID], namePrefix: batch.namePrefix, minimumRSSI: batch.minRSSI)
+            // A device in its update mode, or running an application that moves it there, advertises
+            // the protocol's service (Secure DFU: 0xFE59 from the bootloader and the buttonless application).
+            let filter = ScanFilter(serviceUUIDs: [plan.profile.serviceUUID], namePrefix: batch.namePrefix, minimumRSSI: batch.minRSSI)
             printer.note("scanning for \(batch.scanWindow) s on \(centrals.map { $0.0 ?? "the default adapter" }.joined(separator: ", "))…")
             var seen: [DeviceAddress: (Int, String?, any GATTCentral)] = [:]
             for (adapter, central) in centrals {
@@ -129,7 +131,9 @@ extension Flash {
                 }
             }
             targets += seen.sorted { $0.key.description < $1.key.description }.map { BatchTarget(address: $0.key, adapter: $0.value.1, central: $0.value.2) }
-            if targets.isEmpty { throw CLIFailure(.deviceNotFound, "no device advertising the OTA service was found within \(batch.scanWindow) s") }
+            if targets.isEmpty {
+                throw CLIFailure(.deviceNotFound, "no device advertising the \(plan.profile.name) service (\(plan.profile.serviceUUID)) was found within \(batch.scanWindow) s")
+            }
         }
         // Spread the listed devices over the adapters in turn.
         for (i, address) in unique(addresses).enumerated() where !targets.contains(where: { $0.address == address }) {
@@ -145,11 +149,13 @@ extension Flash {
     }
 
     /// One simulated device per address, each with its own central (and so its own clock: a
-    /// virtual clock serves one session at a time).
-    private func simulatedTargets(_ addresses: [DeviceAddress]) -> [BatchTarget] {
+    /// virtual clock serves one session at a time): a native device, or for a Nordic package a
+    /// Secure DFU bootloader (with --sim-buttonless, an application that moves into it).
+    private func simulatedTargets(_ addresses: [DeviceAddress], plan: FlashPlan) throws -> [BatchTarget] {
         var faults: [Int: BatchCLIOptions.SimFault] = [:]
         for spec in batch.simDeviceFault { if let (n, mode) = BatchCLIOptions.parseFault(spec) { faults[n] = mode } }
-        return addresses.enumerated().map { i, address in
+        let native = plan.profile is NativeProfile
+        return try addresses.enumerated().map { i, address in
             var config = target.simulator.deviceConfig(address: address)
             config.name = "otaflash-sim-\(i + 1)"
             config.faults.seed &+= UInt64(i)
@@ -161,29 +167,41 @@ extension Flash {
                 config.faults.refuseConnectionsAfter = 1
             case nil: break
             }
-            let central = SimulatedCentral(devices: [SimulatedDevice(config)], clock: target.simulator.clock)
+            // A device without an update service is the same whatever the image: a native one without its service.
+            let device = native || !config.hasOTAService
+                ? SimulatedDevice(config)
+                : try target.simulator.nordicDevice(config: config, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
+            let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             return BatchTarget(address: address, adapter: "sim", central: central)
         }
     }
 
     /// Flashes every target and reports; throws the batch's exit code unless all succeeded.
-    func runBatch(_ targets: [BatchTarget], image firmware: FirmwareImage, config: EngineConfig, printer: EventPrinter) async throws {
+    func runBatch(_ targets: [BatchTarget], plan: FlashPlan, printer: EventPrinter) async throws {
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
-        let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: config,
+        let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: engineConfig,
                                    timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                                   registry: .cli, protocolName: protocolName,
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory))
         let logs = batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }
         printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
                                        adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
         printer.note("flashing \(targets.count) devices, \(batch.parallel) at a time")
-        let runner = BatchRunner(image: firmware, options: options, logger: output.logger("otaflash.batch"))
+        let runner = BatchRunner(plan: plan.update, options: options, logger: output.logger("otaflash.batch"))
         printer.startLive(devices: targets.map(\.address.description))
         let work = Task {
             await runner.run(targets) { event in
-                printer.session(event)
-                logs?.record(event)
+                switch event {
+                case .session(let event):
+                    printer.session(event)
+                    logs?.record(event)
+                case .prepared(let device, _, let entry?):
+                    printer.note("\(device): moved into \(entry.mode); it answers at \(entry.address)")
+                case .prepared, .image:
+                    break
+                }
             }
         }
         let interrupts = InterruptHandler { _ in
@@ -241,17 +259,19 @@ extension Flash {
         case .skipped: ("skipped", "-")
         case .failed(let e): ("FAILED: \(e.description)", "-")
         }
-        return [o.device, o.adapter ?? "-", result, "\(o.attempts)", String(format: "%.1f s", o.seconds), rate,
+        return [o.device, o.updateModeAddress ?? "-", o.adapter ?? "-", result, "\(o.attempts)", String(format: "%.1f s", o.seconds), rate,
                 o.firmwareBefore?.description ?? "-", o.firmwareAfter?.description ?? "-"]
     }
 
     private func summaryTable(_ outcomes: [BatchOutcome]) -> [[String]] {
-        [["device", "adapter", "result", "attempts", "time", "throughput", "before", "after"]] + outcomes.map(summaryRow)
+        // The bootloader column only when a device was moved into one.
+        let rows = [["device", "bootloader", "adapter", "result", "attempts", "time", "throughput", "before", "after"]] + outcomes.map(summaryRow)
+        return outcomes.contains { $0.updateModeAddress != nil } ? rows : rows.map { row in row.enumerated().filter { $0.offset != 1 }.map(\.element) }
     }
 
     private func writeReport(_ outcomes: [BatchOutcome], to path: String) throws {
         func csv(_ s: String) -> String { s.contains(where: { ",\"\n".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s }
-        var text = "device,adapter,result,error,attempts,seconds,throughput_bytes_per_s,firmware_before,firmware_after\n"
+        var text = "device,adapter,result,error,attempts,seconds,throughput_bytes_per_s,firmware_before,firmware_after,bootloader\n"
         for o in outcomes {
             let (result, error, rate): (String, String, String) = switch o.result {
             case .ok(let r): ("ok", "", String(format: "%.0f", r.throughput))
@@ -259,7 +279,8 @@ extension Flash {
             case .failed(let e): ("error", e.description, "")
             }
             text += [o.device, o.adapter ?? "", result, error, "\(o.attempts)", String(format: "%.3f", o.seconds), rate,
-                     o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? ""].map(csv).joined(separator: ",") + "\n"
+                     o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? "",
+                     o.updateModeAddress ?? ""].map(csv).joined(separator: ",") + "\n"
         }
         if let problem = writeFile(path, Array(text.utf8)) {
             throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")

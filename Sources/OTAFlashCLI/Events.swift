@@ -196,6 +196,7 @@ public enum FlashEvents {
         public init(_ outcome: BatchOutcome) {
             if case .failed(let e) = outcome.result { self.init(failure: CLIFailure(e)) } else { self.init() }
             device = outcome.device
+            bootloader = outcome.updateModeAddress
             adapter = outcome.adapter
             seconds = outcome.seconds
             attempts = outcome.attempts

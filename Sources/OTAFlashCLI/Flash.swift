@@ -203,7 +203,6 @@ struct Flash: AsyncParsableCommand {
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
         let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations)
-        let firmware = plan.firmware
         let native = plan.profile is NativeProfile
         if native, !expectations.isEmpty {
             throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
@@ -215,16 +214,12 @@ struct Flash: AsyncParsableCommand {
             throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
         if batch.isBatch(devices: target.device) {
-            guard native else {
-                throw CLIFailure(.usage, "flashing several devices speaks the native protocol only for now; flash a \(plan.profile.name) image one --device at a time")
-            }
-            if target.simulator.buttonless != nil {
-                throw CLIFailure(.usage, "--sim-buttonless simulates one device; drop --count and the other devices")
-            }
-            printer.json(FlashEvents.Start(device: nil, image: image, size: firmware.size, crc32: firmware.crc32,
+            printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
+            for warning in plan.warnings { printer.note("warning: \(warning)") }
+            printer.json(FlashEvents.Start(device: nil, image: image, size: plan.size, crc32: plan.crc32,
                                            simulator: target.simulator.enabled, protocol: plan.profile.name))
-            let targets = try await batchTargets(printer: printer)
-            try await runBatch(targets, image: firmware, config: engineConfig, printer: printer)
+            let targets = try await batchTargets(plan: plan, printer: printer)
+            try await runBatch(targets, plan: plan, printer: printer)
             return
         }
         let address = try target.address()
@@ -246,59 +241,34 @@ struct Flash: AsyncParsableCommand {
         } else {
             central = target.bluezCentral()
         }
-        let config = engineConfig
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
-        let journal = keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil
-        let (timeouts, reconnect) = (sessionTimeouts, ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed))
-        let limits = UpdateModeLimits(reply: config.replyTimeout, disconnect: config.replyTimeout)
-        let logger = output.logger("otaflash.session")
-        let (image, simulator, protocolName) = (image, target.simulator.enabled, protocolName)
+        let updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: engineConfig,
+                                    timeouts: sessionTimeouts,
+                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                                    journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
+                                    logger: output.logger("otaflash.session"))
+        let (image, simulator) = (image, target.simulator.enabled)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
-        let (size, crc32) = (plan.size, plan.crc32)
+        let (size, crc32, protocolUsed) = (plan.size, plan.crc32, plan.profile.name)
         let started = central.clock.now
-        let bootloader = Slot<DeviceAddress>()
-        let work = Task { () async throws(OTAError) -> OTAResult in
-            func start(_ entry: UpdateModeEntry?) {
-                printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
-                                               size: size, crc32: crc32, simulator: simulator, protocol: plan.profile.name))
-            }
-            let prepared: DevicePreparation
-            do throws(OTAError) {
-                prepared = try await plan.prepare(protocol: protocolName, central: central, address: address, timeouts: timeouts, limits: limits)
-            } catch {
-                start(nil)
-                throw error
-            }
-            start(prepared.entry)
-            printer.note(prepared.reason)
-            if let entry = prepared.entry {
-                bootloader.current = entry.address
-                printer.note("\(address) ran its application and was moved into \(entry.mode); "
-                             + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
-            }
-            // The sessions go where the device answers now: the bootloader after an entry.
-            let handoff = Slot(prepared.connection)
-            let destination = prepared.entry?.address ?? address
-            let connect = { @Sendable () async throws(GATTError) -> any GATTConnection in
-                if let connection = handoff.take() { return connection }
-                if let entry = prepared.entry { return try await central.connect(to: entry, timeout: timeouts.connect) }
-                return try await central.connect(to: address, timeout: timeouts.connect)
-            }
-            // A package's images in its order, one session each: the device activates each one
-            // and reboots, and the next session connects to it again.
-            var total: OTAResult?
-            for (index, part) in plan.parts.enumerated() {
-                if plan.parts.count > 1 {
-                    printer.note("image \(index + 1) of \(plan.parts.count): \(labels[index])")
+        let work = Task { () async -> DeviceUpdater.Outcome in
+            await updater.run(central: central, address: address) { event in
+                switch event {
+                case .prepared(_, let reason, let entry):
+                    printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
+                                                   size: size, crc32: crc32, simulator: simulator, protocol: protocolUsed))
+                    if let reason { printer.note(reason) }
+                    if let entry {
+                        printer.note("\(address) ran its application and was moved into \(entry.mode); "
+                                     + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
+                    }
+                case .image(_, let index, let count, _):
+                    printer.note("image \(index + 1) of \(count): \(labels[index])")
+                case .session(let event):
+                    printer.session(event)
                 }
-                let session = OTASession(device: destination.description, image: part.firmware, config: config, profile: part.profile,
-                                         timeouts: timeouts, reconnect: reconnect, journal: journal, clock: central.clock,
-                                         logger: logger, connect: connect)
-                let result = try await session.run { printer.session($0) }
-                total = total.map { $0.followed(by: result, size: size, crc32: crc32) } ?? result
             }
-            return total!
         }
         let interrupts = InterruptHandler { _ in
             printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")
@@ -306,33 +276,28 @@ struct Flash: AsyncParsableCommand {
         }
         defer { interrupts.cancel() }
         CLIContext.output.onFailure { work.cancel() }
-        let outcome = await work.result
+        let outcome = await work.value
         if let simulated { try target.simulator.save(simulated) }
         if let simulated, let model = simulated.model(as: NordicButtonlessDevice.self) {
             printer.note("simulated device: runs its \(model.mode) at \(simulated.address)"
                          + (model.application.map { ", the application flashed with CRC32 \(hex32(CRC32.checksum($0)))" } ?? ""))
         }
+        let entered = outcome.progress.entry?.address
         let result: OTAResult
-        do {
-            result = try outcome.get()
-        } catch let error as OTAError {
+        switch outcome.result {
+        case .success(let success):
+            result = success
+        case .failure(let error):
             // The same `done` line a batch prints for a failed device.
-            var done = FlashEvents.Done(BatchOutcome(device: address.description, adapter: target.adapter, result: .failed(error),
-                                                     attempts: 1, seconds: (central.clock.now - started).seconds,
-                                                     firmwareBefore: nil, firmwareAfter: nil))
-            done.bootloader = bootloader.current?.description
-            printer.json(done)
+            printer.json(FlashEvents.Done(BatchOutcome(device: address.description, updateModeAddress: entered?.description,
+                                                       adapter: target.adapter, result: .failed(error), attempts: 1,
+                                                       seconds: (central.clock.now - started).seconds,
+                                                       firmwareBefore: nil, firmwareAfter: nil)))
             throw CLIFailure(error).markedReported()
-        } catch {
-            throw CLIFailure(.internalError, "\(error)")
         }
         // A single device is not reconnected to read its new version back (a batch does that).
-        var done = FlashEvents.Done(BatchOutcome(result, adapter: target.adapter, attempts: 1, seconds: result.seconds,
-                                                 firmwareAfter: nil))
-        let entered = bootloader.current
-        done.device = address.description
-        done.bootloader = entered?.description
-        printer.json(done)
+        printer.json(FlashEvents.Done(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
+                                                   attempts: 1, seconds: result.seconds, firmwareAfter: nil)))
         // The device as given, and where its bootloader answered when it was moved there.
         let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {
@@ -361,30 +326,5 @@ extension Flash {
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
                      activateTimeout: Ranges.activateTimeout.duration(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
                      skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
-    }
-}
-
-
-extension OTAResult {
-    /// This result and the next image's, as one: for a package sent image by image.
-    func followed(by next: OTAResult, size: Int, crc32: UInt32) -> OTAResult {
-        var out = next
-        out.bytes = size
-        out.crc32 = crc32
-        out.seconds = seconds + next.seconds
-        out.transferSeconds = transferSeconds + next.transferSeconds
-        out.firmwareBefore = firmwareBefore
-        out.stats.bytesSent += stats.bytesSent
-        out.stats.bytesResent += stats.bytesResent
-        out.stats.packets += stats.packets
-        out.stats.checkpoints += stats.checkpoints
-        out.stats.rewinds += stats.rewinds
-        out.stats.rollbacks += stats.rollbacks
-        out.stats.restarts += stats.restarts
-        out.stats.commandRetries += stats.commandRetries
-        out.stats.resumedFrom = stats.resumedFrom + next.stats.resumedFrom
-        out.stats.resentPerConnection = stats.resentPerConnection + next.stats.resentPerConnection
-        out.stats.resumeResends = stats.resumeResends + next.stats.resumeResends
-        return out
     }
 }

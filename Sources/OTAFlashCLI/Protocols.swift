@@ -18,49 +18,21 @@ extension ProtocolRegistry {
     }
 }
 
-/// What `flash` sends: one image, or a package's images in its order (one session each, the
-/// device rebooting in between), and the protocol they go over.
+/// What `flash` sends (`UpdatePlan`: one image, or a package's images in its order, and the
+/// protocol they go over), with what the command line says about it before any radio time.
 struct FlashPlan {
-    struct Part {
-        let firmware: FirmwareImage
-        let profile: any OTAProfile
-        /// What the image is, for notes: "application".
-        let label: String
-    }
-
-    let parts: [Part]
-    /// What the image file is (the protocol is checked against the device's services with it).
-    let format: ImageFormat.Kind
-    /// Why the protocol was chosen, for one note line.
-    let reason: String
-    /// What a package holds, after the reason: "; the package's image: application"; empty for an image.
-    var contents = ""
+    var update: UpdatePlan
     /// What the user should know about the image before it is sent (an unsigned package…).
     var warnings: [String] = []
     /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
     /// package's SoftDevice (what the package's last image requires).
     var softDeviceAfterUpdate: UInt32?
 
-    init(firmware: FirmwareImage, format: ImageFormat.Kind, profile: any OTAProfile, reason: String) {
-        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: format, reason: reason)
-    }
-
-    init(parts: [Part], format: ImageFormat.Kind, reason: String, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil) {
-        self.parts = parts
-        self.format = format
-        self.reason = reason
-        self.warnings = warnings
-        self.softDeviceAfterUpdate = softDeviceAfterUpdate
-    }
-
-    /// The first (for a single image, the only) image and its protocol.
-    var firmware: FirmwareImage { parts[0].firmware }
-    var profile: any OTAProfile { parts[0].profile }
-    /// Bytes of every image together, and the CRC32 of their bytes in order.
-    var size: Int { parts.reduce(0) { $0 + $1.firmware.size } }
-    var crc32: UInt32 {
-        parts.count == 1 ? parts[0].firmware.crc32 : CRC32.checksum(parts.flatMap(\.firmware.bytes))
-    }
+    var parts: [UpdatePlan.Part] { update.parts }
+    var firmware: FirmwareImage { update.firmware }
+    var profile: any OTAProfile { update.profile }
+    var size: Int { update.size }
+    var crc32: UInt32 { update.crc32 }
 }
 
 extension FlashPlan {
@@ -85,7 +57,7 @@ extension FlashPlan {
         let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex
         do {
             let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
-            return FlashPlan(firmware: firmware, format: format, profile: resolution.profile, reason: resolution.reason)
+            return FlashPlan(update: UpdatePlan(firmware: firmware, profile: resolution.profile, format: format, reason: resolution.reason))
         } catch {
             throw CLIFailure(.imageFile, refusal(path, error))
         }
@@ -110,14 +82,13 @@ extension FlashPlan {
             throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
         }
         let parts = package.images.map { image in
-            FlashPlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
+            UpdatePlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
         }
         let kinds = parts.map(\.label).joined(separator: ", then ")
         let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
         let contents = parts.count == 1 ? "; the package's image: \(kinds)" : "; the package's images, in order: \(kinds)"
-        var plan = FlashPlan(parts: parts, format: .nordicDFUPackage, reason: resolution.reason + contents, warnings: package.warnings,
-                             softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
-        plan.contents = contents
-        return plan
+        return FlashPlan(update: UpdatePlan(parts: parts, format: .nordicDFUPackage, reason: resolution.reason, contents: contents),
+                         warnings: package.warnings,
+                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
     }
 }

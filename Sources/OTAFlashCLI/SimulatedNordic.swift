@@ -31,8 +31,14 @@ extension SimulatorOptions {
     /// The simulated Secure DFU device at `address`: the bootloader, or with `--sim-buttonless`
     /// the application that reboots into it.
     func nordicDevice(address: DeviceAddress, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {
-        let config = deviceConfig(address: address)
-        let settings = try secureDFU.bootloaderConfig(bankSize: slotSize)
+        try nordicDevice(config: deviceConfig(address: address), softDeviceAfterUpdate: softDeviceAfterUpdate)
+    }
+
+    /// A Secure DFU device with `config`'s address, faults and boot delay, its bank the size of
+    /// `config`'s slot.
+    func nordicDevice(config: SimulatedDeviceConfig, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {
+        let address = config.address
+        let settings = try secureDFU.bootloaderConfig(bankSize: config.slotSize)
         let bootloader = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: settings), faults: config.faults,
                                              resetDelay: config.bootDelay, softDeviceAfterUpdate: softDeviceAfterUpdate)
         guard let kind = buttonless.flatMap(SimulatedButtonless.init(rawValue:)) else {

@@ -59,7 +59,7 @@ struct BatchTests {
         let csv = try String(contentsOfFile: report, encoding: .utf8).split(separator: "\n")
         #expect(csv.count == 3)
         #expect(csv[0].hasPrefix("device,adapter,result"))
-        #expect(csv.dropFirst().allSatisfy { $0.contains(",ok,") && $0.hasSuffix(",1.0.0,2.1.0") })
+        #expect(csv.dropFirst().allSatisfy { $0.contains(",ok,") && $0.hasSuffix(",1.0.0,2.1.0,") })
         let logFiles = try FileManager.default.contentsOfDirectory(atPath: logs).sorted()
         #expect(logFiles == ["C0FFEE00000A.jsonl", "C0FFEE00000B.jsonl"])
         let log = try String(contentsOfFile: logs + "/C0FFEE00000A.jsonl", encoding: .utf8)
@@ -241,5 +241,85 @@ enum Terminal {
             }
         }
         return lines.map { String($0) }.filter { !$0.isEmpty }
+    }
+}
+
+/// Batches of Secure DFU devices: bootloaders, and applications moved into theirs (buttonless).
+@Suite("otaflash batch, Nordic Secure DFU")
+struct NordicBatchTests {
+    static func package(_ name: String) -> String { samplePath("nordic/\(name)") }
+
+    @Test func threeBootloadersAreFlashedFromOnePackage() async throws {
+        let run = await otaflash(simulator + ["--count", "3", "--json", Self.package("blinky-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        #expect(events.first?["protocol"] == .string("nordic-dfu"))
+        let done = events.filter { $0["event"] == .string("done") }
+        #expect(done.count == 3)
+        #expect(done.allSatisfy { $0["result"] == .string("ok") && $0["bootloader"] == .null })
+        #expect(events.last?["ok"] == .int(3))
+    }
+
+    /// Each application is moved into its bootloader at its address + 1; the rows, the JSON and
+    /// the report show both addresses, and every event of a device carries the address it was given.
+    @Test func buttonlessDevicesShowBothAddressesInTheirRowsAndReport() async throws {
+        let scratch = try Scratch()
+        let report = scratch.url.appendingPathComponent("report.csv").path
+        let logs = scratch.url.appendingPathComponent("logs").path
+        let run = await otaflash(simulator + ["--count", "2", "--sim-buttonless", "unbonded", "--json", "--report", report,
+                                              "--log-dir", logs, Self.package("blinky-sd-bl-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        let done = Dictionary(uniqueKeysWithValues: events.filter { $0["event"] == .string("done") }.compactMap { d in
+            d["device"]?.string.map { ($0, d) }
+        })
+        #expect(done["C0:FF:EE:00:00:01"]?["bootloader"] == .string("C0:FF:EE:00:00:02"))
+        #expect(done["C0:FF:EE:00:00:02"]?["bootloader"] == .string("C0:FF:EE:00:00:03"))
+        #expect(done.values.allSatisfy { $0["result"] == .string("ok") })
+        let sessionDevices = Set(events.filter { $0["event"] == .string("connecting") }.compactMap { $0["device"]?.string })
+        #expect(sessionDevices == ["C0:FF:EE:00:00:01", "C0:FF:EE:00:00:02"])
+        let csv = try String(contentsOfFile: report, encoding: .utf8).split(separator: "\n").map(String.init)
+        #expect(csv.first?.hasSuffix(",bootloader") == true)
+        #expect(csv.contains { $0.hasPrefix("C0:FF:EE:00:00:01,") && $0.contains(",ok,") && $0.hasSuffix(",C0:FF:EE:00:00:02") })
+        #expect(csv.contains { $0.hasPrefix("C0:FF:EE:00:00:02,") && $0.hasSuffix(",C0:FF:EE:00:00:03") })
+        let logFiles = try FileManager.default.contentsOfDirectory(atPath: logs).sorted()
+        #expect(logFiles == ["C0FFEE000001.jsonl", "C0FFEE000002.jsonl"])
+
+        let human = await otaflash(simulator + ["--count", "2", "--sim-buttonless", "unbonded", Self.package("blinky-app.zip")])
+        #expect(human.code == 0, "\(human.stderr)")
+        #expect(human.stdout.contains("bootloader"), "\(human.stdout)")
+        #expect(human.stdout.contains("C0:FF:EE:00:00:03"), "\(human.stdout)")
+    }
+
+    /// A device whose bootloader never comes back fails on its own; a device without the service
+    /// is refused; the others end ok. The batch exits 14.
+    @Test func aMixedSecureDFUBatchReportsEachFailure() async throws {
+        let run = await otaflash(simulator + ["--count", "3", "--json", "--retries", "0", "--reconnect-window", "1",
+                                              "--sim-device-fault", "2:no-ota-service", "--sim-device-fault", "3:gone",
+                                              Self.package("blinky-sd-bl-app.zip")])
+        #expect(run.code == 14, "\(run.stderr)")
+        let done = Dictionary(uniqueKeysWithValues: run.jsonEvents.filter { $0["event"] as? String == "done" }
+            .map { ($0["device"] as? String ?? "", $0) })
+        #expect(done["C0:FF:EE:00:00:01"]?["result"] as? String == "ok")
+        #expect(done["C0:FF:EE:00:00:02"]?["error"] as? String == "incompatible_device")
+        #expect(done["C0:FF:EE:00:00:03"]?["error"] as? String == "connection")
+    }
+
+    /// Without a reconnect window, a lost link ends the attempt; the retry resumes the package's
+    /// first image (26,624 bytes) where the bootloader stands, then sends the application.
+    @Test func aRetryResumesThePackageWhereTheLinkWasLost() async throws {
+        let run = await otaflash(simulator + ["--count", "2", "--json", "--retries", "1", "--reconnect-window", "0",
+                                              "--sim-disconnect-at", "10000", Self.package("blinky-sd-bl-app.zip")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let done = run.jsonEvents.filter { $0["event"] as? String == "done" }
+        #expect(done.count == 2)
+        for device in done {
+            #expect(device["result"] as? String == "ok")
+            #expect(device["attempts"] as? Int == 2)
+            #expect(device["bytes"] as? Int == 26624 + 236)
+            // The retry's own sending: the rest of the first image and the second, not all of it again.
+            let sent = try #require(device["bytes_sent"] as? Int)
+            #expect(sent < 26624 - 4096 + 236)
+        }
     }
 }

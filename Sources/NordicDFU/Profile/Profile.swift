@@ -30,6 +30,8 @@ public struct NordicDFUProfile: OTAProfile {
     public var serviceUUID: BluetoothUUID { SecureDFUService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.nordicDFUPackage] }
     public var imageCheck: String { "checks the whole image's SHA-256 against the signed init packet" }
+    /// The bootloader starts the application, which has no Secure DFU version to read.
+    public var reportsFirmwareVersion: Bool { false }
 
     public func attach(to connection: any GATTConnection, device: String,
                        discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<NordicDFULink> {

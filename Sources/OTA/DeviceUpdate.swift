@@ -1,0 +1,258 @@
+import GATT
+import Logging
+import OTAWire
+import Synchronization
+
+/// What one device is sent: one image, or a package's images in its order (one session each, the
+/// device rebooting in between), and the protocol each goes over.
+public struct UpdatePlan: Sendable {
+    public struct Part: Sendable {
+        public let firmware: FirmwareImage
+        public let profile: any OTAProfile
+        /// What the image is, for notes: "application".
+        public let label: String
+
+        public init(firmware: FirmwareImage, profile: any OTAProfile, label: String) {
+            self.firmware = firmware
+            self.profile = profile
+            self.label = label
+        }
+    }
+
+    /// Never empty.
+    public let parts: [Part]
+    /// What the image file is: the protocol is checked against the device's services with it.
+    public let format: ImageFormat.Kind
+    /// Why the protocol was chosen, from the file alone, for one note line.
+    public var reason: String
+    /// What a package holds, said after the reason: "; the package's image: application"; empty
+    /// for a single image.
+    public var contents: String
+
+    public init(parts: [Part], format: ImageFormat.Kind, reason: String, contents: String = "") {
+        precondition(!parts.isEmpty, "an update plan sends at least one image")
+        self.parts = parts
+        self.format = format
+        self.reason = reason
+        self.contents = contents
+    }
+
+    /// One image over one protocol.
+    public init(firmware: FirmwareImage, profile: any OTAProfile, format: ImageFormat.Kind? = nil, reason: String = "") {
+        let kind = format ?? (firmware.baseAddress == nil ? .rawBinary : .intelHex)
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: kind, reason: reason)
+    }
+
+    /// The first (for a single image, the only) image and its protocol.
+    public var firmware: FirmwareImage { parts[0].firmware }
+    public var profile: any OTAProfile { parts[0].profile }
+    /// Bytes of every image together.
+    public var size: Int { parts.reduce(0) { $0 + $1.firmware.size } }
+    /// The CRC32 of every image's bytes in order.
+    public var crc32: UInt32 {
+        parts.count == 1 ? parts[0].firmware.crc32 : CRC32.checksum(parts.flatMap(\.firmware.bytes))
+    }
+}
+
+/// Updates one device with a plan: a first connection checks the protocol against the services
+/// the device exposes and lets the profile move the device into its update mode (Nordic
+/// buttonless entry), then one session per image runs, each with its own reconnect supervisor.
+/// A single device and every device of a batch go through here.
+public struct DeviceUpdater: Sendable {
+    public let plan: UpdatePlan
+    /// The protocols `protocolName` is resolved among.
+    public let registry: ProtocolRegistry
+    /// `auto` or a registered name: checked against the device's services.
+    public let protocolName: String
+    public let config: EngineConfig
+    public let timeouts: SessionTimeouts
+    public let reconnect: ReconnectPolicy
+    public let journal: JournalStore?
+    public let logger: Logger
+    /// True: sessions and their events carry the address the device was given, even after it
+    /// moved to another (a batch keys its rows and logs by it); false: where the sessions go.
+    public let namesSessionsByDevice: Bool
+
+    public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
+                config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
+                reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
+                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false) {
+        self.plan = plan
+        self.registry = registry
+        self.protocolName = protocolName
+        self.config = config
+        self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.journal = journal
+        self.logger = logger
+        self.namesSessionsByDevice = namesSessionsByDevice
+    }
+
+    /// What happens to one device, beyond its sessions' events.
+    public enum Event: Sendable {
+        /// The first connection was made (or failed and was left to the sessions): `reason` says
+        /// why the protocol was chosen, `entry` where the device answers after being moved into
+        /// its update mode. Nil `reason`: the device refused before any session.
+        case prepared(device: String, reason: String?, entry: UpdateModeEntry?)
+        /// Image `index` of `count` of a package starts.
+        case image(device: String, index: Int, count: Int, label: String)
+        case session(SessionEvent)
+    }
+
+    /// Where a device stands between two attempts: an attempt after the first goes on from here.
+    public struct Progress: Sendable, Hashable {
+        /// Where the device answers once it was moved into its update mode.
+        public var entry: UpdateModeEntry?
+        /// Images of the plan sent, verified and activated.
+        public var imagesDone = 0
+
+        public init(entry: UpdateModeEntry? = nil, imagesDone: Int = 0) {
+            self.entry = entry
+            self.imagesDone = imagesDone
+        }
+    }
+
+    /// How one attempt ended.
+    public struct Outcome: Sendable {
+        public var result: Result<OTAResult, OTAError>
+        /// Where the attempt left the device: what the next attempt starts from.
+        public var progress: Progress
+    }
+
+    /// The limits on moving the device into its update mode.
+    var limits: UpdateModeLimits { UpdateModeLimits(reply: config.replyTimeout, disconnect: config.replyTimeout) }
+
+    /// Runs one attempt at `address` through `central`, going on from `progress` (an earlier
+    /// attempt's): a device already moved into its update mode is not asked again, and images
+    /// already installed are not sent again.
+    public func run(central: any GATTCentral, address: DeviceAddress, from progress: Progress = Progress(),
+                    events: @escaping @Sendable (Event) -> Void) async -> Outcome {
+        var progress = progress
+        let device = address.description
+        let handoff = Mutex<(any GATTConnection)?>(nil)
+        if progress.entry == nil, progress.imagesDone == 0 {
+            do throws(OTAError) {
+                let prepared = try await prepare(central: central, address: address)
+                progress.entry = prepared.entry
+                handoff.withLock { $0 = prepared.connection }
+                events(.prepared(device: device, reason: prepared.reason, entry: prepared.entry))
+            } catch {
+                events(.prepared(device: device, reason: nil, entry: nil))
+                return Outcome(result: .failure(error), progress: progress)
+            }
+        }
+        let entry = progress.entry
+        let name = namesSessionsByDevice ? device : (entry?.address ?? address).description
+        let timeouts = timeouts
+        let connect = { @Sendable () async throws(GATTError) -> any GATTConnection in
+            if let connection = handoff.withLock({ c in defer { c = nil }; return c }) { return connection }
+            if let entry { return try await central.connect(to: entry, timeout: timeouts.connect) }
+            return try await central.connect(to: address, timeout: timeouts.connect)
+        }
+        var total: OTAResult?
+        let (size, crc32) = (plan.size, plan.crc32)
+        for (index, part) in plan.parts.enumerated().dropFirst(progress.imagesDone) {
+            if plan.parts.count > 1 {
+                events(.image(device: device, index: index, count: plan.parts.count, label: part.label))
+            }
+            let session = OTASession(device: name, image: part.firmware, config: config, profile: part.profile,
+                                     timeouts: timeouts, reconnect: reconnect, journal: journal, clock: central.clock,
+                                     logger: logger, connect: connect)
+            do throws(OTAError) {
+                let result = try await session.run { events(.session($0)) }
+                progress.imagesDone = index + 1
+                total = total.map { $0.followed(by: result, size: size, crc32: crc32) } ?? result
+            } catch {
+                if let unused = handoff.withLock({ c in defer { c = nil }; return c }) { await unused.disconnect() }
+                return Outcome(result: .failure(error), progress: progress)
+            }
+        }
+        // The images an earlier attempt sent count as this one's too.
+        guard var total else {
+            return Outcome(result: .failure(OTAError(.internalError, "\(device): the plan had no image left to send")), progress: progress)
+        }
+        total.device = device
+        if plan.parts.count > 1 { (total.bytes, total.crc32) = (size, crc32) }
+        return Outcome(result: .success(total), progress: progress)
+    }
+
+    private struct Prepared: Sendable {
+        let reason: String
+        let entry: UpdateModeEntry?
+        /// Up and discovered, for the first session to go on with; nil after an entry (the link
+        /// is gone) and when the first connection failed.
+        let connection: (any GATTConnection)?
+    }
+
+    /// Connects once before the sessions: checks the protocol against the services the device
+    /// exposes (`ProtocolRegistry.resolve`) and lets the profile move the device into its update
+    /// mode (`OTAProfile.enterUpdateMode`).
+    ///
+    /// A first connection that fails in a way the session's supervisor retries (a failed connect,
+    /// a timeout) is left to the first session; the protocol then goes unchecked against the
+    /// services, as before any connection.
+    ///
+    /// - Throws: `OTAError`: the device was not found (or Bluetooth is unavailable), exposes
+    ///   services of another protocol than the image's, or could not be moved into its update mode.
+    private func prepare(central: any GATTCentral, address: DeviceAddress) async throws(OTAError) -> Prepared {
+        let unread = Prepared(reason: plan.reason + plan.contents, entry: nil, connection: nil)
+        let connection: any GATTConnection
+        do {
+            connection = try await central.connect(to: address, timeout: timeouts.connect)
+        } catch {
+            // What the session's supervisor would retry is left to it; the rest ends the run here.
+            let failure = OTAError.from(error, device: address.description)
+            if Task.isCancelled { throw Self.interrupted(address) }
+            guard failure.resumable, failure.code == .connection || failure.code == .timeout else { throw failure }
+            return unread
+        }
+        let services: [GATTService]
+        do {
+            services = try await withTimeout(timeouts.discovery, clock: connection.clock, "discovering services") { () async throws(GATTError) in
+                try await connection.discoverServices()
+            }
+        } catch {
+            await connection.disconnect()
+            return unread
+        }
+        do throws(OTAError) {
+            let resolution = try registry.resolve(protocolName, format: plan.format, services: Set(services.map(\.uuid)))
+            let entry = try await plan.profile.enterUpdateMode(on: connection, services: services, device: address, limits: limits)
+            if entry != nil { await connection.disconnect() }
+            return Prepared(reason: resolution.reason + plan.contents, entry: entry, connection: entry == nil ? connection : nil)
+        } catch {
+            await connection.disconnect()
+            if Task.isCancelled { throw Self.interrupted(address) }
+            throw OTAError(error.code, error.message.hasPrefix("\(address)") ? error.message : "\(address): \(error.message)",
+                           hint: error.hint, resumable: error.resumable, cause: error.cause)
+        }
+    }
+
+    private static func interrupted(_ address: DeviceAddress) -> OTAError {
+        OTAError(.interrupted, "interrupted before anything was sent to \(address)", hint: "run the same command again")
+    }
+}
+
+extension OTAResult {
+    /// This result and the next image's, as one: for a package sent image by image.
+    func followed(by next: OTAResult, size: Int, crc32: UInt32) -> OTAResult {
+        var out = next
+        out.bytes = size
+        out.crc32 = crc32
+        out.seconds = seconds + next.seconds
+        out.transferSeconds = transferSeconds + next.transferSeconds
+        out.firmwareBefore = firmwareBefore
+        out.stats.bytesSent += stats.bytesSent
+        out.stats.bytesResent += stats.bytesResent
+        out.stats.packets += stats.packets
+        out.stats.checkpoints += stats.checkpoints
+        out.stats.rewinds += stats.rewinds
+        out.stats.rollbacks += stats.rollbacks
+        out.stats.restarts += stats.restarts
+        out.stats.commandRetries += stats.commandRetries
+        out.stats.resumedFrom = stats.resumedFrom + next.stats.resumedFrom
+        out.stats.resentPerConnection = stats.resentPerConnection + next.stats.resentPerConnection
+        out.stats.resumeResends = stats.resumeResends + next.stats.resumeResends
+        return out
+    }
+}
