@@ -145,6 +145,15 @@ func bytes(_ hex: String) -> [UInt8] {
         let deep = [UInt8](repeating: 0x81, count: 10_000) + [0x00]
         #expect(throws: CBORError.self) { try CBORDecoder.decode(deep, limits: CBORDecoder.Limits(maxSize: 20_000)) }
         #expect(CBORDecoder.Limits.smp.maxDepth >= 3)
+        // A caller's limit above 256 levels is held at 256, where recursion is still safe.
+        let huge = CBORDecoder.Limits(maxDepth: 1_000_000, maxSize: 20_000)
+        do {
+            _ = try CBORDecoder.decode(deep, limits: huge)
+            Issue.record("10,000 levels decoded")
+        } catch {
+            #expect(error.kind == .tooDeep)
+            #expect(error.offset == 256)
+        }
     }
 
     @Test func moreItemsThanTheLimitAreRefused() throws {

@@ -233,7 +233,8 @@ public struct CBORError: Error, Sendable, Hashable, CustomStringConvertible {
 /// not decoders, for the shortest form); re-encoding writes them shortest.
 public struct CBORDecoder {
     public struct Limits: Sendable, Hashable {
-        /// Arrays and maps nest at most this deep (a scalar at the top is depth 0).
+        /// Arrays and maps nest at most this deep (a scalar at the top is depth 0); the decoder
+        /// recurses once a level, so values above 256 are taken as 256.
         public var maxDepth: Int
         /// Data items in all, counting every key, value and element.
         public var maxItems: Int
@@ -347,8 +348,9 @@ public struct CBORDecoder {
             }
             return .text(s)
         case 4, 5:
-            guard depth < limits.maxDepth else {
-                throw CBORError(.tooDeep, at: start, "CBOR nests deeper than \(limits.maxDepth) levels at offset \(start)")
+            let maxDepth = min(limits.maxDepth, 256)
+            guard depth < maxDepth else {
+                throw CBORError(.tooDeep, at: start, "CBOR nests deeper than \(maxDepth) levels at offset \(start)")
             }
             // Every item takes at least one byte: a count beyond the bytes left is truncated input,
             // and checking it first keeps a forged count from reserving memory.
