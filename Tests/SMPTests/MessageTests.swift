@@ -93,6 +93,7 @@ import Testing
         } catch {
             #expect(error.kind == kind, "\(error)")
             #expect(!error.description.isEmpty)
+            #expect(error.serverAnswer == (kind == .unsupportedCommand ? .notSupported : .invalidValue))
         }
     }
 

@@ -240,3 +240,12 @@ public struct SMPDeviceError: Error, Hashable, Sendable, CustomStringConvertible
         OTAError(otaCode, "\(device) refused \(request): \(description)", resumable: resumable, cause: self)
     }
 }
+
+extension SMPWireError {
+    /// What a server answers a request that fails to decode with: ENOTSUP for a command it does not
+    /// know, EINVAL for anything malformed (Zephyr's `smp_handle_single_req`).
+    public var serverAnswer: MCUmgrError {
+        if case .unsupportedCommand = kind { return .notSupported }
+        return .invalidValue
+    }
+}
