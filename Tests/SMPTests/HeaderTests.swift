@@ -74,13 +74,25 @@ import Testing
         }
     }
 
-    @Test func theLengthFollowsThePayload() {
-        let frame = SMPFrame(header: SMPHeader(operation: .write, length: 999, group: .os, sequence: 0, command: 0), payload: [0xA0])
+    @Test func theLengthFollowsThePayload() throws {
+        let frame = try SMPFrame(header: SMPHeader(operation: .write, length: 999, group: .os, sequence: 0, command: 0), payload: [0xA0])
         #expect(frame.header.length == 1)
     }
 
-    @Test func aPayloadThatIsNotCBORSaysSo() {
-        let frame = SMPFrame(header: SMPHeader(operation: .readResponse, length: 0, group: .os, sequence: 0, command: 6), payload: [0xA1, 0x61])
+    @Test func aPayloadOverWhatTheHeaderCanSayIsRefused() throws {
+        let header = SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 0)
+        _ = try SMPFrame(header: header, payload: Array(repeating: 0, count: 65_535))
+        #expect(throws: SMPWireError.self) { try SMPFrame(header: header, payload: Array(repeating: 0, count: 65_536)) }
+        do {
+            _ = try SMPRequest.echo(String(repeating: "x", count: 70_000)).frame(sequence: 0)
+            Issue.record("a 70,000-byte echo made a frame")
+        } catch {
+            #expect(error.kind == .frameTooLarge)
+        }
+    }
+
+    @Test func aPayloadThatIsNotCBORSaysSo() throws {
+        let frame = try SMPFrame(header: SMPHeader(operation: .readResponse, length: 0, group: .os, sequence: 0, command: 6), payload: [0xA1, 0x61])
         do {
             _ = try frame.body()
             Issue.record("decoded")
@@ -120,8 +132,8 @@ import Testing
 }
 
 @Suite struct SMPReassemblerTests {
-    static let echo = SMPRequest.echo("hello world").frame(sequence: 1).encoded
-    static let params = SMPResponse.mcumgrParameters(SMPParameters(bufferSize: 384, bufferCount: 4))
+    static let echo = try! SMPRequest.echo("hello world").frame(sequence: 1).encoded
+    static let params = try! SMPResponse.mcumgrParameters(SMPParameters(bufferSize: 384, bufferCount: 4))
         .frame(replyingTo: SMPRequest.mcumgrParameters.frame(sequence: 2).header).encoded
 
     @Test func aWholeFrameInOneNotificationComesOut() throws {
@@ -195,14 +207,14 @@ import Testing
             #expect(error.kind == .frameTooLarge)
         }
         #expect(r.pendingBytes == 0)
-        let fits = SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .image, sequence: 0, command: 1),
+        let fits = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .image, sequence: 0, command: 1),
                             payload: Array(repeating: 0, count: 376))
         #expect(try r.append(fits.encoded).count == 1)
     }
 
     @Test func theBufferNeverHoldsMoreThanOnePartialFrame() throws {
         var r = SMPReassembler(maxFrameSize: 64)
-        let frame = SMPFrame(header: SMPHeader(operation: .writeResponse, length: 0, group: .os, sequence: 0, command: 0),
+        let frame = try SMPFrame(header: SMPHeader(operation: .writeResponse, length: 0, group: .os, sequence: 0, command: 0),
                              payload: Array(repeating: 0xA0, count: 56))
         var delivered = 0
         for _ in 0..<100 {

@@ -17,7 +17,7 @@ import Testing
         (.imageErase(slot: nil), 9, "0a 00 00 01 00 01 09 05 a0"),
     ])
     func requestsEncodeToSmpclientsBytes(request: SMPRequest, sequence: UInt8, hex: String) throws {
-        let frame = request.frame(sequence: sequence)
+        let frame = try request.frame(sequence: sequence)
         #expect(frame.encoded == bytes(hex))
         #expect(try SMPRequest(decoding: SMPFrame(decoding: bytes(hex))) == request)
     }
@@ -25,7 +25,7 @@ import Testing
     @Test func testingAnImageSendsItsHashAndConfirmFalse() throws {
         let expected = bytes("0a 00 00 31 00 01 06 00 a2 64 68 61 73 68 58 20") + Self.sha + bytes("67 63 6f 6e 66 69 72 6d f4")
         let request = SMPRequest.imageStateWrite(hash: Self.sha, confirm: false)
-        #expect(request.frame(sequence: 6).encoded == expected)
+        #expect(try request.frame(sequence: 6).encoded == expected)
         #expect(try SMPRequest(decoding: SMPFrame(decoding: expected)) == request)
     }
 
@@ -36,7 +36,7 @@ import Testing
         expected += bytes("64 64 61 74 61 50") + [UInt8](0..<16)
         expected += bytes("65 69 6d 61 67 65 00 67 75 70 67 72 61 64 65 f4")
         let upload = SMPImageUpload.first(length: 50663, sha: Self.sha, data: Array(0..<16))
-        #expect(SMPRequest.imageUpload(upload).frame(sequence: 1).encoded == expected)
+        #expect(try SMPRequest.imageUpload(upload).frame(sequence: 1).encoded == expected)
         #expect(try SMPRequest(decoding: SMPFrame(decoding: expected)) == .imageUpload(upload))
     }
 
@@ -44,23 +44,23 @@ import Testing
     @Test func aLaterUploadChunkCarriesOnlyOffsetAndData() throws {
         let expected = bytes("0a 00 00 16 00 01 02 01 a2 63 6f 66 66 19 09 58 64 64 61 74 61 48 00 00 00 00 00 00 00 00")
         let upload = SMPImageUpload(offset: 0x958, data: Array(repeating: 0, count: 8))
-        #expect(SMPRequest.imageUpload(upload).frame(sequence: 2).encoded == expected)
+        #expect(try SMPRequest.imageUpload(upload).frame(sequence: 2).encoded == expected)
         #expect(try SMPRequest(decoding: SMPFrame(decoding: expected)) == .imageUpload(upload))
     }
 
     @Test func resetAcceptsForceAsABooleanToo() throws {
-        let frame = SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 5), body: ["force": true])
+        let frame = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 5), body: ["force": true])
         #expect(try SMPRequest(decoding: frame) == .reset(force: true))
-        let zero = SMPFrame(header: frame.header, body: ["force": 0])
+        let zero = try SMPFrame(header: frame.header, body: ["force": 0])
         #expect(try SMPRequest(decoding: zero) == .reset(force: false))
-        let two = SMPFrame(header: frame.header, body: ["force": 2])
+        let two = try SMPFrame(header: frame.header, body: ["force": 2])
         #expect(throws: SMPWireError.self) { try SMPRequest(decoding: two) }
     }
 }
 
 @Suite struct SMPRequestDecodingTests {
     static func frame(_ op: SMPOperation, _ command: SMPCommand, _ body: CBOR) -> SMPFrame {
-        SMPFrame(header: SMPHeader(operation: op, length: 0, group: command.group, sequence: 0, command: command.id), body: body)
+        try! SMPFrame(header: SMPHeader(operation: op, length: 0, group: command.group, sequence: 0, command: command.id), body: body)
     }
 
     @Test(arguments: [
@@ -102,8 +102,8 @@ import Testing
         #expect(try SMPRequest(decoding: frame) == .imageErase(slot: 1))
     }
 
-    @Test func aRequestWithBadCBORSaysItIsCBOR() {
-        let frame = SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 0), payload: [0xBF, 0xFF])
+    @Test func aRequestWithBadCBORSaysItIsCBOR() throws {
+        let frame = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 0), payload: [0xBF, 0xFF])
         do {
             _ = try SMPRequest(decoding: frame)
             Issue.record("decoded")
@@ -152,8 +152,8 @@ import Testing
         (.echo("x"), .error(SMPDeviceError(group: .os, rc: 2))),
     ])
     func answersRoundTripThroughTheirFrame(request: SMPRequest, response: SMPResponse) throws {
-        let requestHeader = request.frame(sequence: 77).header
-        let frame = response.frame(replyingTo: requestHeader)
+        let requestHeader = try request.frame(sequence: 77).header
+        let frame = try response.frame(replyingTo: requestHeader)
         #expect(frame.header.sequence == 77)
         #expect(frame.header.operation == request.operation.response)
         #expect(frame.header.group == request.command.group)
@@ -165,13 +165,13 @@ import Testing
     @Test func aV1ResponseCarriesRcZeroOnSuccess() throws {
         // Zephyr's SMP v1 upload answer: {"rc": 0, "off": 2392}.
         let header = SMPHeader(operation: .writeResponse, version: .v1, length: 0, group: .image, sequence: 1, command: 1)
-        let frame = SMPFrame(header: header, body: ["rc": 0, "off": 2392])
+        let frame = try SMPFrame(header: header, body: ["rc": 0, "off": 2392])
         #expect(try SMPResponse(decoding: frame) == .upload(SMPUploadStatus(offset: 2392)))
     }
 
     @Test func aV1ErrorIsAGeneralCode() throws {
         let header = SMPHeader(operation: .writeResponse, version: .v1, length: 0, group: .image, sequence: 1, command: 1)
-        let frame = SMPFrame(header: header, body: ["rc": 6])
+        let frame = try SMPFrame(header: header, body: ["rc": 6])
         guard case .error(let e) = try SMPResponse(decoding: frame) else { Issue.record("not an error"); return }
         #expect(e.general == .badState)
         #expect(e.imageError == nil)
@@ -180,7 +180,7 @@ import Testing
 
     @Test func aGroupErrorAnsweringAV1RequestIsWrittenAsRc() throws {
         let v1 = SMPHeader(operation: .write, version: .v1, length: 0, group: .image, sequence: 1, command: 1)
-        let frame = SMPResponse.error(.image(.imageTooLarge)).frame(replyingTo: v1)
+        let frame = try SMPResponse.error(.image(.imageTooLarge)).frame(replyingTo: v1)
         #expect(frame.header.version == .v1)
         #expect(try frame.body() == ["rc": 30])
     }
@@ -190,13 +190,13 @@ import Testing
         let body: [UInt8] = bytes("a1 66 69 6d 61 67 65 73 81 a8 64 73 6c 6f 74 00 67 76 65 72 73 69 6f 6e 65 31 2e 30 2e 30")
             + bytes("64 68 61 73 68 41 aa 68 62 6f 6f 74 61 62 6c 65 f5 67 70 65 6e 64 69 6e 67 f4")
             + bytes("69 63 6f 6e 66 69 72 6d 65 64 f5 66 61 63 74 69 76 65 f5 69 70 65 72 6d 61 6e 65 6e 74 f4")
-        let frame = SMPFrame(header: SMPHeader(operation: .readResponse, length: 0, group: .image, sequence: 0, command: 0), payload: body)
+        let frame = try SMPFrame(header: SMPHeader(operation: .readResponse, length: 0, group: .image, sequence: 0, command: 0), payload: body)
         let expected = SMPImageSlot(slot: 0, version: "1.0.0", hash: [0xAA], bootable: true, confirmed: true, active: true)
         #expect(try SMPResponse(decoding: frame) == .imageStates(SMPImageStates(images: [expected])))
     }
 
     static func response(_ op: SMPOperation, _ command: SMPCommand, _ body: CBOR) -> SMPFrame {
-        SMPFrame(header: SMPHeader(operation: op, length: 0, group: command.group, sequence: 0, command: command.id), body: body)
+        try! SMPFrame(header: SMPHeader(operation: op, length: 0, group: command.group, sequence: 0, command: command.id), body: body)
     }
 
     @Test(arguments: [
@@ -262,7 +262,7 @@ import Testing
         (5_000_000_000, 10), (0, 40), (0, 41), (0, 42), (0, 100), (0, 300), (0, 302), (0, 303), (0, 384), (0, 65_600),
         (70_000, 39), (70_000, 40), (70_000, 65_000), (300, 2475),
     ])
-    func aFilledChunkFitsTheFrameLimitExactlyOrByTheHeadsSlack(offset: UInt64, limit: Int) {
+    func aFilledChunkFitsTheFrameLimitExactlyOrByTheHeadsSlack(offset: UInt64, limit: Int) throws {
         let empty = SMPImageUpload(offset: offset, data: [])
         let size = empty.maxDataSize(frameLimit: limit)
         let effective = min(limit, SMPHeader.size + Int(UInt16.max))
@@ -275,7 +275,7 @@ import Testing
         }
         var filled = empty
         filled.data = Array(repeating: 0xEE, count: size)
-        #expect(SMPRequest.imageUpload(filled).frame(sequence: 0).encoded.count <= effective)
+        #expect(try SMPRequest.imageUpload(filled).frame(sequence: 0).encoded.count <= effective)
         // One more data byte would not fit (counted without building the frame, which could not say its length).
         filled.data.append(0xEE)
         #expect(SMPHeader.size + filled.body.encoded.count > effective)

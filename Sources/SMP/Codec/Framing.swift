@@ -62,7 +62,7 @@ public struct SMPReassembler: Sendable {
                     throw SMPWireError(.frameTooLarge, "SMP frame of \(total) bytes (\(header)) is over the limit of \(maxFrameSize)")
                 }
                 guard available >= total else { break }
-                frames.append(SMPFrame(header: header, payload: Array(buffer[start + SMPHeader.size..<start + total])))
+                frames.append(SMPFrame(checked: header, length: header.length, payload: Array(buffer[start + SMPHeader.size..<start + total])))
                 start += total
             } catch {
                 buffer.removeAll()

@@ -132,21 +132,27 @@ public struct SMPFrame: Hashable, Sendable {
     public var header: SMPHeader
     public var payload: [UInt8]
 
-    /// A frame around `payload`; the header's length is set from it.
-    ///
-    /// - Precondition: `payload` is at most 65,535 bytes (the header's length field). The message
-    ///   types never build more; the engine sizes uploads with `SMPImageUpload.maxDataSize`.
-    public init(header: SMPHeader, payload: [UInt8]) {
-        precondition(payload.count <= Int(UInt16.max), "SMP payload of \(payload.count) bytes exceeds the header's 16-bit length")
-        var header = header
-        header.length = UInt16(payload.count)
-        self.header = header
-        self.payload = payload
+    /// A frame around `payload`; the header's length is set from it. Throws `.frameTooLarge` for
+    /// a payload over 65,535 bytes, which the header's length cannot say (an echo of a long text,
+    /// say; uploads sized by `SMPImageUpload.maxDataSize` always fit).
+    public init(header: SMPHeader, payload: [UInt8]) throws(SMPWireError) {
+        guard let length = UInt16(exactly: payload.count) else {
+            throw SMPWireError(.frameTooLarge, "an SMP payload of \(payload.count) bytes is over the 65,535 the header can say")
+        }
+        self.init(checked: header, length: length, payload: payload)
     }
 
     /// A frame carrying `body` as canonical CBOR.
-    public init(header: SMPHeader, body: CBOR) {
-        self.init(header: header, payload: body.encoded)
+    public init(header: SMPHeader, body: CBOR) throws(SMPWireError) {
+        try self.init(header: header, payload: body.encoded)
+    }
+
+    /// A frame whose payload is known to fit the header's length.
+    init(checked header: SMPHeader, length: UInt16, payload: [UInt8]) {
+        var header = header
+        header.length = length
+        self.header = header
+        self.payload = payload
     }
 
     /// Parses a whole frame: the header, then exactly its length in payload bytes.

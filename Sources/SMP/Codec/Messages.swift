@@ -150,9 +150,10 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
-    /// The request as an SMP v2 frame.
-    public func frame(sequence: UInt8) -> SMPFrame {
-        SMPFrame(header: SMPHeader(operation: operation, version: .v2, length: 0, group: command.group,
+    /// The request as an SMP v2 frame. Throws `.frameTooLarge` only for an echo text or upload
+    /// chunk whose CBOR is over 65,535 bytes.
+    public func frame(sequence: UInt8) throws(SMPWireError) -> SMPFrame {
+        try SMPFrame(header: SMPHeader(operation: operation, version: .v2, length: 0, group: command.group,
                                    sequence: sequence, command: command.id),
                  body: body)
     }
@@ -359,9 +360,9 @@ public enum SMPResponse: Hashable, Sendable {
     }
 
     /// The frame answering `request`: its version, group, sequence and command, the response
-    /// operation.
-    public func frame(replyingTo request: SMPHeader) -> SMPFrame {
-        SMPFrame(header: request.response(length: 0), body: body(version: request.version))
+    /// operation. Throws `.frameTooLarge` only for an answer over 65,535 bytes of CBOR.
+    public func frame(replyingTo request: SMPHeader) throws(SMPWireError) -> SMPFrame {
+        try SMPFrame(header: request.response(length: 0), body: body(version: request.version))
     }
 
     /// Reads an answer: an error in either version's form (v2 `err`, or a nonzero v1 `rc`) first,
