@@ -1,0 +1,468 @@
+/// A command: its group and id within the group. Read and write of one command share the id.
+public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
+    public var group: SMPGroup
+    public var id: UInt8
+
+    public init(group: SMPGroup, id: UInt8) {
+        self.group = group
+        self.id = id
+    }
+
+    /// OS 0: echo `d` back as `r`.
+    public static let echo = SMPCommand(group: .os, id: 0)
+    /// OS 5: reset after answering.
+    public static let reset = SMPCommand(group: .os, id: 5)
+    /// OS 6: the server's buffer size and count.
+    public static let mcumgrParameters = SMPCommand(group: .os, id: 6)
+    /// Image 0: read (list slots) or write (test or confirm).
+    public static let imageState = SMPCommand(group: .image, id: 0)
+    /// Image 1: one chunk of an upload.
+    public static let imageUpload = SMPCommand(group: .image, id: 1)
+    /// Image 5: erase a slot.
+    public static let imageErase = SMPCommand(group: .image, id: 5)
+
+    public var description: String {
+        switch self {
+        case .echo: "echo"
+        case .reset: "reset"
+        case .mcumgrParameters: "MCUmgr parameters"
+        case .imageState: "image state"
+        case .imageUpload: "image upload"
+        case .imageErase: "image erase"
+        default: "\(group) command \(id)"
+        }
+    }
+}
+
+/// One chunk of an image upload (image group, command 1; Zephyr `smp_group_1.rst`, smp
+/// `ImageUploadWriteRequest`).
+///
+/// The first chunk (`offset` 0) carries `length`, `sha` (SHA-256 of the whole file as uploaded,
+/// which names the upload session so a server can resume it), `image` and `upgrade`; later chunks
+/// carry only `offset` and `data`. Absent fields are omitted from the CBOR.
+public struct SMPImageUpload: Hashable, Sendable {
+    /// `image`: the image number (0 unless the device has several).
+    public var image: UInt32?
+    /// `len`: the whole file's size.
+    public var length: UInt64?
+    /// `off`: where `data` goes.
+    public var offset: UInt64
+    /// `sha`: SHA-256 of the whole file.
+    public var sha: [UInt8]?
+    public var data: [UInt8]
+    /// `upgrade`: refuse an image not newer than the running one.
+    public var upgrade: Bool?
+
+    public init(image: UInt32? = nil, length: UInt64? = nil, offset: UInt64, sha: [UInt8]? = nil, data: [UInt8], upgrade: Bool? = nil) {
+        self.image = image
+        self.length = length
+        self.offset = offset
+        self.sha = sha
+        self.data = data
+        self.upgrade = upgrade
+    }
+
+    /// The first chunk of an upload as smpclient builds it: offset 0 and every session field.
+    public static func first(image: UInt32 = 0, length: UInt64, sha: [UInt8], data: [UInt8], upgrade: Bool = false) -> SMPImageUpload {
+        SMPImageUpload(image: image, length: length, offset: 0, sha: sha, data: data, upgrade: upgrade)
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = ["off": .unsigned(offset), "data": .bytes(data)]
+        if let image { m["image"] = .unsigned(UInt64(image)) }
+        if let length { m["len"] = .unsigned(length) }
+        if let sha { m["sha"] = .bytes(sha) }
+        if let upgrade { m["upgrade"] = .bool(upgrade) }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageUpload)
+        self.init(image: try f.uint32("image"), length: try f.uint64("len"), offset: try f.required(f.uint64("off"), "off"),
+                  sha: try f.bytes("sha"), data: try f.required(f.bytes("data"), "data"), upgrade: try f.bool("upgrade"))
+    }
+
+    /// The most data bytes this chunk can carry so that its whole frame (header and CBOR) is at
+    /// most `frameLimit` bytes: the server's `buf_size` (or ATT MTU - 3 when the device does not
+    /// say). Every other field is counted as it is now; only `data` is sized, its byte-string
+    /// head growing by 0, 1, 2 or 4 bytes with its length (smpclient's request sizing, exact at
+    /// the boundaries). 0 when even an empty chunk does not fit.
+    public func maxDataSize(frameLimit: Int) -> Int {
+        var empty = self
+        empty.data = []
+        // The empty byte string's head (0x40) is part of the overhead; a longer one adds its extra bytes.
+        let overhead = SMPHeader.size + empty.body.encoded.count
+        let limit = min(frameLimit, SMPHeader.size + Int(UInt16.max))
+        let available = limit - overhead
+        guard available > 0 else { return 0 }
+        var size = available
+        while size > 0, size + CBOREncoder.headExtraBytes(UInt64(size)) > available { size -= 1 }
+        return size
+    }
+}
+
+/// A request from the central (the `SMPRequest.frame` encoder) or, on the server, what a received
+/// frame asks for (`init(decoding:)`).
+public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
+    /// OS 6 read: `{}`.
+    case mcumgrParameters
+    /// OS 0 write: `{"d": text}`.
+    case echo(String)
+    /// OS 5 write: `{}`, or `{"force": 1}` to reset even if the device is busy (smp sends 0/1).
+    case reset(force: Bool = false)
+    /// Image 0 read: `{}`.
+    case imageStateRead
+    /// Image 0 write: `{"hash"?: bytes, "confirm": bool}`. `confirm` false marks the image with
+    /// `hash` (its MCUboot SHA256 TLV) for test; true confirms it, or without `hash` the running image.
+    case imageStateWrite(hash: [UInt8]?, confirm: Bool)
+    /// Image 1 write.
+    case imageUpload(SMPImageUpload)
+    /// Image 5 write: `{}` or `{"slot": n}`.
+    case imageErase(slot: UInt32?)
+
+    public var command: SMPCommand {
+        switch self {
+        case .mcumgrParameters: .mcumgrParameters
+        case .echo: .echo
+        case .reset: .reset
+        case .imageStateRead, .imageStateWrite: .imageState
+        case .imageUpload: .imageUpload
+        case .imageErase: .imageErase
+        }
+    }
+
+    public var operation: SMPOperation {
+        switch self {
+        case .mcumgrParameters, .imageStateRead: .read
+        default: .write
+        }
+    }
+
+    public var body: CBOR {
+        switch self {
+        case .mcumgrParameters, .imageStateRead: [:]
+        case .echo(let d): ["d": .text(d)]
+        case .reset(let force): force ? ["force": 1] : [:]
+        case .imageStateWrite(let hash, let confirm):
+            if let hash { ["hash": .bytes(hash), "confirm": .bool(confirm)] } else { ["confirm": .bool(confirm)] }
+        case .imageUpload(let upload): upload.body
+        case .imageErase(let slot): slot.map { ["slot": .unsigned(UInt64($0))] } ?? [:]
+        }
+    }
+
+    /// The request as an SMP v2 frame. Throws `.frameTooLarge` only for an echo text or upload
+    /// chunk whose CBOR is over 65,535 bytes.
+    public func frame(sequence: UInt8) throws(SMPWireError) -> SMPFrame {
+        try SMPFrame(header: SMPHeader(operation: operation, version: .v2, length: 0, group: command.group,
+                                   sequence: sequence, command: command.id),
+                 body: body)
+    }
+
+    /// What a received request frame asks for. Unknown commands throw `.unsupportedCommand` (a
+    /// server answers MGMT_ERR_ENOTSUP); responses throw `.wrongDirection`.
+    public init(decoding frame: SMPFrame) throws(SMPWireError) {
+        let h = frame.header
+        guard !h.operation.isResponse else {
+            throw SMPWireError(.wrongDirection, "a \(h.operation) for \(SMPCommand(group: h.group, id: h.command)) where a request belongs")
+        }
+        let command = SMPCommand(group: h.group, id: h.command)
+        switch (command, h.operation) {
+        case (.mcumgrParameters, .read):
+            _ = try Fields(frame.body(), command)
+            self = .mcumgrParameters
+        case (.imageState, .read):
+            _ = try Fields(frame.body(), command)
+            self = .imageStateRead
+        case (.echo, .write):
+            let f = try Fields(frame.body(), command)
+            self = .echo(try f.required(f.text("d"), "d"))
+        case (.reset, .write):
+            let f = try Fields(frame.body(), command)
+            self = .reset(force: try f.flag("force") ?? false)
+        case (.imageState, .write):
+            let f = try Fields(frame.body(), command)
+            self = .imageStateWrite(hash: try f.bytes("hash"), confirm: try f.bool("confirm") ?? false)
+        case (.imageUpload, .write): self = .imageUpload(try SMPImageUpload(body: frame.body()))
+        case (.imageErase, .write):
+            let f = try Fields(frame.body(), command)
+            self = .imageErase(slot: try f.uint32("slot"))
+        default:
+            throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a request this codec knows")
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .mcumgrParameters: "MCUmgr parameters read"
+        case .echo(let d): "echo of \(d.utf8.count) bytes"
+        case .reset(let force): force ? "reset (forced)" : "reset"
+        case .imageStateRead: "image state read"
+        case .imageStateWrite(let hash, let confirm):
+            confirm ? (hash == nil ? "confirm the running image" : "confirm image \(hexString(hash ?? []))")
+                : "test image \(hexString(hash ?? []))"
+        case .imageUpload(let u): "image upload of \(u.data.count) bytes at \(u.offset)"
+        case .imageErase(let slot): slot.map { "erase slot \($0)" } ?? "erase"
+        }
+    }
+}
+
+/// MCUmgr parameters (OS 6): the server's SMP buffer, the bound on a frame and on the requests in
+/// flight.
+public struct SMPParameters: Hashable, Sendable {
+    /// `buf_size`: the largest frame (header and CBOR) the server takes.
+    public var bufferSize: UInt32
+    /// `buf_count`: how many such buffers it has.
+    public var bufferCount: UInt32
+
+    public init(bufferSize: UInt32, bufferCount: UInt32) {
+        self.bufferSize = bufferSize
+        self.bufferCount = bufferCount
+    }
+
+    public var body: CBOR { ["buf_size": .unsigned(UInt64(bufferSize)), "buf_count": .unsigned(UInt64(bufferCount))] }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .mcumgrParameters)
+        self.init(bufferSize: try f.required(f.uint32("buf_size"), "buf_size"),
+                  bufferCount: try f.required(f.uint32("buf_count"), "buf_count"))
+    }
+}
+
+/// One slot in an image state answer (smp `ImageState`). Flags are true or absent: a server writes
+/// only the true ones, and the decoder takes an explicit false as absent.
+public struct SMPImageSlot: Hashable, Sendable {
+    /// `image`: the image number, when the device has several.
+    public var image: UInt32?
+    public var slot: UInt32
+    /// `version`: "major.minor.revision[.build]".
+    public var version: String
+    /// `hash`: the image's MCUboot hash (its SHA256 TLV).
+    public var hash: [UInt8]?
+    public var bootable: Bool
+    /// Marked for test (or permanent) at the next reset.
+    public var pending: Bool
+    public var confirmed: Bool
+    /// Running now.
+    public var active: Bool
+    /// The pending swap is permanent (confirmed when marked).
+    public var permanent: Bool
+
+    public init(image: UInt32? = nil, slot: UInt32, version: String, hash: [UInt8]? = nil, bootable: Bool = false,
+                pending: Bool = false, confirmed: Bool = false, active: Bool = false, permanent: Bool = false) {
+        self.image = image
+        self.slot = slot
+        self.version = version
+        self.hash = hash
+        self.bootable = bootable
+        self.pending = pending
+        self.confirmed = confirmed
+        self.active = active
+        self.permanent = permanent
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = ["slot": .unsigned(UInt64(slot)), "version": .text(version)]
+        if let image { m["image"] = .unsigned(UInt64(image)) }
+        if let hash { m["hash"] = .bytes(hash) }
+        for (key, on) in [("bootable", bootable), ("pending", pending), ("confirmed", confirmed), ("active", active), ("permanent", permanent)] where on {
+            m[.text(key)] = true
+        }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageState)
+        self.init(image: try f.uint32("image"), slot: try f.required(f.uint32("slot"), "slot"),
+                  version: try f.required(f.text("version"), "version"), hash: try f.bytes("hash"),
+                  bootable: try f.bool("bootable") ?? false, pending: try f.bool("pending") ?? false,
+                  confirmed: try f.bool("confirmed") ?? false, active: try f.bool("active") ?? false,
+                  permanent: try f.bool("permanent") ?? false)
+    }
+}
+
+/// The image state answer (image 0, read and write): every slot the server reports.
+public struct SMPImageStates: Hashable, Sendable {
+    public var images: [SMPImageSlot]
+    /// `splitStatus`, which only split-image devices send.
+    public var splitStatus: Int64?
+
+    public init(images: [SMPImageSlot], splitStatus: Int64? = nil) {
+        self.images = images
+        self.splitStatus = splitStatus
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = ["images": .array(images.map(\.body))]
+        if let splitStatus { m["splitStatus"] = .int(splitStatus) }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageState)
+        guard let list = f.map["images"] else { throw SMPWireError(.missingField("images"), "image state answer without \"images\"") }
+        guard let entries = list.array else {
+            throw SMPWireError(.badField("images"), "image state answer's \"images\" is \(list.kindName), not an array")
+        }
+        var images: [SMPImageSlot] = []
+        for entry in entries { images.append(try SMPImageSlot(body: entry)) }
+        self.init(images: images, splitStatus: try f.int64("splitStatus"))
+    }
+}
+
+/// The answer to an upload chunk: the server's offset (the next byte it wants; the checkpoint a
+/// resumed upload continues from) and, on the last chunk of a server with image checks, `match`.
+public struct SMPUploadStatus: Hashable, Sendable {
+    /// `off`.
+    public var offset: UInt64
+    /// `match`: whether the received file's SHA-256 equals the first chunk's `sha`.
+    public var match: Bool?
+
+    public init(offset: UInt64, match: Bool? = nil) {
+        self.offset = offset
+        self.match = match
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = ["off": .unsigned(offset)]
+        if let match { m["match"] = .bool(match) }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageUpload)
+        self.init(offset: try f.required(f.uint64("off"), "off"), match: try f.bool("match"))
+    }
+}
+
+/// An answer to a request, as the central reads it and a server writes it.
+public enum SMPResponse: Hashable, Sendable {
+    case mcumgrParameters(SMPParameters)
+    /// Echo's `r`.
+    case echo(String)
+    /// Reset, erase and other answers with nothing to say: `{}`.
+    case empty
+    /// Image state read and write.
+    case imageStates(SMPImageStates)
+    case upload(SMPUploadStatus)
+    /// The server refused the request.
+    case error(SMPDeviceError)
+
+    /// The answer's CBOR. An error is written in the style of `version`.
+    public func body(version: SMPVersion = .v2) -> CBOR {
+        switch self {
+        case .mcumgrParameters(let p): p.body
+        case .echo(let r): ["r": .text(r)]
+        case .empty: [:]
+        case .imageStates(let s): s.body
+        case .upload(let u): u.body
+        case .error(let e): e.body(version: version)
+        }
+    }
+
+    /// The frame answering `request`: its version, group, sequence and command, the response
+    /// operation. Throws `.frameTooLarge` only for an answer over 65,535 bytes of CBOR.
+    public func frame(replyingTo request: SMPHeader) throws(SMPWireError) -> SMPFrame {
+        try SMPFrame(header: request.response(length: 0), body: body(version: request.version))
+    }
+
+    /// Reads an answer: an error in either version's form (v2 `err`, or a nonzero v1 `rc`) first,
+    /// then the command's fields. Requests throw `.wrongDirection`; commands this codec does not
+    /// know throw `.unsupportedCommand`.
+    public init(decoding frame: SMPFrame) throws(SMPWireError) {
+        let h = frame.header
+        let command = SMPCommand(group: h.group, id: h.command)
+        guard h.operation.isResponse else {
+            throw SMPWireError(.wrongDirection, "a \(h.operation) request for \(command) where a response belongs")
+        }
+        let body = try frame.body()
+        if let error = try SMPDeviceError(body: body) {
+            self = .error(error)
+            return
+        }
+        switch (command, h.operation) {
+        case (.mcumgrParameters, .readResponse): self = .mcumgrParameters(try SMPParameters(body: body))
+        case (.echo, .writeResponse):
+            let f = try Fields(body, command)
+            self = .echo(try f.required(f.text("r"), "r"))
+        case (.reset, .writeResponse), (.imageErase, .writeResponse):
+            _ = try Fields(body, command)
+            self = .empty
+        case (.imageState, _): self = .imageStates(try SMPImageStates(body: body))
+        case (.imageUpload, .writeResponse): self = .upload(try SMPUploadStatus(body: body))
+        default:
+            throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a response this codec knows")
+        }
+    }
+}
+
+/// Typed reads of a message's map, each error naming the field.
+struct Fields {
+    let map: [CBOR: CBOR]
+    let command: SMPCommand
+
+    init(_ body: CBOR, _ command: SMPCommand) throws(SMPWireError) {
+        guard let map = body.map else {
+            throw SMPWireError(.notAMap, "\(command) body is \(body.kindName), not a map")
+        }
+        self.map = map
+        self.command = command
+    }
+
+    func required<T>(_ value: T?, _ key: String) throws(SMPWireError) -> T {
+        guard let value else { throw SMPWireError(.missingField(key), "\(command) message without \"\(key)\"") }
+        return value
+    }
+
+    private func bad(_ key: String, _ value: CBOR, _ expected: String) -> SMPWireError {
+        SMPWireError(.badField(key), "\(command) field \"\(key)\" is \(value), expected \(expected)")
+    }
+
+    func uint64(_ key: String) throws(SMPWireError) -> UInt64? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let n = v.uint64 else { throw bad(key, v, "an unsigned integer") }
+        return n
+    }
+
+    func uint32(_ key: String) throws(SMPWireError) -> UInt32? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let n = v.uint64, let small = UInt32(exactly: n) else { throw bad(key, v, "an unsigned 32-bit integer") }
+        return small
+    }
+
+    func int64(_ key: String) throws(SMPWireError) -> Int64? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let n = v.int64 else { throw bad(key, v, "a 64-bit integer") }
+        return n
+    }
+
+    func bool(_ key: String) throws(SMPWireError) -> Bool? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let b = v.bool else { throw bad(key, v, "a boolean") }
+        return b
+    }
+
+    /// A boolean written as CBOR true/false or as the integers 0/1.
+    func flag(_ key: String) throws(SMPWireError) -> Bool? {
+        guard let v = map[.text(key)] else { return nil }
+        switch v {
+        case .bool(let b): return b
+        case .unsigned(0): return false
+        case .unsigned(1): return true
+        default: throw bad(key, v, "0, 1 or a boolean")
+        }
+    }
+
+    func text(_ key: String) throws(SMPWireError) -> String? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let s = v.text else { throw bad(key, v, "a text string") }
+        return s
+    }
+
+    func bytes(_ key: String) throws(SMPWireError) -> [UInt8]? {
+        guard let v = map[.text(key)] else { return nil }
+        guard let b = v.byteString else { throw bad(key, v, "a byte string") }
+        return b
+    }
+}
+
+func hexString(_ bytes: [UInt8]) -> String { bytes.map(hex).joined() }
