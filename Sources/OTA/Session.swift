@@ -433,31 +433,40 @@ public actor OTASession {
                 events(.transferStarted(device: device, resumeOffset: engine.sent, total: image.size))
             }
 
+            /// After a packet went out without response: takes an event that arrived meanwhile.
+            /// - Returns: true when the engine has actions to carry out (streaming stops).
+            func afterStreamedWrite(linkUp: Bool, _ lost: String) throws(OTAError) -> Bool {
+                guard linkUp else {
+                    actions = engine.handle(.disconnected(.linkLost(lost)))
+                    return true
+                }
+                if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
+                if let event = connection.pollEvent(), let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
+                    actions = engine.handle(mapped)
+                    if !actions.isEmpty { return true }
+                    // A device that keeps answering with rewinds never lets the stream idle.
+                    try checkStall()
+                    recordProgress()
+                }
+                report(force: false)
+                return false
+            }
+
             // Stream while the engine has something to send and nothing has arrived.
             streaming: while true {
                 switch engine.nextStreamStep() {
                 case .data(let offset, let count):
-                    let packet = engine.dataPacket(offset: offset, count: count)
-                    do {
-                        if try !connection.tryWriteWithoutResponse(packet, to: data) {
-                            try await connection.write(packet, to: data, type: .withoutResponse)
-                        }
-                    } catch {
-                        if error.code == .notConnected {
-                            actions = engine.handle(.disconnected(.linkLost(error.message)))
-                            break streaming
-                        }
-                        throw OTAError.from(error, device: device)
+                    let lost = try await writeStreamed(engine.dataPacket(offset: offset, count: count), to: data, on: connection)
+                    if try afterStreamedWrite(linkUp: lost == nil, lost ?? "") { break streaming }
+                case .write(let write) where !write.withResponse:
+                    // A protocol whose frames span several writes (SMP) streams them like data.
+                    announcePhase()
+                    guard let target = write.role == .control ? control : link.characteristics[write.role] else {
+                        throw OTAError(.internalError, "the \(profile.name) engine wrote to \(write.role), which its profile did not attach; please report this")
                     }
-                    if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
-                    if let event = connection.pollEvent(), let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
-                        actions = engine.handle(mapped)
-                        if !actions.isEmpty { break streaming }
-                        // A device that keeps answering with rewinds never lets the stream idle.
-                        try checkStall()
-                        recordProgress()
-                    }
-                    report(force: false)
+                    deadline = clock.now + engine.currentTimeout
+                    let lost = try await writeStreamed(write.bytes, to: target, on: connection)
+                    if try afterStreamedWrite(linkUp: lost == nil, lost ?? "") { break streaming }
                 case .write(let write):
                     announcePhase()
                     if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
@@ -488,6 +497,20 @@ public actor OTASession {
                 actions = engine.handle(mapped)
             }
             report(force: false)
+        }
+    }
+
+    /// Writes a packet without response, through the transport's fast path when it has room.
+    /// - Returns: why the link is gone, or nil when the packet went out.
+    private func writeStreamed(_ packet: [UInt8], to target: GATTCharacteristic, on connection: any GATTConnection) async throws(OTAError) -> String? {
+        do {
+            if try !connection.tryWriteWithoutResponse(packet, to: target) {
+                try await connection.write(packet, to: target, type: .withoutResponse)
+            }
+            return nil
+        } catch {
+            if error.code == .notConnected { return error.message }
+            throw OTAError.from(error, device: device)
         }
     }
 

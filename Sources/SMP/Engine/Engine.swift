@@ -1,0 +1,487 @@
+import GATT
+import OTA
+import OTAWire
+
+/// What the SMP profile read from a device when it attached, for the engine's `.connected`.
+public struct SMPLink: Sendable, Hashable {
+    /// The server's SMP buffer (`buf_size`, `buf_count`); nil when it did not answer the read
+    /// (an older server): one request in flight, each at most one ATT write.
+    public var parameters: SMPParameters?
+    /// The image states before the upload; nil when not read.
+    public var states: SMPImageStates?
+
+    public init(parameters: SMPParameters?, states: SMPImageStates?) {
+        self.parameters = parameters
+        self.states = states
+    }
+}
+
+/// What is uploaded, and what happens once the device holds it.
+public struct SMPUploadSettings: Sendable, Hashable {
+    /// The image number on a multi-image device (0: the application).
+    public var imageNumber: UInt32
+    /// SHA-256 of the whole file as uploaded: the upload's `sha`, which identifies it on the
+    /// server and lets a new run resume it.
+    public var fileSHA256: [UInt8]
+    /// The MCUboot image hash (its SHA-256/384/512 TLV): what the device reports for the slot once
+    /// it holds the image, and what marks it for test or confirms it. Nil for an image that is
+    /// not an MCUboot image: then only the server's own `match` check can verify it.
+    public var imageHash: [UInt8]?
+    /// After the upload: confirm the image at once (it becomes permanent at the next reset)
+    /// instead of marking it for test (MCUboot reverts a test image not confirmed by itself).
+    public var confirm: Bool
+    /// Reset the device after marking the image (MCUboot then swaps it in).
+    public var reset: Bool
+    /// The most requests kept in flight, whatever the device's buffer count allows.
+    public var maxWindow: Int
+
+    public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
+                maxWindow: Int = SMPEngine.defaultMaxWindow) {
+        self.imageNumber = imageNumber
+        self.fileSHA256 = fileSHA256
+        self.imageHash = imageHash
+        self.confirm = confirm
+        self.reset = reset
+        self.maxWindow = maxWindow
+    }
+}
+
+/// The SMP central as a pure state machine (events in, writes out; no I/O, no clock).
+///
+/// Upload (image group, command 1): the first request carries the length, the file's SHA-256
+/// and the image number; the server's answer says where it stands (0 for a new upload, its
+/// offset when it holds part of the same file), and the upload goes on from there. Then up to
+/// `window` requests are kept in flight, each as large as the server's buffer takes, each frame
+/// split into ATT writes without response; every answer's `off` is the server's checkpoint. An
+/// answer at another offset than the request's end means the server dropped or refused data:
+/// the requests in flight are forgotten (their answers are ignored by sequence number) and the
+/// upload goes on from the server's offset.
+///
+/// Then it verifies: the image states must list, for the image number, a slot whose hash is the
+/// image's (the device computed it over what it holds); nothing is marked unless it does. Then
+/// it marks the image for test (or confirms it) and resets the device. A lost link resumes the
+/// upload through the server's offset on the next connection.
+public struct SMPEngine: TransferEngine {
+    public typealias Peer = SMPLink
+
+    /// Requests in flight at most, by default: Zephyr's default is 4 SMP buffers.
+    public static let defaultMaxWindow = 4
+    /// How long the first upload request may take: a server erases its slot before answering
+    /// (smpclient allows 40 s).
+    public static let firstRequestTimeout: Duration = .seconds(40)
+
+    public let image: FirmwareImage
+    public let config: EngineConfig
+    public let settings: SMPUploadSettings
+
+    public private(set) var phase: TransferPhase = .idle
+    public private(set) var failedIn: TransferPhase?
+    public private(set) var stats = TransferStats()
+    /// Next offset to send.
+    public private(set) var sent = 0
+    /// The server's offset, from its last answer in order.
+    public private(set) var acked = 0
+    public private(set) var highWater = 0
+    public private(set) var chunkSize = 0
+    /// Requests in flight at most on this connection.
+    public private(set) var window = 1
+    /// The frame size limit on this connection (the server's `buf_size`).
+    public private(set) var frameLimit = 0
+    /// Why the window is 1, when it is (said once per connection).
+    public private(set) var windowNote: String?
+    /// Whether the server reported `match` for the finished upload (nil: it did not say).
+    public private(set) var serverMatch: Bool?
+
+    private var prefix: PrefixCRC
+    private var maxWrite = 20
+    private var reassembler = SMPReassembler()
+    private var sequence: UInt8 = 0
+    /// Upload requests in flight, by sequence number: the offset their data ends at.
+    private var inFlight: [UInt8: Int] = [:]
+    /// A request that is not an upload chunk, awaiting its answer.
+    private var command: (sequence: UInt8, request: SMPRequest)?
+    /// Segments of frames to write, in order.
+    private var queue: [[UInt8]] = []
+    private var queueHead = 0
+    private var retries = 0
+    private var awaitingFirst = false
+
+    public init(image: FirmwareImage, config: EngineConfig, settings: SMPUploadSettings) {
+        self.image = image
+        self.config = config
+        self.settings = settings
+        prefix = PrefixCRC(image: image.bytes)
+    }
+
+    public var currentTimeout: Duration {
+        if case .imageErase? = command?.request { return max(config.replyTimeout, Self.firstRequestTimeout) }
+        if awaitingFirst { return max(config.replyTimeout, Self.firstRequestTimeout) }
+        switch phase {
+        case .verifying: return config.verifyTimeout
+        case .activating: return max(config.replyTimeout, config.activateTimeout)
+        default: return config.replyTimeout
+        }
+    }
+
+    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty }
+    public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
+    public var furthestAgreed: Int { acked }
+
+    public mutating func seed(confirmedOffset: Int, crc: UInt32) {
+        // The server decides where the upload stands; a journal entry only saves hashing.
+        if prefix.crc(upTo: confirmedOffset) == crc { prefix.record(offset: confirmedOffset, crc: crc) }
+    }
+
+    public func dataPacket(offset: Int, count: Int) -> [UInt8] {
+        Array(image.bytes[offset..<(offset + count)])
+    }
+
+    // MARK: Events
+
+    public mutating func handle(_ event: TransferEvent<SMPLink>) -> [TransferAction] {
+        switch event {
+        case .connected(let link, let mtu):
+            return start(link, mtu: mtu)
+        case .notification(_, let bytes):
+            guard phase != .done, phase != .failed else { return [] }
+            let frames: [SMPFrame]
+            do {
+                frames = try reassembler.append(bytes)
+            } catch {
+                return fail(OTAError(.protocolError, "the device sent an SMP answer otaflash cannot read: \(error)", cause: error))
+            }
+            var actions: [TransferAction] = []
+            for frame in frames {
+                actions += answer(frame)
+                if phase == .failed || phase == .done { break }
+            }
+            return actions
+        case .commandFailed(let error):
+            return fail(OTAError(.protocolError, "an SMP write failed: \(error.message)", cause: error))
+        case .timeout:
+            return timedOut()
+        case .disconnected(let reason):
+            guard phase != .done, phase != .failed, phase != .idle else { return [] }
+            inFlight = [:]
+            queue = []
+            queueHead = 0
+            if case .reset? = command?.request {
+                // The device resets as soon as it answered; the answer may not have made it.
+                command = nil
+                phase = .done
+                return [.finished]
+            }
+            command = nil
+            let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
+            return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
+        }
+    }
+
+    private mutating func start(_ link: SMPLink, mtu: Int) -> [TransferAction] {
+        guard phase != .done else { return [] }
+        guard !image.bytes.isEmpty else {
+            return fail(OTAError(.image, "\(image.source): the image is empty; nothing to send"))
+        }
+        maxWrite = ATTWriteLimit.value(mtu: mtu)
+        reassembler.reset()
+        inFlight = [:]
+        command = nil
+        queue = []
+        queueHead = 0
+        retries = 0
+        stats.resumedFrom.append(acked)
+        stats.resentPerConnection.append(0)
+        if let parameters = link.parameters, parameters.bufferSize > 0 {
+            frameLimit = Int(parameters.bufferSize)
+            let count = max(1, Int(parameters.bufferCount))
+            window = min(count, max(1, settings.maxWindow))
+            windowNote = count <= 1 ? "the device has one SMP buffer: one request in flight" : nil
+        } else {
+            // An older server that does not say: smpclient's fallback, one write per request.
+            frameLimit = maxWrite
+            window = 1
+            windowNote = "the device did not report its SMP buffers: one request in flight, one write each"
+        }
+        reassembler = SMPReassembler(maxFrameSize: SMPHeader.size + Int(UInt16.max))
+        chunkSize = Self.firstRequest(settings: settings, size: image.size, data: []).maxDataSize(frameLimit: frameLimit)
+        guard chunkSize > 0, SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: frameLimit) > 0 else {
+            return fail(OTAError(.incompatibleDevice, "the device's SMP buffer (\(frameLimit) bytes) cannot hold an upload request",
+                                 hint: "raise CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE on the device"))
+        }
+        if phase == .verifying || phase == .activating || acked == image.size, acked > 0 {
+            return verify()
+        }
+        // The first request opens (or, with the same file, resumes) the server's upload.
+        phase = .beginning
+        sent = 0
+        if config.restart, stats.resumedFrom.count == 1 {
+            // The server resumes an upload of the same file: erase its slot to start over.
+            return send(.imageErase(slot: nil))
+        }
+        awaitingFirst = true
+        return sendChunk(at: 0)
+    }
+
+    /// The first request, with `data` empty: sized from it.
+    static func firstRequest(settings: SMPUploadSettings, size: Int, data: [UInt8]) -> SMPImageUpload {
+        SMPImageUpload.first(image: settings.imageNumber, length: UInt64(size), sha: settings.fileSHA256, data: data)
+    }
+
+    // MARK: Answers
+
+    private mutating func answer(_ frame: SMPFrame) -> [TransferAction] {
+        let seq = frame.header.sequence
+        let response: SMPResponse
+        do {
+            response = try SMPResponse(decoding: frame)
+        } catch {
+            // An answer to something this engine did not send (or no longer waits for) is ignored.
+            guard inFlight[seq] != nil || command?.sequence == seq else { return [] }
+            return fail(OTAError(.protocolError, "the device's SMP answer is malformed: \(error)", cause: error))
+        }
+        if let end = inFlight.removeValue(forKey: seq) {
+            return uploadAnswered(response, expected: end)
+        }
+        if let (expected, request) = command, expected == seq {
+            command = nil
+            return commandAnswered(response, to: request)
+        }
+        return []  // stale: a request forgotten after a rewind or a timeout
+    }
+
+    private mutating func uploadAnswered(_ response: SMPResponse, expected end: Int) -> [TransferAction] {
+        retries = 0
+        let status: SMPUploadStatus
+        switch response {
+        case .upload(let s):
+            status = s
+        case .error(let e):
+            if e.general == .busy || e.general == .noMemory, window > 1 {
+                // The server ran out of buffers: go on with one request at a time.
+                window = 1
+                windowNote = "the device ran out of SMP buffers (\(e)): one request in flight from here"
+                return rewind(to: acked)
+            }
+            return fail(e.otaError(device: "the device", request: "the upload at \(acked)"))
+        default:
+            return fail(OTAError(.protocolError, "the device answered an upload request with \(response)"))
+        }
+        guard let offset = Int(exactly: status.offset), offset <= image.size else {
+            return fail(OTAError(.protocolError, "the device reported upload offset \(status.offset), past the image's \(image.size) bytes"))
+        }
+        if awaitingFirst {
+            awaitingFirst = false
+            phase = .streaming
+            if offset != end {
+                // The server holds part of this very file (same sha): resume there. The first
+                // request's data, which it already had, went for nothing.
+                stats.resumedFrom[stats.resumedFrom.count - 1] = offset
+                if offset > end {
+                    stats.bytesResent += end
+                    stats.resentPerConnection[stats.resentPerConnection.count - 1] += end
+                }
+                acked = offset
+                sent = offset
+                highWater = max(highWater, offset)
+                if offset < image.size { return [] }
+            }
+        }
+        if offset == image.size {
+            acked = offset
+            prefix.record(offset: offset, crc: ackedCRC)
+            serverMatch = status.match
+            if status.match == false {
+                return fail(OTAError(.verifyFailed, "the device's SHA-256 of the uploaded file does not match the file's; nothing was marked",
+                                     hint: "run the same command again with --restart"))
+            }
+            return verify()
+        }
+        if offset != end {
+            // The server is elsewhere: it refused or lost a request, or holds more of this file.
+            stats.rewinds += 1
+            return rewind(to: offset)
+        }
+        acked = max(acked, offset)
+        stats.checkpoints += 1
+        return []
+    }
+
+    /// Forgets what is in flight and streams again from the server's `offset`.
+    private mutating func rewind(to offset: Int) -> [TransferAction] {
+        inFlight = [:]
+        queue = []
+        queueHead = 0
+        acked = offset
+        let resent = max(0, sent - offset)
+        stats.bytesResent += resent
+        stats.resentPerConnection[stats.resentPerConnection.count - 1] += resent
+        sent = offset
+        return []
+    }
+
+    private mutating func commandAnswered(_ response: SMPResponse, to request: SMPRequest) -> [TransferAction] {
+        retries = 0
+        if case .error(let e) = response {
+            return fail(e.otaError(device: "the device", request: "\(request)"))
+        }
+        switch (request, response) {
+        case (.imageStateRead, .imageStates(let states)):
+            return verified(states)
+        case (.imageStateWrite, .imageStates(let states)):
+            return marked(states)
+        case (.imageStateWrite, .empty):
+            return marked(nil)
+        case (.reset, _):
+            phase = .done
+            return [.finished]
+        case (.imageErase, _):
+            awaitingFirst = true
+            return sendChunk(at: 0)
+        default:
+            return fail(OTAError(.protocolError, "the device answered \(request) with \(response)"))
+        }
+    }
+
+    // MARK: Verify, mark, reset
+
+    private mutating func verify() -> [TransferAction] {
+        phase = .verifying
+        if settings.imageHash == nil {
+            // Not an MCUboot image: the server's own check is all there is.
+            guard serverMatch == true else {
+                return fail(OTAError(.verifyFailed, "the device did not confirm the upload's SHA-256 (no 'match' in its answer), and the file is not an MCUboot image whose hash could be checked; nothing was marked",
+                                     hint: "send an MCUboot image (imgtool sign), or enable CONFIG_IMG_ENABLE_IMAGE_CHECK on the device"))
+            }
+            return markOrFinish()
+        }
+        return send(.imageStateRead)
+    }
+
+    private mutating func verified(_ states: SMPImageStates) -> [TransferAction] {
+        guard let hash = settings.imageHash else { return markOrFinish() }
+        let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
+        guard slots.contains(where: { $0.hash == hash }) else {
+            let listed = slots.map { "slot \($0.slot) \($0.hash.map(hexString) ?? "without a hash")" }.joined(separator: ", ")
+            return fail(OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed)); nothing was marked",
+                                 hint: "run the same command again with --restart; if it fails again, the device's flash or its image check is at fault"))
+        }
+        return markOrFinish()
+    }
+
+    private mutating func markOrFinish() -> [TransferAction] {
+        guard config.activate else {
+            phase = .done
+            return [.finished]
+        }
+        phase = .activating
+        if settings.confirm {
+            return send(.imageStateWrite(hash: settings.imageHash, confirm: true))
+        }
+        guard let hash = settings.imageHash else {
+            return fail(OTAError(.image, "an image that is not an MCUboot image has no hash to mark it for test with",
+                                 hint: "use --confirm, or --no-activate to stop after the upload"))
+        }
+        return send(.imageStateWrite(hash: hash, confirm: false))
+    }
+
+    private mutating func marked(_ states: SMPImageStates?) -> [TransferAction] {
+        if let states, let hash = settings.imageHash,
+           let slot = states.images.first(where: { ($0.image ?? 0) == settings.imageNumber && $0.hash == hash }),
+           !(slot.pending || slot.confirmed || slot.active) {
+            return fail(OTAError(.protocolError, "the device accepted marking the image but lists it neither pending nor confirmed"))
+        }
+        guard settings.reset else {
+            phase = .done
+            return [.finished]
+        }
+        return send(.reset(force: false))
+    }
+
+    // MARK: Timeouts and failures
+
+    private mutating func timedOut() -> [TransferAction] {
+        guard phase != .done, phase != .failed, phase != .idle else { return [] }
+        retries += 1
+        guard retries <= config.commandRetries else {
+            let what = command.map { "\($0.request)" } ?? "the upload request at \(acked)"
+            return fail(OTAError(.timeout, "the device did not answer \(what) within \(currentTimeout.seconds) s, \(retries) times",
+                                 hint: "check the link and the device, then run the same command again to resume", resumable: true))
+        }
+        stats.commandRetries += 1
+        if let (_, request) = command {
+            command = nil
+            return send(request)
+        }
+        // Upload answers went missing: ask again from the last offset the server confirmed.
+        if awaitingFirst { return sendChunk(at: 0) }
+        stats.rewinds += 1
+        return rewind(to: acked)
+    }
+
+    private mutating func fail(_ error: OTAError) -> [TransferAction] {
+        failedIn = phase
+        phase = .failed
+        inFlight = [:]
+        command = nil
+        queue = []
+        queueHead = 0
+        return [.failed(error)]
+    }
+
+    // MARK: Sending
+
+    private mutating func nextSequence() -> UInt8 {
+        defer { sequence &+= 1 }
+        return sequence
+    }
+
+    private mutating func send(_ request: SMPRequest) -> [TransferAction] {
+        let seq = nextSequence()
+        command = (seq, request)
+        let frame: SMPFrame
+        do {
+            frame = try request.frame(sequence: seq)
+        } catch {
+            return fail(OTAError(.internalError, "cannot encode \(request): \(error)"))
+        }
+        for segment in SMPFraming.segments(frame.encoded, maxWrite: maxWrite) { queue.append(Array(segment)) }
+        return []
+    }
+
+    /// Builds the upload request at `offset` and queues its writes.
+    private mutating func sendChunk(at offset: Int) -> [TransferAction] {
+        let seq = nextSequence()
+        var upload = offset == 0
+            ? Self.firstRequest(settings: settings, size: image.size, data: [])
+            : SMPImageUpload(offset: UInt64(offset), data: [])
+        let count = min(upload.maxDataSize(frameLimit: frameLimit), image.size - offset)
+        upload.data = Array(image.bytes[offset..<(offset + count)])
+        let frame: SMPFrame
+        do {
+            frame = try SMPRequest.imageUpload(upload).frame(sequence: seq)
+        } catch {
+            return fail(OTAError(.internalError, "cannot encode the upload request at \(offset): \(error)"))
+        }
+        for segment in SMPFraming.segments(frame.encoded, maxWrite: maxWrite) { queue.append(Array(segment)) }
+        inFlight[seq] = offset + count
+        sent = offset + count
+        highWater = max(highWater, sent)
+        stats.bytesSent += count
+        stats.packets += 1
+        return []
+    }
+
+    public mutating func nextStreamStep() -> TransferStep {
+        if queueHead == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+            // Refill: another upload request while the window has room.
+            guard phase == .streaming, command == nil, inFlight.count < window, sent < image.size else { return .idle }
+            _ = sendChunk(at: sent)
+            if phase == .failed { return .idle }
+        }
+        let segment = queue[queueHead]
+        queueHead += 1
+        return .write(TransferWrite(segment, to: .data, withResponse: false))
+    }
+}

@@ -1,0 +1,95 @@
+import GATT
+import OTA
+
+/// One SMP request at a time over a connected device's SMP characteristic: what the profile
+/// reads when it attaches, and what the `image`, `reset` and `echo` commands send. The upload
+/// itself goes through `SMPEngine`, driven by the session.
+public struct SMPClient: Sendable {
+    public let connection: any GATTConnection
+    public let characteristic: GATTCharacteristic
+    /// The device's name in messages.
+    public let device: String
+
+    public init(connection: any GATTConnection, characteristic: GATTCharacteristic, device: String) {
+        self.connection = connection
+        self.characteristic = characteristic
+        self.device = device
+    }
+
+    /// Finds the SMP service and characteristic, checks their properties and turns notifications on.
+    ///
+    /// - Throws: `GATTError` naming what the device lacks.
+    public static func attach(to connection: any GATTConnection, device: String) async throws(GATTError) -> SMPClient {
+        let service = try await connection.discoverService(SMPService.serviceUUID, name: "SMP")
+        let smp = try service.requireCharacteristic(SMPService.characteristicUUID, name: "SMP")
+        try smp.require(.writeWithoutResponse, for: "writing SMP requests")
+        try smp.require(.notify, for: "SMP answers")
+        try await connection.setNotifications(true, for: smp)
+        return SMPClient(connection: connection, characteristic: smp, device: device)
+    }
+
+    /// Sends `request` and waits for its answer (matched by sequence number; others are
+    /// dropped). A device's refusal comes back as `.error`, not thrown.
+    ///
+    /// - Throws: `OTAError`: `.timeout` when no answer came within `timeout`, `.connection` when the
+    ///   link dropped, `.protocolError` for an answer otaflash cannot read.
+    public func send(_ request: SMPRequest, sequence: UInt8 = 0, timeout: Duration) async throws(OTAError) -> SMPResponse {
+        let frame: SMPFrame
+        let mtu: Int
+        do {
+            frame = try request.frame(sequence: sequence)
+            mtu = try await connection.mtu()
+        } catch let error as SMPWireError {
+            throw OTAError(.internalError, "cannot encode \(request): \(error)")
+        } catch let error as GATTError {
+            throw OTAError.from(error, device: device)
+        } catch {
+            throw OTAError(.internalError, "\(error)")
+        }
+        do {
+            for segment in SMPFraming.segments(frame.encoded, maxWrite: ATTWriteLimit.value(mtu: mtu)) {
+                try await connection.write(Array(segment), to: characteristic, type: .withoutResponse)
+            }
+        } catch {
+            throw OTAError.from(error, device: device)
+        }
+        var reassembler = SMPReassembler()
+        let deadline = connection.clock.now + timeout
+        while true {
+            let left = deadline - connection.clock.now
+            guard left > .zero, let event = await connection.nextEvent(timeout: left) else {
+                throw OTAError(.timeout, "\(device) did not answer \(request) within \(timeout.seconds) s",
+                               hint: "check that the device runs an SMP server (MCUmgr) and is in range", resumable: true)
+            }
+            switch event {
+            case .notification(let id, let value) where id == characteristic.id:
+                let frames: [SMPFrame]
+                do {
+                    frames = try reassembler.append(value)
+                } catch {
+                    throw OTAError(.protocolError, "\(device) sent an SMP answer otaflash cannot read: \(error)", cause: error)
+                }
+                for answer in frames where answer.header.sequence == sequence && answer.header.operation.isResponse {
+                    do {
+                        return try SMPResponse(decoding: answer)
+                    } catch {
+                        throw OTAError(.protocolError, "\(device) answered \(request) with a malformed SMP message: \(error)", cause: error)
+                    }
+                }
+            case .disconnected(let reason):
+                throw OTAError(.connection, "\(reason) while waiting for the answer to \(request)", resumable: true)
+            default:
+                continue
+            }
+        }
+    }
+
+    /// `send`, with a refusal thrown as the device's error line.
+    public func call(_ request: SMPRequest, sequence: UInt8 = 0, timeout: Duration) async throws(OTAError) -> SMPResponse {
+        let response = try await send(request, sequence: sequence, timeout: timeout)
+        if case .error(let refusal) = response {
+            throw refusal.otaError(device: device, request: "\(request)")
+        }
+        return response
+    }
+}

@@ -1,0 +1,88 @@
+import Crypto
+import GATT
+import OTA
+import OTAWire
+
+/// MCUmgr's SMP (Zephyr and nRF Connect SDK devices with MCUboot) as an `OTAProfile`: one SMP
+/// characteristic carries requests and answers; `SMPEngine` uploads windowed, verifies the slot's
+/// hash, marks the image and resets the device.
+public struct SMPProfile: OTAProfile {
+    public typealias Engine = SMPEngine
+
+    /// The name `--protocol` takes.
+    public static let name = "smp"
+
+    /// What the upload does once the device holds the image, and the image's hashes; nil for the
+    /// registry's instance, which has no image (the engine then hashes what it is given and, with
+    /// no MCUboot hash to check, needs the server's `match`).
+    public let settings: SMPUploadSettings?
+    /// How long each request of the attach (MCUmgr parameters, image states) may take.
+    public let replyTimeout: Duration
+
+    public init(settings: SMPUploadSettings? = nil, replyTimeout: Duration = .seconds(5)) {
+        self.settings = settings
+        self.replyTimeout = replyTimeout
+    }
+
+    public var name: String { Self.name }
+    public var serviceUUID: BluetoothUUID { SMPService.serviceUUID }
+    public var imageFormats: Set<ImageFormat.Kind> { [.mcuboot] }
+    public var imageCheck: String { "reports the MCUboot hash of the slot it wrote, compared with the image's" }
+
+    /// The summary's version: the active slot's.
+    static func runningVersion(_ states: SMPImageStates?, image: UInt32) -> FirmwareVersion? {
+        guard let slot = states?.images.first(where: { ($0.image ?? 0) == image && $0.active }) else { return nil }
+        return MCUbootVersionText.firmwareVersion(slot.version)
+    }
+
+    public func attach(to connection: any GATTConnection, device: String,
+                       discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<SMPLink> {
+        let client: SMPClient
+        do {
+            client = try await withTimeout(discoveryTimeout, clock: connection.clock, "discovering the SMP service") { () async throws(GATTError) in
+                try await SMPClient.attach(to: connection, device: device)
+            }
+        } catch {
+            throw OTAError.from(error, device: device)
+        }
+        // An older server does not know the parameters read: it answers ENOTSUP (or nothing).
+        var parameters: SMPParameters?
+        do {
+            if case .mcumgrParameters(let p) = try await client.send(.mcumgrParameters, sequence: 0, timeout: replyTimeout) { parameters = p }
+        } catch where error.code == .timeout {
+            parameters = nil
+        }
+        guard case .imageStates(let states) = try await client.call(.imageStateRead, sequence: 1, timeout: replyTimeout) else {
+            throw OTAError(.protocolError, "\(device) answered the image state read with something else")
+        }
+        let image = settings?.imageNumber ?? 0
+        let slots = states.images.filter { ($0.image ?? 0) == image }
+        let state = slots.map { slot in
+            "slot \(slot.slot) \(slot.version)" + (slot.active ? " active" : "") + (slot.confirmed ? " confirmed" : "") + (slot.pending ? " pending" : "")
+        }.joined(separator: ", ")
+        let buffers = parameters.map { "\($0.bufferCount) × \($0.bufferSize) B buffers" } ?? "buffers not reported"
+        return AttachedLink(characteristics: [.control: client.characteristic, .data: client.characteristic],
+                            peer: SMPLink(parameters: parameters, states: states),
+                            summary: DeviceSummary(protocolName: name, firmwareVersion: Self.runningVersion(states, image: image),
+                                                   state: "\(state.isEmpty ? "no image" : state); \(buffers)"))
+    }
+
+    /// Image bytes per write: an upload request spans as many writes as it needs; this is what
+    /// one write carries.
+    public func chunkSize(mtu: Int) -> Int { ATTWriteLimit.value(mtu: mtu) }
+
+    public func makeEngine(image: FirmwareImage, config: EngineConfig) -> SMPEngine {
+        let settings = settings ?? SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: image.bytes)), imageHash: nil)
+        return SMPEngine(image: image, config: config, settings: settings)
+    }
+}
+
+/// MCUboot's version text as SMP reports it: `major.minor.revision` or with `.build` after it.
+enum MCUbootVersionText {
+    /// The first three numbers as a `FirmwareVersion` (the build number is left out); nil when
+    /// they do not fit (minor over 255, revision over 65535).
+    static func firmwareVersion(_ text: String) -> FirmwareVersion? {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false).prefix(3)
+        return FirmwareVersion(parts.joined(separator: "."))
+    }
+}

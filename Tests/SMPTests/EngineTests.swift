@@ -1,0 +1,241 @@
+import Crypto
+import GATT
+import OTA
+import OTAWire
+import SMP
+import Testing
+
+/// A scripted SMP server for driving `SMPEngine` by hand: it reassembles the engine's writes into
+/// requests and answers them as the test says.
+struct ScriptedServer {
+    var reassembler = SMPReassembler()
+    var requests: [(header: SMPHeader, request: SMPRequest)] = []
+
+    /// Takes every write the engine has to send now, returning the requests they complete.
+    mutating func drain(_ engine: inout SMPEngine) throws -> [(header: SMPHeader, request: SMPRequest)] {
+        var out: [(SMPHeader, SMPRequest)] = []
+        while case .write(let write) = engine.nextStreamStep() {
+            #expect(!write.withResponse)
+            for frame in try reassembler.append(write.bytes) {
+                out.append((frame.header, try SMPRequest(decoding: frame)))
+            }
+        }
+        requests += out
+        return out
+    }
+
+    /// The answer to `header` as the notification bytes the engine gets.
+    static func answer(_ response: SMPResponse, to header: SMPHeader) throws -> TransferEvent<SMPLink> {
+        .notification(.data, try response.frame(replyingTo: header).encoded)
+    }
+}
+
+@Suite("SMP engine")
+struct SMPEngineTests {
+    static let image = FirmwareImage(bytes: (0..<20_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) })
+    static let hash = Array(SHA256.hash(data: [1, 2, 3]))
+    static var sha: [UInt8] { Array(SHA256.hash(data: image.bytes)) }
+    static let link = SMPLink(parameters: SMPParameters(bufferSize: 2475, bufferCount: 4), states: nil)
+
+    static func engine(activate: Bool = true, confirm: Bool = false, reset: Bool = true, hash: [UInt8]? = SMPEngineTests.hash) -> SMPEngine {
+        SMPEngine(image: image, config: EngineConfig(activate: activate),
+                  settings: SMPUploadSettings(fileSHA256: sha, imageHash: hash, confirm: confirm, reset: reset))
+    }
+
+    static func states(hash: [UInt8], pending: Bool = false) -> SMPResponse {
+        .imageStates(SMPImageStates(images: [
+            SMPImageSlot(slot: 0, version: "1.0.0", hash: Array(repeating: 0xAA, count: 32), bootable: true, confirmed: true, active: true),
+            SMPImageSlot(slot: 1, version: "1.2.3", hash: hash, bootable: true, pending: pending),
+        ]))
+    }
+
+    /// Answers every upload request in order with the offset its data ends at, until the engine
+    /// asks something else; returns that request.
+    static func upload(_ engine: inout SMPEngine, _ server: inout ScriptedServer, maxInFlight: inout Int) throws -> (SMPHeader, SMPRequest)? {
+        var pending = try server.drain(&engine)
+        while !pending.isEmpty {
+            maxInFlight = max(maxInFlight, pending.count)
+            let (header, request) = pending.removeFirst()
+            guard case .imageUpload(let chunk) = request else { return (header, request) }
+            let actions = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: chunk.offset + UInt64(chunk.data.count))), to: header))
+            #expect(actions.isEmpty)
+            pending += try server.drain(&engine)
+        }
+        return nil
+    }
+
+    @Test func uploadsWindowedVerifiesTheSlotHashMarksForTestAndResets() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        #expect(engine.handle(.connected(Self.link, mtu: 247)).isEmpty)
+        #expect(engine.phase == .beginning)
+        // One request until the server said where it stands.
+        let first = try server.drain(&engine)
+        #expect(first.count == 1)
+        guard case .imageUpload(let opening) = first[0].request else { Issue.record("not an upload: \(first[0].request)"); return }
+        #expect(opening.offset == 0 && opening.length == UInt64(Self.image.size) && opening.sha == Self.sha && opening.image == 0)
+        #expect(first[0].header.encoded.count + (try first[0].request.frame(sequence: 0).payload.count) <= 2475)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        #expect(engine.phase == .streaming)
+        var most = 0
+        let next = try Self.upload(&engine, &server, maxInFlight: &most)
+        #expect(most == 4, "the window is the server's buffer count")
+        #expect(engine.acked == Self.image.size)
+        // The data sent, in order, is the image.
+        let data = server.requests.compactMap { if case .imageUpload(let u) = $0.request { u.data } else { nil } }.flatMap { $0 }
+        #expect(data == Self.image.bytes)
+        guard let (readHeader, read) = next, read == .imageStateRead else { Issue.record("no state read after the upload: \(String(describing: next))"); return }
+        #expect(engine.phase == .verifying)
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: readHeader))
+        let mark = try server.drain(&engine)
+        #expect(mark.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: false)])
+        #expect(engine.phase == .activating)
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
+        let reset = try server.drain(&engine)
+        #expect(reset.map(\.request) == [.reset(force: false)])
+        #expect(engine.handle(try ScriptedServer.answer(.empty, to: reset[0].header)) == [.finished])
+        #expect(engine.stats.bytesResent == 0)
+    }
+
+    @Test func aServerHoldingPartOfTheSameFileResumesThere() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let first = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: 12_000)), to: first[0].header))
+        #expect(engine.acked == 12_000)
+        var most = 0
+        _ = try Self.upload(&engine, &server, maxInFlight: &most)
+        let later = server.requests.dropFirst().compactMap { if case .imageUpload(let u) = $0.request { u } else { nil } }
+        #expect(later.first?.offset == 12_000)
+        #expect(later.reduce(0) { $0 + $1.data.count } == Self.image.size - 12_000)
+        #expect(engine.stats.resumedFrom == [12_000])
+    }
+
+    /// An answer at another offset than the request's end: the requests in flight are forgotten,
+    /// their answers ignored, and the upload goes on from the server's offset.
+    @Test func anAnswerElsewhereRewindsToTheServersOffset() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        let window = try server.drain(&engine)
+        #expect(window.count == 4)
+        // The server lost the second chunk: it answers it, and every later one, with its offset.
+        guard case .imageUpload(let second) = window[0].request else { return }
+        let held = UInt64(opening.data.count)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: held)), to: window[0].header))
+        #expect(engine.sent == Int(held))
+        #expect(engine.stats.rewinds == 1)
+        for stale in window.dropFirst() {
+            #expect(engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: held)), to: stale.header)).isEmpty)
+        }
+        #expect(engine.stats.rewinds == 1, "answers to forgotten requests are ignored")
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let resent) = again.first?.request else { Issue.record("nothing sent again"); return }
+        #expect(resent.offset == second.offset)
+        #expect(engine.stats.bytesResent > 0)
+    }
+
+    @Test func nothingIsMarkedWhenTheDeviceHoldsAnotherHash() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var most = 0
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { Issue.record("no state read"); return }
+        let actions = engine.handle(try ScriptedServer.answer(Self.states(hash: Array(repeating: 0x55, count: 32)), to: header))
+        guard case .failed(let error)? = actions.first else { Issue.record("a wrong hash was accepted: \(actions)"); return }
+        #expect(error.code == .verifyFailed)
+        #expect(try server.drain(&engine).isEmpty, "nothing marked, nothing reset")
+    }
+
+    @Test func aServerReportingAMismatchedSHAFailsVerification() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var requests = try server.drain(&engine)
+        var last: [TransferAction] = []
+        while let (header, request) = requests.first {
+            requests.removeFirst()
+            guard case .imageUpload(let chunk) = request else { break }
+            let end = chunk.offset + UInt64(chunk.data.count)
+            last = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: end, match: end == UInt64(Self.image.size) ? false : nil)), to: header))
+            requests += try server.drain(&engine)
+        }
+        guard case .failed(let error)? = last.first else { Issue.record("a mismatched upload went on: \(last)"); return }
+        #expect(error.code == .verifyFailed)
+    }
+
+    @Test func withoutParametersOneRequestIsInFlightInOneWrite() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(SMPLink(parameters: nil, states: nil), mtu: 247))
+        #expect(engine.window == 1)
+        #expect(engine.windowNote != nil)
+        var writes = 0
+        while case .write(let w) = engine.nextStreamStep() {
+            writes += 1
+            #expect(w.bytes.count <= 244)
+            _ = try server.reassembler.append(w.bytes)
+        }
+        #expect(writes == 1)
+    }
+
+    @Test func aBusyServerDropsTheWindowToOne() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        let window = try server.drain(&engine)
+        #expect(window.count == 4)
+        _ = engine.handle(try ScriptedServer.answer(.error(.general(.busy)), to: window[1].header))
+        #expect(engine.window == 1)
+        #expect(try server.drain(&engine).count == 1)
+    }
+
+    @Test func aLinkLostWhileResettingIsTheReset() throws {
+        var engine = Self.engine(confirm: true)
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var most = 0
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { return }
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header))
+        let confirm = try server.drain(&engine)
+        #expect(confirm.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: true)])
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: confirm[0].header))
+        #expect(try server.drain(&engine).map(\.request) == [.reset(force: false)])
+        #expect(engine.handle(.disconnected(.linkLost("reset"))) == [.finished])
+    }
+
+    @Test func aLinkLostMidUploadIsResumable() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        _ = try server.drain(&engine)
+        guard case .failed(let error)? = engine.handle(.disconnected(.linkLost("gone"))).first else { Issue.record("no failure"); return }
+        #expect(error.code == .connection && error.resumable)
+    }
+
+    @Test func noActivateStopsAfterTheVerifiedUpload() throws {
+        var engine = Self.engine(activate: false)
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var most = 0
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { return }
+        #expect(engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header)) == [.finished])
+        #expect(try server.drain(&engine).isEmpty)
+    }
+}
