@@ -12,6 +12,9 @@ let package = Package(
         .executableTarget(name: "fuzz-replies", dependencies: ["FuzzDriver", .product(name: "OTAWire", package: "otaflash")]),
         .executableTarget(name: "fuzz-hex", dependencies: ["FuzzDriver", .product(name: "OTA", package: "otaflash")]),
         .executableTarget(name: "fuzz-nordic", dependencies: ["FuzzDriver", .product(name: "NordicDFU", package: "otaflash")]),
+        .executableTarget(name: "fuzz-mcuboot", dependencies: [
+            "FuzzDriver", .product(name: "SMP", package: "otaflash"), .product(name: "OTA", package: "otaflash"),
+        ]),
     ],
     swiftLanguageModes: [.v6]
 )
