@@ -51,8 +51,9 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),

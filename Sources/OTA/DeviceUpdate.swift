@@ -72,11 +72,14 @@ public struct DeviceUpdater: Sendable {
     /// True: sessions and their events carry the address the device was given, even after it
     /// moved to another (a batch keys its rows and logs by it); false: where the sessions go.
     public let namesSessionsByDevice: Bool
+    /// Reconnect after activation and read what the device runs now (`Outcome.after`), when its
+    /// protocol tells (`OTAProfile.reportsFirmwareVersion`).
+    public let readsBack: Bool
 
     public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
-                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false) {
+                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false, readsBack: Bool = false) {
         self.plan = plan
         self.registry = registry
         self.protocolName = protocolName
@@ -86,6 +89,7 @@ public struct DeviceUpdater: Sendable {
         self.journal = journal
         self.logger = logger
         self.namesSessionsByDevice = namesSessionsByDevice
+        self.readsBack = readsBack
     }
 
     /// What happens to one device, beyond its sessions' events.
@@ -117,6 +121,15 @@ public struct DeviceUpdater: Sendable {
         public var result: Result<OTAResult, OTAError>
         /// Where the attempt left the device: what the next attempt starts from.
         public var progress: Progress
+        /// What the device reported when it came back after activation (`readsBack`); nil when
+        /// not read or it did not come back within the connect timeout.
+        public var after: DeviceSummary?
+
+        public init(result: Result<OTAResult, OTAError>, progress: Progress, after: DeviceSummary? = nil) {
+            self.result = result
+            self.progress = progress
+            self.after = after
+        }
     }
 
     /// The limits on moving the device into its update mode.
@@ -173,7 +186,29 @@ public struct DeviceUpdater: Sendable {
         }
         total.device = device
         if plan.parts.count > 1 { (total.bytes, total.crc32) = (size, crc32) }
-        return Outcome(result: .success(total), progress: progress)
+        let after = readsBack && !total.skipped && total.activated ? await readBack(central: central, address: address) : nil
+        return Outcome(result: .success(total), progress: progress, after: after)
+    }
+
+    /// After activation the device reboots: what it runs once it is back (nil when it does not
+    /// come back within the connect timeout, or when its protocol does not tell).
+    private func readBack(central: any GATTCentral, address: DeviceAddress) async -> DeviceSummary? {
+        let profile = plan.parts[plan.parts.count - 1].profile
+        guard profile.reportsFirmwareVersion else { return nil }
+        do {
+            let connection = try await central.connect(to: address, timeout: timeouts.connect)
+            do throws(OTAError) {
+                let summary = try await profile.summary(on: connection, device: address.description, discoveryTimeout: timeouts.discovery)
+                await connection.disconnect()
+                return summary
+            } catch {
+                await connection.disconnect()
+                throw error
+            }
+        } catch {
+            logger.debug("could not read the version back", metadata: ["device": "\(address)", "error": "\(error)"])
+            return nil
+        }
     }
 
     private struct Prepared: Sendable {

@@ -192,6 +192,9 @@ public protocol OTAProfile: Sendable {
     /// Whether a device of this protocol tells the version it runs once it came back from an
     /// update (a batch reads it back); false: do not connect again to ask.
     var reportsFirmwareVersion: Bool { get }
+    /// Whether a single-device run, too, reconnects after activation to report what the device
+    /// runs (SMP: MCUboot swaps the image in at the reset, or reverts it).
+    var readsBackAfterActivation: Bool { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -225,6 +228,7 @@ public protocol OTAProfile: Sendable {
 extension OTAProfile {
     public var imageCheck: String { "checks the whole image" }
     public var reportsFirmwareVersion: Bool { true }
+    public var readsBackAfterActivation: Bool { false }
     /// A device of this protocol is always ready as it is.
     public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                                 limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {
@@ -237,11 +241,11 @@ extension OTAProfile {
 }
 
 extension OTAProfile {
-    /// Attaches to a connected device and returns the version it runs (nil when the protocol does
-    /// not tell): how a batch reads back what a device runs after its update.
-    public func firmwareVersion(on connection: any GATTConnection, device: String,
-                                discoveryTimeout: Duration) async throws(OTAError) -> FirmwareVersion? {
-        try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).firmwareVersion
+    /// Attaches to a connected device and returns what it reports (the version it runs, when the
+    /// protocol tells): how a device is read back after its update.
+    public func summary(on connection: any GATTConnection, device: String,
+                        discoveryTimeout: Duration) async throws(OTAError) -> DeviceSummary {
+        try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).summary
     }
 }
 
