@@ -386,6 +386,7 @@ public actor OTAPeripheral {
         if let central = request.device, dropping.contains(central) {
             throw GATTServerError.failed("the link is going down")
         }
+        if let mtu = request.mtu { model.mtuChanged(mtu) }
         let result = model.write(bytes, to: uuid, withResponse: true, from: request.device, at: clock.now)
         trace?("write \(model.describe(bytes, to: uuid)) to \(uuid) from \(request.device ?? "?") (mtu \(request.mtu.map(String.init) ?? "?")): "
                + "\(result.reply), \(result.outputs.map(\.output))")
@@ -412,6 +413,7 @@ public actor OTAPeripheral {
             trace?("data write ignored while the link goes down")
             return
         }
+        if let mtu = request.mtu { model.mtuChanged(mtu) }
         let result = model.write(bytes, to: uuid, withResponse: false, from: request.device, at: clock.now)
         trace?("data write \(model.describe(bytes, to: uuid)) from \(request.device ?? "?"): \(result.outputs.map(\.output))")
         for timed in result.outputs {

@@ -127,6 +127,9 @@ public protocol PeripheralModel: Sendable {
     /// A central enabled or disabled notifications (or indications) on `characteristic`: the
     /// write to its Client Characteristic Configuration Descriptor.
     mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID)
+    /// The ATT MTU of the link a central connected over (or that its writes report): a device
+    /// whose answers are longer than one notification splits them at MTU − 3.
+    mutating func mtuChanged(_ mtu: Int)
 }
 
 extension PeripheralModel {
@@ -135,6 +138,7 @@ extension PeripheralModel {
     public var currentAddress: DeviceAddress? { nil }
     public var advertisedName: String? { nil }
     public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
+    public mutating func mtuChanged(_ mtu: Int) {}
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device

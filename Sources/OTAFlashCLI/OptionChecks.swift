@@ -129,6 +129,11 @@ enum Ranges {
     /// The device reports its slot as a 32-bit size.
     static let simSlotSize = Bounds("--sim-slot-size", 1...Int(UInt32.max), unit: " bytes")
     static let slotSize = Bounds("--slot-size", 1...Int(UInt32.max), unit: " bytes")
+    /// An SMP frame is its 8-byte header and at most 65,535 bytes of CBOR; below 64 bytes no upload
+    /// request with data fits.
+    static let bufSize = Bounds("--buf-size", 64...(8 + 65_535), unit: " bytes")
+    /// Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT; more than 64 frames in flight gains nothing.
+    static let bufCount = Bounds("--buf-count", 1...64)
     static let seed = Bounds("--sim-seed", 0...UInt64.max)
     static func rate(_ option: String) -> Bounds<Double> { Bounds(option, 0...1) }
     static let dropRate = rate("--sim-drop-rate")
@@ -158,7 +163,7 @@ enum Ranges {
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
-                                   simSlotSize, slotSize, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
+                                   simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,

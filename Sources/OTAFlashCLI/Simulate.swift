@@ -8,6 +8,7 @@ import NordicDFU
 import OTA
 import OTADevice
 import OTAWire
+import SMP
 import Synchronization
 
 struct Simulate: AsyncParsableCommand {
@@ -27,6 +28,15 @@ struct Simulate: AsyncParsableCommand {
             `otaflash --device <address> app_dfu_package.zip` can be tried without a Nordic board. It activates an \
             image once its hash matched and resets into it.
 
+            --protocol smp serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service \
+            8D53DC1D with its characteristic DA2E7828, write without response and notify): --buf-size and \
+            --buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
+            --slot-size each of its two slots, --firmware-version the version of the image it runs in slot 0. \
+            Uploads go to slot 1 and resume by the file's SHA-256; an image marked for test is swapped in at the \
+            next reset and runs unconfirmed, a second reset without a confirm reverts it; one confirmed stays. \
+            `smpmgr --ble <address> upgrade --slot 1 app.signed.bin` or `otaflash --protocol smp --device \
+            <address> app.signed.bin` can update it.
+
             --buttonless (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
             buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its \
             Secure DFU bootloader answers at the address whose least significant octet is one higher. A BlueZ \
@@ -43,6 +53,7 @@ struct Simulate: AsyncParsableCommand {
               otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
               otaflash simulate --adapter hci1 --protocol nordic-dfu --public-key firmware-samples/nordic/test-key-public.pem
               otaflash simulate --adapter hci1 --protocol nordic-dfu --buttonless --bootloader-adapter hci2
+              otaflash simulate --adapter hci1 --protocol smp --buf-size 2475 --slot-size 262144
             """
     )
 
@@ -52,7 +63,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks: \(Self.protocols.joined(separator: " or ")).", valueName: "name"))
     var protocolName: String = NativeProfile.name
 
-    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --buttonless's application).")
+    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --buttonless's application; otaflash-smp for smp).")
     var name: String?
 
     @Flag(name: .long, help: "nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter.")
@@ -64,10 +75,10 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("address"), help: ArgumentHelp("With --buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
     var applicationAddress: String?
 
-    @Option(name: .customLong("slot-size"), parsing: .unconditional, help: Ranges.slotSize.help("Bytes the device's image slot (a bootloader's bank) holds", valueName: "bytes"))
+    @Option(name: .customLong("slot-size"), parsing: .unconditional, help: Ranges.slotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds", valueName: "bytes"))
     var slotSize: Int = 1 << 20
 
-    @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update: 1.2.3 (native), a number (nordic-dfu's application version; default 1.0.0 or 0).")
+    @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update: 1.2.3 (native; smp: its slot 0 image's), a number (nordic-dfu's application version; default 1.0.0 or 0).")
     var firmwareVersion: String?
 
     @Option(name: .customLong("public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "file"), completion: .file())
@@ -75,6 +86,12 @@ struct Simulate: AsyncParsableCommand {
 
     @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
     var softDeviceAfterUpdate: FWID?
+
+    @Option(name: .customLong("buf-size"), parsing: .unconditional, help: Ranges.bufSize.help("smp: the largest SMP frame the server takes (its buf_size; Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE)", valueName: "bytes"))
+    var bufferSize: Int?
+
+    @Option(name: .customLong("buf-count"), parsing: .unconditional, help: Ranges.bufCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT)", valueName: "n"))
+    var bufferCount: Int?
 
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
@@ -84,12 +101,19 @@ struct Simulate: AsyncParsableCommand {
 
     @OptionGroup var output: OutputOptions
 
-    static let protocols = [NativeProfile.name, NordicDFUProfile.name]
+    static let protocols = [NativeProfile.name, NordicDFUProfile.name, SMPProfile.name]
 
     mutating func validate() throws {
         try Ranges.slotSize.check(slotSize)
         guard Self.protocols.contains(protocolName) else {
             throw ValidationError("--protocol must be \(Self.protocols.joined(separator: " or ")), got '\(protocolName)'")
+        }
+        try Ranges.bufSize.check(bufferSize)
+        try Ranges.bufCount.check(bufferCount)
+        if protocolName != SMPProfile.name {
+            for (option, given) in [("--buf-size", bufferSize != nil), ("--buf-count", bufferCount != nil)] where given {
+                throw ValidationError("\(option) configures an SMP server; add --protocol smp")
+            }
         }
         let nordic = protocolName == NordicDFUProfile.name
         if !nordic {
@@ -319,6 +343,13 @@ struct Simulate: AsyncParsableCommand {
     /// The device `--protocol` names, as its options configure it.
     /// `address`: the served adapter's, where a `--buttonless` application answers.
     private func served(address: DeviceAddress?) throws -> ServedDevice {
+        if protocolName == SMPProfile.name {
+            let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
+            let model = SMPPeripheral(bufferSize: bufferSize ?? SMPServer.Config().bufferSize, bufferCount: bufferCount ?? SMPServer.Config().bufferCount,
+                                      slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
+            return ServedDevice(model: model, name: name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
+                                what: "SMP server (MCUmgr with MCUboot, \(model.server.config.bufferCount) × \(model.server.config.bufferSize) B buffers)")
+        }
         guard protocolName == NordicDFUProfile.name else {
             let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
             let config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)

@@ -1,13 +1,26 @@
 import ArgumentParser
 import GATT
+import OTADevice
 import OTAWire
 import Simulator
 import SMP
 
+/// The simulated SMP device (`SMPPeripheral`): a Zephyr SMP server with MCUboot's two slots.
+enum SimulatedSMP {
+    /// A device with `config`'s address, link, faults and boot delay, two slots of `config`'s slot
+    /// size, slot 0 running `config`'s firmware version, and `bufferCount` SMP buffers of
+    /// `bufferSize` bytes (Zephyr's default 4 × 384).
+    static func device(config: SimulatedDeviceConfig, bufferSize: Int = 384, bufferCount: Int = 4) -> SimulatedDevice {
+        SimulatedDevice(config, model: SMPPeripheral(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: config.slotSize,
+                                                     firmwareVersion: config.firmwareVersion, faults: config.faults,
+                                                     resetDelay: config.bootDelay))
+    }
+}
+
 /// The simulated SMP device's buffers (`--simulator` with an MCUboot image).
 public struct SimulatedSMPOptions: ParsableArguments {
     @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("The simulated SMP server's buffer size (MCUmgr buf_size)", valueName: "bytes"))
-    var bufferSize = 2475
+    var bufferSize = 384
 
     @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("The simulated SMP server's buffer count (MCUmgr buf_count)", valueName: "n"))
     var bufferCount = 4
@@ -24,9 +37,7 @@ extension SimulatedDeviceOptions {
     /// A simulated Zephyr device with an SMP server at `address`, running a confirmed image of
     /// `--sim-firmware-version` (for `image`, `reset` and `echo` with `--simulator`).
     func smpCentral(address: DeviceAddress) -> any GATTCentral {
-        let config = deviceConfig(address: address)
-        let model = SMPPeripheral(slotSize: slotSize, firmwareVersion: config.firmwareVersion)
-        return SimulatedCentral(devices: [SimulatedDevice(config, model: model)], clock: SystemClock())
+        SimulatedCentral(devices: [SimulatedSMP.device(config: deviceConfig(address: address))], clock: SystemClock())
     }
 }
 
@@ -38,9 +49,7 @@ extension SimulatorOptions {
         guard config.hasOTAService else { return SimulatedDevice(config) }
         switch plan.profile {
         case is SMPProfile:
-            let model = SMPPeripheral(bufferSize: smp.bufferSize, bufferCount: smp.bufferCount, slotSize: config.slotSize,
-                                      firmwareVersion: config.firmwareVersion, faults: config.faults, resetDelay: config.bootDelay)
-            return SimulatedDevice(config, model: model)
+            return SimulatedSMP.device(config: config, bufferSize: smp.bufferSize, bufferCount: smp.bufferCount)
         case is NativeProfile where buttonless == nil:
             return SimulatedDevice(config)
         default:

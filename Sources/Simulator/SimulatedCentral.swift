@@ -41,6 +41,7 @@ public final class SimulatedCentral: GATTCentral {
         device.state.withLock { s in
             s.connections += 1
             s.connected = true
+            s.model.mtuChanged(device.config.link.mtu)
         }
         return SimulatedConnection(device: device, clock: clock)
     }

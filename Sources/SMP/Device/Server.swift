@@ -1,0 +1,276 @@
+import Crypto
+
+/// A Zephyr MCUmgr SMP server with MCUboot's two slots as a pure state machine: requests in,
+/// answers out, `boot()` for what MCUboot does at a reset. `SMPPeripheral` serves it over GATT.
+///
+/// It follows Zephyr's img_mgmt and os_mgmt (docs/SMP.md, "The device model"):
+/// - slot 0 runs; uploads go to slot 1. The first upload request (`off` 0) must carry `len`; an
+///   image over the slot's size is refused (IMG_MGMT_ERR_INVALID_IMAGE_TOO_LARGE), and so is a
+///   first chunk without MCUboot's magic (INVALID_IMAGE_HEADER_MAGIC) unless the header check is
+///   off. A first request whose `sha` names the unfinished upload is answered with the offset
+///   held, nothing written; another `sha` starts over. A request at another offset than the one
+///   held is answered with that offset, nothing written; data past `len` is refused
+///   (INVALID_IMAGE_DATA_OVERRUN). The last answer carries `match` when the upload named a `sha`.
+/// - slot 1 is in use while it is pending, or holds the image to revert to while an unconfirmed
+///   test image runs: an upload or an erase is then refused with NO_FREE_SLOT.
+/// - state write: `hash` with `confirm` false marks that slot for test; with `confirm` true for
+///   a permanent swap; `confirm` true without `hash` (or with the running image's) confirms the
+///   running image. Marking the running image for test is refused (33), an unknown hash too (8).
+/// - MCUboot at boot: a pending slot 1 is swapped in and runs unconfirmed (or confirmed, when
+///   permanent); an unconfirmed running image is swapped back out (revert).
+///
+/// The upload's progress lives in RAM: a lost link keeps it, a reset loses it (the slot's bytes
+/// stay, but a new upload starts over).
+public struct SMPServer: Sendable {
+    public struct Config: Sendable, Hashable {
+        /// `buf_size`: the largest SMP frame (header and CBOR) the server takes
+        /// (`CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE`, 384 by default).
+        public var bufferSize: Int
+        /// `buf_count`: how many frames it holds at once (`CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT`, 4).
+        public var bufferCount: Int
+        /// Each slot's size in bytes.
+        public var slotSize: Int
+        /// Refuse a first upload chunk without MCUboot's magic (Zephyr does); false takes any bytes.
+        public var checksImageHeader: Bool
+        /// Answer `match` on the last chunk (`CONFIG_IMG_ENABLE_IMAGE_CHECK`).
+        public var reportsMatch: Bool
+
+        public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
+                    checksImageHeader: Bool = true, reportsMatch: Bool = true) {
+            self.bufferSize = bufferSize
+            self.bufferCount = bufferCount
+            self.slotSize = slotSize
+            self.checksImageHeader = checksImageHeader
+            self.reportsMatch = reportsMatch
+        }
+    }
+
+    /// The upload in progress (img_mgmt's RAM state).
+    public struct Upload: Sendable, Hashable {
+        public var sha: [UInt8]?
+        public var length: Int
+        public var offset: Int
+    }
+
+    /// What a boot did.
+    public enum BootOutcome: Sendable, Hashable {
+        /// Nothing to swap: slot 0 runs on.
+        case unchanged
+        /// Slot 1 was swapped in; `permanent`: confirmed at once.
+        case swapped(permanent: Bool)
+        /// The unconfirmed image was swapped back out.
+        case reverted
+    }
+
+    public let config: Config
+    /// Slot 0: the running image.
+    public private(set) var primary: SMPSlotImage
+    /// Slot 1's bytes (written so far, while an upload is under way).
+    public private(set) var secondaryBytes: [UInt8] = []
+    /// Slot 1 holds a whole image (its upload finished, or a swap put the old image there).
+    public private(set) var secondaryComplete = false
+    public private(set) var upload: Upload?
+    /// Slot 1 is marked to be swapped in at the next boot.
+    public private(set) var pending = false
+    /// ... and for good (`confirm` true), not for test.
+    public private(set) var permanent = false
+    /// The running image is confirmed (MCUboot's image_ok in slot 0).
+    public private(set) var confirmed = true
+    /// Boots so far, and the last one's outcome.
+    public private(set) var boots = 0
+    public private(set) var lastBoot = BootOutcome.unchanged
+
+    /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
+    ///   of version 1.0.0.
+    public init(config: Config = Config(), running: [UInt8]? = nil) {
+        self.config = config
+        primary = SMPSlotImage(running ?? SMPSlotImage.build(major: 1, minor: 0, revision: 0, body: Array("otaflash factory image".utf8)))
+    }
+
+    /// Slot 1's image, when it holds a whole one.
+    public var secondary: SMPSlotImage? { secondaryComplete ? SMPSlotImage(secondaryBytes) : nil }
+
+    /// MCUboot's swap type as img_mgmt derives it.
+    private enum SwapType { case none, test, permanent, revert }
+    private var swapType: SwapType {
+        if pending { return permanent ? .permanent : .test }
+        return confirmed ? .none : .revert
+    }
+
+    /// Slot 1 cannot be written: it is pending, or it holds the image to revert to.
+    public var secondaryInUse: Bool { pending || !confirmed }
+
+    // MARK: Requests
+
+    /// The answer to a request frame. Unknown commands get MGMT_ERR_ENOTSUP, malformed ones
+    /// MGMT_ERR_EINVAL; `resetRequested` is set when the answer is to a reset.
+    public mutating func handle(_ frame: SMPFrame) -> (response: SMPResponse, resetRequested: Bool) {
+        let request: SMPRequest
+        do {
+            request = try SMPRequest(decoding: frame)
+        } catch {
+            return (.error(.general(error.serverAnswer)), false)
+        }
+        if case .reset = request { return (.empty, true) }
+        return (handle(request), false)
+    }
+
+    public mutating func handle(_ request: SMPRequest) -> SMPResponse {
+        switch request {
+        case .mcumgrParameters:
+            return .mcumgrParameters(SMPParameters(bufferSize: UInt32(clamping: config.bufferSize), bufferCount: UInt32(clamping: config.bufferCount)))
+        case .echo(let text):
+            return .echo(text)
+        case .reset:
+            return .empty
+        case .imageStateRead:
+            return .imageStates(states)
+        case .imageStateWrite(let hash, let confirm):
+            return stateWrite(hash: hash, confirm: confirm)
+        case .imageUpload(let chunk):
+            return receive(chunk)
+        case .imageErase(let slot):
+            return erase(slot: slot ?? 1)
+        }
+    }
+
+    /// The slot list as img_mgmt reports it: each slot holding a whole image, with its flags.
+    public var states: SMPImageStates {
+        var slots = [slotState(primary, slot: 0)]
+        if let secondary { slots.append(slotState(secondary, slot: 1)) }
+        return SMPImageStates(images: slots)
+    }
+
+    private func slotState(_ image: SMPSlotImage, slot: UInt32) -> SMPImageSlot {
+        var entry = SMPImageSlot(slot: slot, version: image.versionText, hash: image.hash, bootable: image.bootable)
+        switch (swapType, slot) {
+        case (.none, 0): entry.confirmed = true
+        case (.test, 0), (.permanent, 0): entry.confirmed = true
+        case (.test, _): entry.pending = true
+        case (.permanent, _):
+            entry.pending = true
+            entry.permanent = true
+        case (.revert, 1): entry.confirmed = true
+        default: break
+        }
+        entry.active = slot == 0
+        return entry
+    }
+
+    private mutating func stateWrite(hash: [UInt8]?, confirm: Bool) -> SMPResponse {
+        guard let hash else {
+            guard confirm else { return .error(.general(.invalidValue)) }
+            confirmed = true
+            return .imageStates(states)
+        }
+        if hash == primary.hash {
+            guard confirm else { return .error(.image(.testToActiveDenied)) }
+            confirmed = true
+            return .imageStates(states)
+        }
+        guard let secondary, secondary.hash == hash else {
+            return .error(.image(hash.count == 32 ? .hashNotFound : .invalidHash))
+        }
+        // Slot 1 holds the image to revert to: it cannot be marked (img_mgmt's
+        // `img_mgmt_state_set_pending` refuses a confirmed slot).
+        guard confirmed else { return .error(.general(.badState)) }
+        pending = true
+        permanent = confirm
+        return .imageStates(states)
+    }
+
+    private mutating func erase(slot: UInt32) -> SMPResponse {
+        guard slot == 0 || slot == 1 else { return .error(.image(.invalidSlot)) }
+        guard slot == 1, !secondaryInUse else { return .error(.image(.noFreeSlot)) }
+        secondaryBytes = []
+        secondaryComplete = false
+        upload = nil
+        return .empty
+    }
+
+    private mutating func receive(_ chunk: SMPImageUpload) -> SMPResponse {
+        guard (chunk.image ?? 0) == 0 else { return .error(.general(.invalidValue)) }
+        guard chunk.offset == 0 else { return continueUpload(chunk) }
+        guard let length = chunk.length.flatMap({ Int(exactly: $0) }) else { return .error(.image(.invalidLength)) }
+        if let sha = chunk.sha, sha.count > 32 { return .error(.image(.invalidHash)) }
+        guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
+        if config.checksImageHeader {
+            guard chunk.data.count >= 32 || chunk.data.count == length else { return .error(.image(.invalidImageHeader)) }
+            guard SMPSlotImage.hasMagic(chunk.data) else { return .error(.image(.invalidImageHeaderMagic)) }
+        }
+        guard !secondaryInUse else { return .error(.image(.noFreeSlot)) }
+        if chunk.upgrade == true, chunk.data.count >= 32, !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
+            return .error(.image(.currentVersionIsNewer))
+        }
+        if let upload, let sha = chunk.sha, !sha.isEmpty, upload.sha == sha, upload.length == length {
+            // The same file as the unfinished upload: say where it stands, write nothing.
+            return .upload(SMPUploadStatus(offset: UInt64(upload.offset)))
+        }
+        // A new upload: slot 1 is erased and written from the start.
+        upload = Upload(sha: chunk.sha, length: length, offset: 0)
+        secondaryBytes = []
+        secondaryComplete = false
+        return write(chunk.data)
+    }
+
+    private mutating func continueUpload(_ chunk: SMPImageUpload) -> SMPResponse {
+        guard let upload, chunk.offset == UInt64(upload.offset) else {
+            // Not where the upload stands: the expected offset, nothing written.
+            return .upload(SMPUploadStatus(offset: UInt64(upload?.offset ?? 0)))
+        }
+        return write(chunk.data)
+    }
+
+    private mutating func write(_ data: [UInt8]) -> SMPResponse {
+        guard var upload else { return .error(.image(.flashContextNotSet)) }
+        guard upload.offset + data.count <= upload.length else { return .error(.image(.dataOverrun)) }
+        secondaryBytes += data
+        upload.offset += data.count
+        guard upload.offset == upload.length else {
+            self.upload = upload
+            return .upload(SMPUploadStatus(offset: UInt64(upload.offset)))
+        }
+        // Done: slot 1 holds the file; img_mgmt forgets the upload.
+        self.upload = nil
+        secondaryComplete = true
+        var match: Bool?
+        if config.reportsMatch, let sha = upload.sha, !sha.isEmpty {
+            match = Array(SHA256.hash(data: secondaryBytes)) == sha
+        }
+        return .upload(SMPUploadStatus(offset: UInt64(upload.offset), match: match))
+    }
+
+    // MARK: Boot
+
+    /// What MCUboot does when the device resets (or power-cycles): swap a pending image in,
+    /// or swap an unconfirmed one back out. The upload in progress is lost with the RAM.
+    @discardableResult
+    public mutating func boot() -> BootOutcome {
+        boots += 1
+        upload = nil
+        let outcome: BootOutcome
+        switch swapType {
+        case .test, .permanent:
+            outcome = .swapped(permanent: permanent)
+            swap()
+            confirmed = permanent
+        case .revert:
+            outcome = .reverted
+            swap()
+            confirmed = true
+        case .none:
+            outcome = .unchanged
+        }
+        pending = false
+        permanent = false
+        lastBoot = outcome
+        return outcome
+    }
+
+    private mutating func swap() {
+        let old = primary.bytes
+        primary = SMPSlotImage(secondaryBytes)
+        secondaryBytes = old
+        secondaryComplete = true
+    }
+}

@@ -1,0 +1,164 @@
+import Crypto
+import GATT
+import OTA
+import OTADevice
+import OTAWire
+import SMP
+import Simulator
+import Testing
+
+/// The real central (`OTASession` with `SMPProfile`) against the SMP server model in the
+/// simulator: the upload, MCUboot's test, revert and confirm across resets, resume, buffers.
+@Suite("SMP device through the session")
+struct SMPDeviceSessionTests {
+    static let image = SMPSlotImage.build(major: 1, minor: 4, revision: 2, body: (0..<40_000).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 5) })
+
+    /// A simulated SMP device and a central on one virtual clock.
+    struct Rig {
+        let device: SimulatedDevice
+        let central: SimulatedCentral
+        var model: SMPPeripheral? { device.model(as: SMPPeripheral.self) }
+        var server: SMPServer? { model?.server }
+
+        init(_ server: SMPServer.Config = SMPServer.Config(), faults: FaultPlan = .none, link: LinkModel = .default) {
+            let config = SimulatedDeviceConfig(link: link)
+            device = SimulatedDevice(config, model: SMPPeripheral(server: SMPServer(config: server), faults: faults, resetDelay: config.bootDelay))
+            central = SimulatedCentral(devices: [device], clock: VirtualClock())
+        }
+
+        func flash(_ image: [UInt8] = SMPDeviceSessionTests.image, confirm: Bool = false, reset: Bool = true,
+                   reconnect: ReconnectPolicy = .never) async -> Result<OTAResult, OTAError> {
+            let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: image)), imageHash: SMPSlotImage(image).hash,
+                                             confirm: confirm, reset: reset)
+            let session = OTASession(central: central, address: device.config.address, image: FirmwareImage(bytes: image),
+                                     profile: SMPProfile(settings: settings), reconnect: reconnect)
+            do throws(OTAError) {
+                return .success(try await session.run())
+            } catch {
+                return .failure(error)
+            }
+        }
+
+        /// One request on a new connection (waiting for the device to come back from a reset).
+        func call(_ request: SMPRequest) async throws -> SMPResponse {
+            let connection = try await central.connect(to: device.config.address, timeout: .seconds(10))
+            let response: SMPResponse
+            do {
+                let client = try await SMPClient.attach(to: connection, device: "sim")
+                response = try await client.call(request, timeout: .seconds(5))
+            } catch {
+                await connection.disconnect()
+                throw error
+            }
+            await connection.disconnect()
+            return response
+        }
+
+        func states() async throws -> [SMPImageSlot] {
+            guard case .imageStates(let states) = try await call(.imageStateRead) else { throw OTAError(.protocolError, "no states") }
+            return states.images
+        }
+    }
+
+    @Test func anUploadWithoutResetLeavesTheFileByteIdenticalInSlotOnePending() async throws {
+        let rig = Rig()
+        let result = try await rig.flash(reset: false).get()
+        #expect(result.bytes == Self.image.count)
+        let server = try #require(rig.server)
+        #expect(server.secondaryBytes == Self.image)
+        #expect(server.pending && !server.permanent)
+        #expect(server.boots == 0)
+        let states = try await rig.states()
+        #expect(states.map(\.pending) == [false, true])
+        #expect(states[1].hash == SMPSlotImage(Self.image).hash)
+    }
+
+    @Test func testResetRunsTheNewVersionUnconfirmedAndConfirmKeepsIt() async throws {
+        let rig = Rig()
+        _ = try await rig.flash().get()
+        #expect(rig.model?.activations.map(\.image) == [Self.image])
+        var states = try await rig.states()
+        #expect(states[0].version == "1.4.2" && states[0].active && !states[0].confirmed)
+        #expect(states[1].version == "1.0.0" && states[1].confirmed)
+        guard case .imageStates = try await rig.call(.imageStateWrite(hash: nil, confirm: true)) else { Issue.record("confirm not answered with states"); return }
+        #expect(try await rig.call(.reset()) == .empty)
+        states = try await rig.states()
+        #expect(states[0].version == "1.4.2" && states[0].active && states[0].confirmed)
+        #expect(rig.server?.primary.bytes == Self.image)
+        #expect(rig.server?.boots == 2)
+    }
+
+    @Test func aResetWithoutConfirmRevertsToTheOldImage() async throws {
+        let rig = Rig()
+        _ = try await rig.flash().get()
+        #expect(try await rig.call(.reset()) == .empty)
+        let states = try await rig.states()
+        #expect(states[0].version == "1.0.0" && states[0].active && states[0].confirmed)
+        #expect(states[1].version == "1.4.2" && !states[1].pending && !states[1].confirmed)
+        #expect(rig.server?.lastBoot == .reverted)
+    }
+
+    @Test func confirmAtOnceRunsTheNewImageConfirmed() async throws {
+        let rig = Rig()
+        _ = try await rig.flash(confirm: true).get()
+        let states = try await rig.states()
+        #expect(states[0].version == "1.4.2" && states[0].confirmed)
+    }
+
+    @Test func aLinkLossMidUploadResumesAtTheServersOffset() async throws {
+        let rig = Rig(faults: FaultPlan(disconnectAt: [20_000]))
+        let result = try await rig.flash(reset: false, reconnect: ReconnectPolicy(seed: 3)).get()
+        #expect(result.stats.connections == 2)
+        let resumed = try #require(result.stats.resumedFrom.last)
+        #expect(resumed > 15_000 && resumed <= 20_000)
+        #expect(rig.server?.secondaryBytes == Self.image)
+        #expect(rig.server?.pending == true)
+    }
+
+    /// The engine keeps the device's buffer count of requests in flight: every buffer is used,
+    /// none overflows (a dropped request would cost a timeout).
+    @Test(arguments: [(384, 4), (2475, 4), (2475, 2)])
+    func theWindowFillsTheDevicesBuffersWithoutOverflowingThem(size: Int, count: Int) async throws {
+        let link = LinkModel(mtu: 247, phy: .le2M, connectionInterval: .microseconds(7_500))
+        let rig = Rig(SMPServer.Config(bufferSize: size, bufferCount: count), faults: FaultPlan(slowFlashPerKiB: .milliseconds(50)), link: link)
+        let result = try await rig.flash(reset: false).get()
+        let model = try #require(rig.model)
+        #expect(model.peakBuffers == count)
+        #expect(model.droppedFrames == 0)
+        #expect(result.stats.rewinds == 0 && result.stats.commandRetries == 0)
+        #expect(model.server.secondaryBytes == Self.image)
+    }
+
+    @Test func aNewUploadWhileATestImageRunsUnconfirmedIsRefusedWithNoFreeSlot() async throws {
+        let rig = Rig()
+        _ = try await rig.flash().get()
+        let other = SMPSlotImage.build(major: 1, minor: 5, revision: 0, body: Array(repeating: 0x42, count: 5000))
+        guard case .failure(let error) = await rig.flash(other) else { Issue.record("expected a refusal"); return }
+        #expect(error.message.contains("no free slot (9)"), "\(error)")
+        #expect(rig.server?.primary.bytes == Self.image)
+        #expect(rig.server?.secondary?.versionText == "1.0.0")
+    }
+
+    @Test func aPendingImageAlsoBlocksAnotherUpload() async throws {
+        let rig = Rig()
+        _ = try await rig.flash(reset: false).get()
+        let other = SMPSlotImage.build(major: 1, minor: 5, revision: 0, body: Array(repeating: 0x42, count: 5000))
+        guard case .failure(let error) = await rig.flash(other) else { Issue.record("expected a refusal"); return }
+        #expect(error.message.contains("no free slot"), "\(error)")
+        #expect(rig.server?.secondaryBytes == Self.image)
+    }
+
+    @Test func aCorruptedChunkMarksNothing() async throws {
+        let rig = Rig(faults: FaultPlan(corruptAt: [12_345]))
+        guard case .failure(let error) = await rig.flash() else { Issue.record("expected a failure"); return }
+        #expect(error.code == .verifyFailed, "\(error)")
+        #expect(rig.server?.pending == false)
+        #expect(rig.model?.activations.isEmpty == true)
+    }
+
+    @Test func anImageOverTheSlotIsRefusedAsTooLarge() async throws {
+        let rig = Rig(SMPServer.Config(slotSize: 10_000))
+        guard case .failure(let error) = await rig.flash() else { Issue.record("expected a refusal"); return }
+        #expect(error.code == .imageTooLarge, "\(error)")
+    }
+}
