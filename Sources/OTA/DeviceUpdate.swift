@@ -22,14 +22,16 @@ public struct UpdatePlan: Sendable {
     /// Never empty.
     public let parts: [Part]
     /// What the image file is: the protocol is checked against the device's services with it.
-    public let format: ImageFormat.Kind
+    /// Nil: sent as it is over the protocol asked for, whatever the file is (SMP's
+    /// `--smp-any-image`).
+    public let format: ImageFormat.Kind?
     /// Why the protocol was chosen, from the file alone, for one note line.
     public var reason: String
     /// What a package holds, said after the reason: "; the package's image: application"; empty
     /// for a single image.
     public var contents: String
 
-    public init(parts: [Part], format: ImageFormat.Kind, reason: String, contents: String = "") {
+    public init(parts: [Part], format: ImageFormat.Kind?, reason: String, contents: String = "") {
         precondition(!parts.isEmpty, "an update plan sends at least one image")
         self.parts = parts
         self.format = format
@@ -37,10 +39,13 @@ public struct UpdatePlan: Sendable {
         self.contents = contents
     }
 
-    /// One image over one protocol.
-    public init(firmware: FirmwareImage, profile: any OTAProfile, format: ImageFormat.Kind? = nil, reason: String = "") {
-        let kind = format ?? (firmware.baseAddress == nil ? .rawBinary : .intelHex)
-        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: kind, reason: reason)
+    /// One image over one protocol, checked as what it is (a raw binary or Intel HEX image).
+    public init(firmware: FirmwareImage, profile: any OTAProfile, reason: String = "") {
+        self.init(firmware: firmware, profile: profile, format: firmware.baseAddress == nil ? .rawBinary : .intelHex, reason: reason)
+    }
+
+    public init(firmware: FirmwareImage, profile: any OTAProfile, format: ImageFormat.Kind?, reason: String) {
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: format, reason: reason)
     }
 
     /// The first (for a single image, the only) image and its protocol.

@@ -114,6 +114,9 @@ public protocol TransferEngine: Sendable {
     var isAwaitingReply: Bool { get }
     /// Next image offset to send.
     var sent: Int { get }
+    /// Where this connection's transfer started, for the `transfer` event: where the device's
+    /// data ended when streaming began (the default: `sent` then).
+    var resumeOffset: Int { get }
     /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
     var acked: Int { get }
     var ackedCRC: UInt32 { get }
@@ -223,6 +226,10 @@ public protocol OTAProfile: Sendable {
     /// calls the engine directly rather than through an existential. The default implementation
     /// is the only right one.
     func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult
+}
+
+extension TransferEngine {
+    public var resumeOffset: Int { sent }
 }
 
 extension OTAProfile {

@@ -65,7 +65,7 @@ extension FlashPlan {
             // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.
             let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: firmware.bytes)), imageHash: nil,
                                              confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window)
-            return FlashPlan(update: UpdatePlan(firmware: firmware, profile: SMPProfile(settings: settings), format: format,
+            return FlashPlan(update: UpdatePlan(firmware: firmware, profile: SMPProfile(settings: settings), format: nil,
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
         do {

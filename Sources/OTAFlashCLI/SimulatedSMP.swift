@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import OTA
 import OTADevice
 import OTAWire
 import Simulator

@@ -127,6 +127,10 @@ public struct SMPEngine: TransferEngine {
         }
     }
 
+    /// The server's offset when it answered the first request: 0 for a new upload (the first
+    /// chunk then went to it), where it stood for a resumed one.
+    public var resumeOffset: Int { stats.resumedFrom.last ?? 0 }
+
     public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
     public var furthestAgreed: Int { acked }
