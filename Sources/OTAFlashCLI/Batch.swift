@@ -38,7 +38,7 @@ public struct BatchCLIOptions: ParsableArguments {
     @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"), completion: .directory)
     public var logDir: String?
 
-    @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone.", valueName: "version"))
+    @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone; 'image' for the version an MCUboot image's header carries (an SMP device reports what its active slot runs).", valueName: "version|image"))
     public var skipIfVersion: String?
 
     @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"), completion: .file(extensions: ["csv"]))
@@ -56,13 +56,16 @@ public struct BatchCLIOptions: ParsableArguments {
         try Ranges.scanWindow.check(scanWindow)
         try Ranges.minRSSI.check(minRSSI)
         try Ranges.count.check(count)
-        if let skipIfVersion, FirmwareVersion(skipIfVersion) == nil {
-            throw ValidationError("--skip-if-version must look like 1.2.3, got '\(skipIfVersion)'")
+        if let skipIfVersion, skipIfVersion != Self.imageOwnVersion, FirmwareVersion(skipIfVersion) == nil {
+            throw ValidationError("--skip-if-version must look like 1.2.3, or be '\(Self.imageOwnVersion)' (the version in an MCUboot image's header), got '\(skipIfVersion)'")
         }
         for spec in simDeviceFault where Self.parseFault(spec) == nil {
             throw ValidationError("--sim-device-fault takes N:no-ota-service, N:small-slot or N:gone with N \(Ranges.simDevice.text), got '\(spec)'")
         }
     }
+
+    /// `--skip-if-version image`: the version the image carries (an MCUboot header's).
+    static let imageOwnVersion = "image"
 
     enum SimFault: String { case noOTAService = "no-ota-service", smallSlot = "small-slot", gone }
 
@@ -176,7 +179,7 @@ extension Flash {
     func runBatch(_ targets: [BatchTarget], plan: FlashPlan, printer: EventPrinter) async throws {
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
-        let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: engineConfig,
+        let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
                                    timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                    registry: .cli, protocolName: protocolName,

@@ -462,7 +462,11 @@ public enum EventCatalog {
                ("otaflash info", InfoEvents.Info(device: device, manufacturer: "otaflash", model: nil, firmwareRevision: "1.0.0",
                                                  otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",
                                                  otaFirmwareVersion: "1.0.0", otaReceived: "0")),
-               ("otaflash info", InfoEvents.Done())]
+               ("otaflash info", InfoEvents.Done()),
+               ("otaflash image", ImageEvents.Slot(device: device, image: 0, slot: 0, version: "1.0.0", hash: String(repeating: "ab", count: 32),
+                                                   bootable: true, pending: false, confirmed: true, active: true, permanent: false)),
+               ("otaflash image", ImageEvents.Echo(device: device, text: "hello")),
+               ("otaflash image", ImageEvents.Done())]
             + simulate.map { ("otaflash simulate", $0) }
             + [("any command", UsageErrorEvent(message: "unknown option '--bogus'"))]
     }()

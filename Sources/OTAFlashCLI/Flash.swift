@@ -250,7 +250,7 @@ struct Flash: AsyncParsableCommand {
         }
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
-        let updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: engineConfig,
+        let updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: try engineConfig(for: plan),
                                     timeouts: sessionTimeouts,
                                     reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                     journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
@@ -332,6 +332,18 @@ extension Flash {
 
     var sessionTimeouts: SessionTimeouts {
         SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
+    }
+
+    /// The engine's settings for `plan`: `--skip-if-version image` takes the version the image carries.
+    func engineConfig(for plan: FlashPlan) throws -> EngineConfig {
+        var config = engineConfig
+        if batch.skipIfVersion == BatchCLIOptions.imageOwnVersion {
+            guard let version = plan.imageVersion else {
+                throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (only an MCUboot image does); give the version, e.g. --skip-if-version 1.2.3")
+            }
+            config.skipIfVersion = version
+        }
+        return config
     }
 
     var engineConfig: EngineConfig {

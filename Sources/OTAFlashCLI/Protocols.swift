@@ -30,6 +30,9 @@ struct FlashPlan {
     /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
     /// package's SoftDevice (what the package's last image requires).
     var softDeviceAfterUpdate: UInt32?
+    /// The version the image carries (an MCUboot header's major.minor.revision), for
+    /// `--skip-if-version image`.
+    var imageVersion: FirmwareVersion?
 
     var parts: [UpdatePlan.Part] { update.parts }
     var firmware: FirmwareImage { update.firmware }
@@ -97,9 +100,10 @@ extension FlashPlan {
                                          reset: smp.reset, maxWindow: smp.window)
         let firmware = image.firmware
         let contents = "; an MCUboot image, version \(image.version), \(image.hashAlgorithm) \(hexString(image.imageHash))"
+        let version = FirmwareVersion(major: image.version.major, minor: image.version.minor, patch: image.version.revision)
         return FlashPlan(update: UpdatePlan(parts: [UpdatePlan.Part(firmware: firmware, profile: SMPProfile(settings: settings), label: "image")],
                                             format: .mcuboot, reason: resolution.reason, contents: contents),
-                         warnings: image.warnings)
+                         warnings: image.warnings, imageVersion: version)
     }
 
     private static func loadPackage(path: String, protocol name: String, expect: DFUPackage.Expectations) throws(CLIFailure) -> FlashPlan {

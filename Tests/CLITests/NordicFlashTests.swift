@@ -81,7 +81,7 @@ struct NordicFlashTests {
 
     @Test(arguments: [
         (["--protocol", "native", "blinky-app.zip"], 3, "the native protocol does not send nordic-dfu-package images"),
-        (["--protocol", "smp", "blinky-app.zip"], 2, "--protocol must be auto, native or nordic-dfu, got 'smp'"),
+        (["--protocol", "smp", "blinky-app.zip"], 3, "the smp protocol does not send nordic-dfu-package images"),
         (["--no-activate", "blinky-app.zip"], 2, "--no-activate is not possible with nordic-dfu"),
         (["blinky-app-unsigned-debug.zip"], 7, "signature missing (ext 0x08)"),
     ])

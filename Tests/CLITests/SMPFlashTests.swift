@@ -88,3 +88,20 @@ struct SMPFlashTests {
         #expect(badHash.errorLines.count == 1, "\(badHash.stderr)")
     }
 }
+
+@Suite("otaflash flash, SMP, --skip-if-version image")
+struct SMPSkipTests {
+    @Test func aDeviceAlreadyRunningTheImagesVersionIsLeftAlone() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-firmware-version", "1.3.0", "--skip-if-version", "image",
+                                              samplePath("mcuboot/blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        #expect(run.jsonEvents.last?["result"] as? String == "skipped")
+        let older = await otaflash(simulator + ["--json", "--sim-firmware-version", "1.2.0", "--skip-if-version", "image",
+                                                samplePath("mcuboot/blinky-ec256-v1.3.0.bin")])
+        #expect(older.code == 0, "\(older.stderr)")
+        #expect(older.jsonEvents.last?["result"] as? String == "ok")
+        let raw = await otaflash(simulator + ["--skip-if-version", "image", samplePath("seeded-4k.bin")])
+        #expect(raw.code == 2)
+        #expect(raw.stderr.contains("only an MCUboot image does"), "\(raw.stderr)")
+    }
+}
