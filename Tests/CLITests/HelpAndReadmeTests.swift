@@ -1,5 +1,6 @@
 import Foundation
 import OTAFlashCLI
+import TestSupport
 import Testing
 
 @Suite("otaflash help and README")
@@ -25,10 +26,28 @@ struct HelpAndReadmeTests {
         }
     }
 
-    @Test func versionExitsZero() async {
+    /// `otaflash --version` names the release and the commit; scripts/package reads the release from it.
+    @Test func versionNamesTheReleaseAndTheCommit() async throws {
         let run = await otaflash(["--version"])
         #expect(run.code == 0)
-        #expect(!run.stdout.isEmpty)
+        #expect(run.stdout == OtaflashVersion.line + "\n")
+        let parts = OtaflashVersion.number.split(separator: ".", omittingEmptySubsequences: false)
+        #expect(parts.count == 3 && parts.allSatisfy { !$0.isEmpty && $0.allSatisfy(\.isASCII) && $0.allSatisfy(\.isNumber) },
+                "the version \(OtaflashVersion.number) is not major.minor.patch")
+        #expect(run.stdout.hasPrefix("otaflash \(OtaflashVersion.number) (commit "))
+        if let commit = OtaflashVersion.commit {
+            #expect(commit.range(of: "^[0-9a-f]{7}(-dirty)?$", options: .regularExpression) != nil, "commit \(commit)")
+        }
+        // Built in a git checkout, it names the checkout's HEAD (as of the build).
+        let root = repositoryRoot.path
+        if FileManager.default.fileExists(atPath: root + "/.git"), let git = findExecutable("git"),
+           let child = try? SpawnedProcess.spawn([git, "-C", root, "rev-parse", "--short=7", "HEAD"], stderrPath: "/dev/null") {
+            let head = child.waitForLine(timeoutMilliseconds: 10_000) { _ in true }
+            let status = child.waitForExit()
+            if exitCode(ofWaitStatus: status) == 0, let head {
+                #expect(OtaflashVersion.commit?.hasPrefix(head) == true, "built from \(head), says \(OtaflashVersion.line)")
+            }
+        }
     }
 
     /// README.md's "Exit codes" table lists exactly the codes otaflash can exit with.
