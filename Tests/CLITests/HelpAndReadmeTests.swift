@@ -38,15 +38,15 @@ struct HelpAndReadmeTests {
         if let commit = OtaflashVersion.commit {
             #expect(commit.range(of: "^[0-9a-f]{7}(-dirty)?$", options: .regularExpression) != nil, "commit \(commit)")
         }
-        // Built in a git checkout, it names the checkout's HEAD (as of the build).
+        // Built in a git checkout, it names a commit of that checkout (HEAD when it was built; the
+        // tests may run after later commits, so not necessarily HEAD now).
         let root = repositoryRoot.path
         if FileManager.default.fileExists(atPath: root + "/.git"), let git = findExecutable("git"),
-           let child = try? SpawnedProcess.spawn([git, "-C", root, "rev-parse", "--short=7", "HEAD"], stderrPath: "/dev/null") {
-            let head = child.waitForLine(timeoutMilliseconds: 10_000) { _ in true }
-            let status = child.waitForExit()
-            if exitCode(ofWaitStatus: status) == 0, let head {
-                #expect(OtaflashVersion.commit?.hasPrefix(head) == true, "built from \(head), says \(OtaflashVersion.line)")
-            }
+           runToCompletion([git, "-C", root, "rev-parse", "HEAD"]) == 0 {
+            let commit = try #require(OtaflashVersion.commit, "built in a git checkout but names no commit")
+            let hash = String(commit.prefix { $0 != "-" })
+            #expect(runToCompletion([git, "-C", root, "cat-file", "-e", hash + "^{commit}"]) == 0,
+                    "\(hash) is not a commit of \(root)")
         }
     }
 
