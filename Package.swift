@@ -55,7 +55,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
-        ]),
+        ], plugins: ["BuildCommit"]),
+        // The commit a build is from, for `otaflash --version` (the version itself is in Version.swift).
+        .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
         .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator", "NordicDFU"]),

@@ -270,7 +270,7 @@ extension Flash {
 
     private func writeReport(_ outcomes: [BatchOutcome], to path: String) throws {
         func csv(_ s: String) -> String { s.contains(where: { ",\"\n".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s }
-        var text = "device,adapter,result,error,attempts,seconds,throughput_bytes_per_s,firmware_before,firmware_after,bootloader\n"
+        var text = "device,adapter,result,error,attempts,seconds,throughput_bytes_per_s,firmware_before,firmware_after,bootloader,otaflash_version,otaflash_commit\n"
         for o in outcomes {
             let (result, error, rate): (String, String, String) = switch o.result {
             case .ok(let r): ("ok", "", String(format: "%.0f", r.throughput))
@@ -279,7 +279,7 @@ extension Flash {
             }
             text += [o.device, o.adapter ?? "", result, error, "\(o.attempts)", String(format: "%.3f", o.seconds), rate,
                      o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? "",
-                     o.updateModeAddress ?? ""].map(csv).joined(separator: ",") + "\n"
+                     o.updateModeAddress ?? "", OtaflashVersion.number, OtaflashVersion.commit ?? ""].map(csv).joined(separator: ",") + "\n"
         }
         if let problem = writeFile(path, Array(text.utf8)) {
             throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")

@@ -81,6 +81,9 @@ public enum FlashEvents {
         public var simulator: Bool
         /// The protocol the image goes over (`--protocol`, or what `auto` picked).
         public var `protocol`: String
+        /// This otaflash's version and commit (`otaflash --version`), for logs kept of a run.
+        public var otaflashVersion = OtaflashVersion.number
+        public var otaflashCommit = OtaflashVersion.commit
 
         public init(device: String?, bootloader: String? = nil, image: String, size: Int, crc32: UInt32, simulator: Bool, protocol: String) {
             self.device = device

@@ -15,7 +15,7 @@ public struct Otaflash: AsyncParsableCommand {
 
             Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
             """,
-        version: "0.1.0",
+        version: OtaflashVersion.line,
         subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, ImageCommand.self, ResetCommand.self, EchoCommand.self],
         defaultSubcommand: Flash.self
     )

@@ -1,5 +1,6 @@
 import Foundation
 import OTAFlashCLI
+import TestSupport
 import Testing
 
 @Suite("otaflash help and README")
@@ -25,10 +26,28 @@ struct HelpAndReadmeTests {
         }
     }
 
-    @Test func versionExitsZero() async {
+    /// `otaflash --version` names the release and the commit; scripts/package reads the release from it.
+    @Test func versionNamesTheReleaseAndTheCommit() async throws {
         let run = await otaflash(["--version"])
         #expect(run.code == 0)
-        #expect(!run.stdout.isEmpty)
+        #expect(run.stdout == OtaflashVersion.line + "\n")
+        let parts = OtaflashVersion.number.split(separator: ".", omittingEmptySubsequences: false)
+        #expect(parts.count == 3 && parts.allSatisfy { !$0.isEmpty && $0.allSatisfy(\.isASCII) && $0.allSatisfy(\.isNumber) },
+                "the version \(OtaflashVersion.number) is not major.minor.patch")
+        #expect(run.stdout.hasPrefix("otaflash \(OtaflashVersion.number) (commit "))
+        if let commit = OtaflashVersion.commit {
+            #expect(commit.range(of: "^[0-9a-f]{7}(-dirty)?$", options: .regularExpression) != nil, "commit \(commit)")
+        }
+        // Built in a git checkout, it names a commit of that checkout (HEAD when it was built; the
+        // tests may run after later commits, so not necessarily HEAD now).
+        let root = repositoryRoot.path
+        if FileManager.default.fileExists(atPath: root + "/.git"), let git = findExecutable("git"),
+           runToCompletion([git, "-C", root, "rev-parse", "HEAD"]) == 0 {
+            let commit = try #require(OtaflashVersion.commit, "built in a git checkout but names no commit")
+            let hash = String(commit.prefix { $0 != "-" })
+            #expect(runToCompletion([git, "-C", root, "cat-file", "-e", hash + "^{commit}"]) == 0,
+                    "\(hash) is not a commit of \(root)")
+        }
     }
 
     /// README.md's "Exit codes" table lists exactly the codes otaflash can exit with.
