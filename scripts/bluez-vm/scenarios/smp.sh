@@ -233,6 +233,7 @@ if [[ $STEPS == *" resume "* ]]; then
 	start_smp sim-resume
 	at=$((IMAGE_SIZE * 2 / 5))
 	f=$RESULTS_DIR/resume.stamped
+	t_resume=$EPOCHREALTIME
 	otaflash_smp resume &
 	flash_pid=$!
 	BG+=("$flash_pid")
@@ -250,6 +251,7 @@ if [[ $STEPS == *" resume "* ]]; then
 	wait "$flash_pid" || rc=$?
 	[ "$rc" = 0 ] || fail "the resumed flash (subshell) exited with $rc"
 	F_DONE=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2- || true)
+	F_WALL=$(awk -v a="$t_resume" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
 	F_RC=0
 	grep -q '"result":"ok"' <<<"$F_DONE" || F_RC=1
 	check_done resume
