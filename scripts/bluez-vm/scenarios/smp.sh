@@ -92,9 +92,10 @@ start_smp() {
 	fi
 	step "$tag: $(grep -m1 '"event":"serving"' "$SIM_STAMPED" | cut -f2-)"
 }
+# stop_smp: stops it (stop_sim counts its connected/disconnected lines in the stamped file) and
+# leaves its events unstamped in TAG.jsonl too.
 stop_smp() {
-	cut -f2- "$SIM_STAMPED" >"${SIM_STAMPED%.stamped}.jsonl"
-	stop_sim "$SIM_PID" "${SIM_STAMPED%.stamped}.jsonl" || fail "otaflash simulate exited with $? after SIGINT"
+	stop_sim "$SIM_PID" "$SIM_STAMPED" || fail "otaflash simulate exited with $? after SIGINT"
 	cut -f2- "$SIM_STAMPED" >"${SIM_STAMPED%.stamped}.jsonl"
 }
 
