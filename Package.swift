@@ -53,6 +53,7 @@ let package = Package(
         .target(name: "OTAFlashCLI", dependencies: [
             "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
@@ -69,7 +70,9 @@ let package = Package(
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU", "SMP"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
-        .testTarget(name: "SMPTests", dependencies: ["SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
+        .testTarget(name: "SMPTests", dependencies: [
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]

@@ -13,6 +13,9 @@ let package = Package(
         .executableTarget(name: "fuzz-hex", dependencies: ["FuzzDriver", .product(name: "OTA", package: "otaflash")]),
         .executableTarget(name: "fuzz-nordic", dependencies: ["FuzzDriver", .product(name: "NordicDFU", package: "otaflash")]),
         .executableTarget(name: "fuzz-smp", dependencies: ["FuzzDriver", .product(name: "SMP", package: "otaflash")]),
+        .executableTarget(name: "fuzz-mcuboot", dependencies: [
+            "FuzzDriver", .product(name: "SMP", package: "otaflash"), .product(name: "OTA", package: "otaflash"),
+        ]),
     ],
     swiftLanguageModes: [.v6]
 )

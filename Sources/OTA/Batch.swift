@@ -158,7 +158,7 @@ public struct BatchRunner: Sendable {
         let started = clock.now
         let updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
                                     timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
-                                    logger: logger, namesSessionsByDevice: true)
+                                    logger: logger, namesSessionsByDevice: true, readsBack: options.readBackVersion)
         var attempt = 0
         var lastError: OTAError?
         var before: FirmwareVersion?
@@ -172,9 +172,8 @@ public struct BatchRunner: Sendable {
             switch outcome.result {
             case .success(let result):
                 before = result.firmwareBefore
-                let after = !result.skipped && result.activated && options.readBackVersion ? await readVersion(target) : nil
                 return BatchOutcome(result, updateModeAddress: progress.entry?.address.description, adapter: target.adapter,
-                                    attempts: attempt, seconds: (clock.now - started).seconds, firmwareAfter: after)
+                                    attempts: attempt, seconds: (clock.now - started).seconds, firmwareAfter: outcome.after?.firmwareVersion)
             case .failure(let failure):
                 error = failure
             }
@@ -188,24 +187,6 @@ public struct BatchRunner: Sendable {
         return BatchOutcome(device: target.address.description, updateModeAddress: progress.entry?.address.description,
                             adapter: target.adapter, result: .failed(error), attempts: attempt,
                             seconds: (clock.now - started).seconds, firmwareBefore: before, firmwareAfter: nil)
-    }
-
-    /// After activation the device reboots; read what it runs now (nil if it does not come back
-    /// soon, or when its protocol does not tell).
-    private func readVersion(_ target: BatchTarget) async -> FirmwareVersion? {
-        let profile = plan.parts[plan.parts.count - 1].profile
-        guard profile.reportsFirmwareVersion else { return nil }
-        do {
-            let connection = try await target.central.connect(to: target.address, timeout: options.timeouts.connect)
-            defer { Task { await connection.disconnect() } }
-            let version = try await profile.firmwareVersion(on: connection, device: target.address.description,
-                                                            discoveryTimeout: options.timeouts.discovery)
-            await connection.disconnect()
-            return version
-        } catch {
-            logger.debug("could not read the version back", metadata: ["device": "\(target.address)", "error": "\(error)"])
-            return nil
-        }
     }
 }
 

@@ -22,14 +22,16 @@ public struct UpdatePlan: Sendable {
     /// Never empty.
     public let parts: [Part]
     /// What the image file is: the protocol is checked against the device's services with it.
-    public let format: ImageFormat.Kind
+    /// Nil: sent as it is over the protocol asked for, whatever the file is (SMP's
+    /// `--smp-any-image`).
+    public let format: ImageFormat.Kind?
     /// Why the protocol was chosen, from the file alone, for one note line.
     public var reason: String
     /// What a package holds, said after the reason: "; the package's image: application"; empty
     /// for a single image.
     public var contents: String
 
-    public init(parts: [Part], format: ImageFormat.Kind, reason: String, contents: String = "") {
+    public init(parts: [Part], format: ImageFormat.Kind?, reason: String, contents: String = "") {
         precondition(!parts.isEmpty, "an update plan sends at least one image")
         self.parts = parts
         self.format = format
@@ -37,10 +39,13 @@ public struct UpdatePlan: Sendable {
         self.contents = contents
     }
 
-    /// One image over one protocol.
-    public init(firmware: FirmwareImage, profile: any OTAProfile, format: ImageFormat.Kind? = nil, reason: String = "") {
-        let kind = format ?? (firmware.baseAddress == nil ? .rawBinary : .intelHex)
-        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: kind, reason: reason)
+    /// One image over one protocol, checked as what it is (a raw binary or Intel HEX image).
+    public init(firmware: FirmwareImage, profile: any OTAProfile, reason: String = "") {
+        self.init(firmware: firmware, profile: profile, format: firmware.baseAddress == nil ? .rawBinary : .intelHex, reason: reason)
+    }
+
+    public init(firmware: FirmwareImage, profile: any OTAProfile, format: ImageFormat.Kind?, reason: String) {
+        self.init(parts: [Part(firmware: firmware, profile: profile, label: "image")], format: format, reason: reason)
     }
 
     /// The first (for a single image, the only) image and its protocol.
@@ -72,11 +77,14 @@ public struct DeviceUpdater: Sendable {
     /// True: sessions and their events carry the address the device was given, even after it
     /// moved to another (a batch keys its rows and logs by it); false: where the sessions go.
     public let namesSessionsByDevice: Bool
+    /// Reconnect after activation and read what the device runs now (`Outcome.after`), when its
+    /// protocol tells (`OTAProfile.reportsFirmwareVersion`).
+    public let readsBack: Bool
 
     public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
-                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false) {
+                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false, readsBack: Bool = false) {
         self.plan = plan
         self.registry = registry
         self.protocolName = protocolName
@@ -86,6 +94,7 @@ public struct DeviceUpdater: Sendable {
         self.journal = journal
         self.logger = logger
         self.namesSessionsByDevice = namesSessionsByDevice
+        self.readsBack = readsBack
     }
 
     /// What happens to one device, beyond its sessions' events.
@@ -117,6 +126,15 @@ public struct DeviceUpdater: Sendable {
         public var result: Result<OTAResult, OTAError>
         /// Where the attempt left the device: what the next attempt starts from.
         public var progress: Progress
+        /// What the device reported when it came back after activation (`readsBack`); nil when
+        /// not read or it did not come back within the connect timeout.
+        public var after: DeviceSummary?
+
+        public init(result: Result<OTAResult, OTAError>, progress: Progress, after: DeviceSummary? = nil) {
+            self.result = result
+            self.progress = progress
+            self.after = after
+        }
     }
 
     /// The limits on moving the device into its update mode.
@@ -173,7 +191,29 @@ public struct DeviceUpdater: Sendable {
         }
         total.device = device
         if plan.parts.count > 1 { (total.bytes, total.crc32) = (size, crc32) }
-        return Outcome(result: .success(total), progress: progress)
+        let after = readsBack && !total.skipped && total.activated ? await readBack(central: central, address: address) : nil
+        return Outcome(result: .success(total), progress: progress, after: after)
+    }
+
+    /// After activation the device reboots: what it runs once it is back (nil when it does not
+    /// come back within the connect timeout, or when its protocol does not tell).
+    private func readBack(central: any GATTCentral, address: DeviceAddress) async -> DeviceSummary? {
+        let profile = plan.parts[plan.parts.count - 1].profile
+        guard profile.reportsFirmwareVersion else { return nil }
+        do {
+            let connection = try await central.connect(to: address, timeout: timeouts.connect)
+            do throws(OTAError) {
+                let summary = try await profile.summary(on: connection, device: address.description, discoveryTimeout: timeouts.discovery)
+                await connection.disconnect()
+                return summary
+            } catch {
+                await connection.disconnect()
+                throw error
+            }
+        } catch {
+            logger.debug("could not read the version back", metadata: ["device": "\(address)", "error": "\(error)"])
+            return nil
+        }
     }
 
     private struct Prepared: Sendable {

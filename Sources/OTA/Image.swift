@@ -35,8 +35,13 @@ public struct FirmwareImage: Sendable {
     /// The size is checked before anything is read, and reads are bounded, so a huge file, a
     /// growing one or a device node costs no more than the limits. Files that are something else
     /// (ELF, zip, a Nordic DFU package, MCUboot, UF2, S-record, compressed or tar archives) are
-    /// refused with what to do instead; `ImageError.format` says which.
-    public static func load(path: String) throws(ImageError) -> FirmwareImage {
+    /// refused with what to do instead; `ImageError.format` says which. So is Intel HEX text whose
+    /// data is an MCUboot image (`imgtool sign … app.hex`).
+    ///
+    /// - Parameter accepted: formats read byte for byte like a raw binary instead of refused (the
+    ///   protocol that sends them checks them itself, e.g. `[.mcuboot]`); Intel HEX holding one of
+    ///   them is then decoded and returned.
+    public static func load(path: String, accepting accepted: Set<ImageFormat.Kind> = []) throws(ImageError) -> FirmwareImage {
         let file = try ImageFile(path)
         defer { file.close() }
         let head = try file.read(upTo: ImageFormat.headSize)
@@ -66,11 +71,16 @@ public struct FirmwareImage: Sendable {
                 try decoder.feed(chunk[...])
             }
             let hex = try decoder.finish()
+            let inside = ImageFormat.detect(head: Array(hex.bytes.prefix(ImageFormat.headSize)), tail: [])
+            if inside.kind == .mcuboot, !accepted.contains(.mcuboot) {
+                let described = ImageFormat(.mcuboot, "Intel HEX text holding \(inside.description)")
+                throw ImageError(path, refusal(for: described, path: path), format: .mcuboot)
+            }
             return FirmwareImage(bytes: hex.bytes, source: path, baseAddress: hex.baseAddress)
         case .rawBinary where namedHex:
             throw ImageError(path, "is named like Intel HEX but is not HEX text (it starts with \(hexDump(head.prefix(8))); HEX lines start with ':'); pass a raw binary as .bin, or regenerate the HEX file",
                              format: format.kind)
-        case .rawBinary:
+        case _ where format.kind == .rawBinary || accepted.contains(format.kind):
             guard file.size <= maximumSize else {
                 throw ImageError(path, "is \(file.size) bytes; images over \(maximumSize >> 20) MiB are not supported")
             }

@@ -114,6 +114,9 @@ public protocol TransferEngine: Sendable {
     var isAwaitingReply: Bool { get }
     /// Next image offset to send.
     var sent: Int { get }
+    /// Where this connection's transfer started, for the `transfer` event: where the device's
+    /// data ended when streaming began (the default: `sent` then).
+    var resumeOffset: Int { get }
     /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
     var acked: Int { get }
     var ackedCRC: UInt32 { get }
@@ -192,6 +195,9 @@ public protocol OTAProfile: Sendable {
     /// Whether a device of this protocol tells the version it runs once it came back from an
     /// update (a batch reads it back); false: do not connect again to ask.
     var reportsFirmwareVersion: Bool { get }
+    /// Whether a single-device run, too, reconnects after activation to report what the device
+    /// runs (SMP: MCUboot swaps the image in at the reset, or reverts it).
+    var readsBackAfterActivation: Bool { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -222,9 +228,14 @@ public protocol OTAProfile: Sendable {
     func run(_ session: OTASession, events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult
 }
 
+extension TransferEngine {
+    public var resumeOffset: Int { sent }
+}
+
 extension OTAProfile {
     public var imageCheck: String { "checks the whole image" }
     public var reportsFirmwareVersion: Bool { true }
+    public var readsBackAfterActivation: Bool { false }
     /// A device of this protocol is always ready as it is.
     public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                                 limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {
@@ -237,11 +248,11 @@ extension OTAProfile {
 }
 
 extension OTAProfile {
-    /// Attaches to a connected device and returns the version it runs (nil when the protocol does
-    /// not tell): how a batch reads back what a device runs after its update.
-    public func firmwareVersion(on connection: any GATTConnection, device: String,
-                                discoveryTimeout: Duration) async throws(OTAError) -> FirmwareVersion? {
-        try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).firmwareVersion
+    /// Attaches to a connected device and returns what it reports (the version it runs, when the
+    /// protocol tells): how a device is read back after its update.
+    public func summary(on connection: any GATTConnection, device: String,
+                        discoveryTimeout: Duration) async throws(OTAError) -> DeviceSummary {
+        try await attach(to: connection, device: device, discoveryTimeout: discoveryTimeout).summary
     }
 }
 

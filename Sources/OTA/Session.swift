@@ -430,7 +430,7 @@ public actor OTASession {
             if !announcedStart, engine.phase == .streaming {
                 announcedStart = true
                 streamStart = clock.now
-                events(.transferStarted(device: device, resumeOffset: engine.sent, total: image.size))
+                events(.transferStarted(device: device, resumeOffset: engine.resumeOffset, total: image.size))
             }
 
             /// After a packet went out without response: takes an event that arrived meanwhile.

@@ -154,7 +154,6 @@ extension Flash {
     private func simulatedTargets(_ addresses: [DeviceAddress], plan: FlashPlan) throws -> [BatchTarget] {
         var faults: [Int: BatchCLIOptions.SimFault] = [:]
         for spec in batch.simDeviceFault { if let (n, mode) = BatchCLIOptions.parseFault(spec) { faults[n] = mode } }
-        let native = plan.profile is NativeProfile
         return try addresses.enumerated().map { i, address in
             var config = target.simulator.deviceConfig(address: address)
             config.name = "otaflash-sim-\(i + 1)"
@@ -167,10 +166,7 @@ extension Flash {
                 config.faults.refuseConnectionsAfter = 1
             case nil: break
             }
-            // A device without an update service is the same whatever the image: a native one without its service.
-            let device = native || !config.hasOTAService
-                ? SimulatedDevice(config)
-                : try target.simulator.nordicDevice(config: config, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
+            let device = try target.simulator.device(for: plan, config: config)
             let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             return BatchTarget(address: address, adapter: "sim", central: central)
         }

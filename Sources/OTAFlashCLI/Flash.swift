@@ -5,6 +5,7 @@ import NordicDFU
 import OTA
 import OTAWire
 import Simulator
+import SMP
 
 /// The device a command connects to and the adapter it goes through (`flash`, `info`).
 public struct ConnectionOptions: ParsableArguments {
@@ -111,11 +112,11 @@ struct Flash: AsyncParsableCommand {
             """
     )
 
-    @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), or a Nordic Secure DFU package (.zip).", valueName: "image"),
+    @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), a Nordic Secure DFU package (.zip), or an MCUboot image (imgtool sign, .bin or .hex) for an SMP device.", valueName: "image"),
               completion: .file(extensions: ["bin", "hex", "zip"]))
     var image: String
 
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu) and checks the device's services.", valueName: "name"))
+    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu, an MCUboot image smp) and checks the device's services.", valueName: "name"))
     var protocolName = ProtocolRegistry.auto
 
     @OptionGroup var target: TargetOptions
@@ -139,6 +140,8 @@ struct Flash: AsyncParsableCommand {
 
     @Flag(name: .long, help: "Ignore any partial transfer the device holds and send the whole image.")
     var restart = false
+
+    @OptionGroup(title: "SMP (MCUmgr) devices") var smp: SMPFlashOptions
 
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's reply to a command", valueName: "seconds"))
     var replyTimeout: Double = 5
@@ -167,6 +170,7 @@ struct Flash: AsyncParsableCommand {
         try Ranges.stallTimeout.check(stallTimeout)
         try Ranges.hwVersion.check(hwVersion)
         try Ranges.sdReq.check(sdReq?.values ?? [])
+        try smp.check(protocolName: protocolName)
         guard ProtocolRegistry.choices.contains(protocolName) else {
             throw ValidationError("--protocol must be \(ProtocolRegistry.choicesText), got '\(protocolName)'")
         }
@@ -202,7 +206,7 @@ struct Flash: AsyncParsableCommand {
 
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations)
+        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations, smp: smp.settings(noReset: smp.noReset))
         let native = plan.profile is NativeProfile
         if native, !expectations.isEmpty {
             throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
@@ -210,7 +214,10 @@ struct Flash: AsyncParsableCommand {
         if native, target.simulator.enabled, let option = target.simulator.secureDFU.given.first {
             throw CLIFailure(.usage, "\(option) sets up a simulated Secure DFU bootloader, which only a Nordic DFU package (.zip) reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
         }
-        if noActivate, !native {
+        if let option = smp.given.first, !(plan.profile is SMPProfile) {
+            throw CLIFailure(.usage, "\(option) is for SMP devices; \(image) goes over the \(plan.profile.name) protocol, drop it")
+        }
+        if noActivate, !native, !(plan.profile is SMPProfile) {
             throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
         if batch.isBatch(devices: target.device) {
@@ -229,9 +236,9 @@ struct Flash: AsyncParsableCommand {
         var simulated: SimulatedDevice?
         if target.simulator.enabled, !native || target.simulator.buttonless != nil {
             guard target.simulator.stateDir == nil else {
-                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a Secure DFU device in the simulator")
+                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) device in the simulator")
             }
-            let device = try target.simulator.nordicDevice(address: address, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
+            let device = try target.simulator.device(for: plan, config: target.simulator.deviceConfig(address: address))
             central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             simulated = device
         } else if target.simulator.enabled {
@@ -247,7 +254,7 @@ struct Flash: AsyncParsableCommand {
                                     timeouts: sessionTimeouts,
                                     reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                     journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
-                                    logger: output.logger("otaflash.session"))
+                                    logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation)
         let (image, simulator) = (image, target.simulator.enabled)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
         let (size, crc32, protocolUsed) = (plan.size, plan.crc32, plan.profile.name)
@@ -295,9 +302,10 @@ struct Flash: AsyncParsableCommand {
                                                        firmwareBefore: nil, firmwareAfter: nil)))
             throw CLIFailure(error).markedReported()
         }
-        // A single device is not reconnected to read its new version back (a batch does that).
+        // A single device is read back only where its protocol's activation is a reset (SMP); a batch always is.
+        let after = outcome.after
         printer.json(FlashEvents.Done(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
-                                                   attempts: 1, seconds: result.seconds, firmwareAfter: nil)))
+                                                   attempts: 1, seconds: result.seconds, firmwareAfter: after?.firmwareVersion)))
         // The device as given, and where its bootloader answered when it was moved there.
         let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {
@@ -308,6 +316,11 @@ struct Flash: AsyncParsableCommand {
         let what = result.activated ? "verified and activated" : "verified (not activated)"
         printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                        + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
+        if let after {
+            printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.state)")
+        } else if plan.profile.readsBackAfterActivation, result.activated {
+            printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
+        }
     }
 }
 

@@ -114,6 +114,13 @@ enum Ranges {
     static let perAdapter = Bounds("--per-adapter", 1...64)
     static let retries = Bounds("--retries", 0...100)
     static let simDevice = Bounds("--sim-device-fault N", 1...1000)
+    /// MCUmgr image slots: 0 and 1 per image, up to four images (Zephyr's img_mgmt).
+    static let smpSlot = Bounds("--slot", 0...7)
+    /// SMP requests kept in flight, at most (the device's buffer count bounds it too).
+    static let smpWindow = Bounds("--smp-window", 1...32)
+    /// Zephyr's MCUmgr netbuf: 64 bytes at the least, 65,535 + 8 the most the SMP header can say.
+    static let smpBufferSize = Bounds("--sim-smp-buf-size", 64...65543)
+    static let smpBufferCount = Bounds("--sim-smp-buf-count", 1...32)
     /// Bluetooth Core 5.x, Vol 3, Part F, 3.2.8: ATT_MTU of LE is at least 23; 517 holds the longest attribute value.
     static let mtu = Bounds("--sim-mtu", 23...517)
     /// Bluetooth Core 5.x, Vol 6, Part B, 4.5.1: a connection interval is 7.5 ms to 4 s.

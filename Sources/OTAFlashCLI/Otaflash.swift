@@ -16,7 +16,7 @@ public struct Otaflash: AsyncParsableCommand {
             Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
             """,
         version: "0.1.0",
-        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self],
+        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, ImageCommand.self, ResetCommand.self, EchoCommand.self],
         defaultSubcommand: Flash.self
     )
 

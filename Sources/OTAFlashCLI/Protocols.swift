@@ -1,12 +1,15 @@
 import Foundation
 import NordicDFU
 import OTA
+import Crypto
 import OTAWire
+import SMP
 
 extension ProtocolRegistry {
-    /// Every protocol the command line speaks, in order of preference: otaflash's own, then Nordic
-    /// Secure DFU. (The OTA library cannot see NordicDFU, so the list is made here.)
-    static let cli = ProtocolRegistry([NativeProfile(), NordicDFUProfile()])
+    /// Every protocol the command line speaks, in order of preference: otaflash's own, Nordic
+    /// Secure DFU, then MCUmgr's SMP. (The OTA library cannot see NordicDFU or SMP, so the list is
+    /// made here.)
+    static let cli = ProtocolRegistry([NativeProfile(), NordicDFUProfile(), SMPProfile()])
 
     /// The values `--protocol` takes.
     static var choices: [String] { [auto] + cli.names }
@@ -45,16 +48,26 @@ extension FlashPlan {
     /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
     ///   that does not check out; `.incompatibleDevice` (exit 7) for a package `expect` says the
     ///   device would refuse.
-    static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init()) throws(CLIFailure) -> FlashPlan {
+    static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init(),
+                     smp: SMPFlashOptions.Settings = .init()) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: path)
         } catch let error where error.format == .nordicDFUPackage {
             return try loadPackage(path: path, protocol: name, expect: expect)
+        } catch let error where error.format == .mcuboot {
+            return try loadMCUboot(path: path, protocol: name, smp: smp)
         } catch {
             throw CLIFailure(.imageFile, "\(error)")
         }
         let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex
+        if name == SMPProfile.name, smp.anyImage {
+            // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.
+            let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: firmware.bytes)), imageHash: nil,
+                                             confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window)
+            return FlashPlan(update: UpdatePlan(firmware: firmware, profile: SMPProfile(settings: settings), format: nil,
+                                                reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
+        }
         do {
             let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
             return FlashPlan(update: UpdatePlan(firmware: firmware, profile: resolution.profile, format: format, reason: resolution.reason))
@@ -65,6 +78,28 @@ extension FlashPlan {
 
     private static func refusal(_ path: String, _ error: OTAError) -> String {
         "\(path): \(error.message)" + (error.hint.map { "; \($0)" } ?? "")
+    }
+
+    private static func loadMCUboot(path: String, protocol name: String, smp: SMPFlashOptions.Settings) throws(CLIFailure) -> FlashPlan {
+        let resolution: ProtocolRegistry.Resolution
+        do {
+            resolution = try ProtocolRegistry.cli.resolve(name, format: .mcuboot)
+        } catch {
+            throw CLIFailure(.imageFile, refusal(path, error))
+        }
+        let image: MCUbootImage
+        do {
+            image = try MCUbootImage.load(path: path)
+        } catch {
+            throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
+        }
+        let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: smp.confirm,
+                                         reset: smp.reset, maxWindow: smp.window)
+        let firmware = image.firmware
+        let contents = "; an MCUboot image, version \(image.version), \(image.hashAlgorithm) \(hexString(image.imageHash))"
+        return FlashPlan(update: UpdatePlan(parts: [UpdatePlan.Part(firmware: firmware, profile: SMPProfile(settings: settings), label: "image")],
+                                            format: .mcuboot, reason: resolution.reason, contents: contents),
+                         warnings: image.warnings)
     }
 
     private static func loadPackage(path: String, protocol name: String, expect: DFUPackage.Expectations) throws(CLIFailure) -> FlashPlan {

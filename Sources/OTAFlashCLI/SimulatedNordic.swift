@@ -28,12 +28,6 @@ enum SimulatedButtonless: String, CaseIterable {
 }
 
 extension SimulatorOptions {
-    /// The simulated Secure DFU device at `address`: the bootloader, or with `--sim-buttonless`
-    /// the application that reboots into it.
-    func nordicDevice(address: DeviceAddress, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {
-        try nordicDevice(config: deviceConfig(address: address), softDeviceAfterUpdate: softDeviceAfterUpdate)
-    }
-
     /// A Secure DFU device with `config`'s address, faults and boot delay, its bank the size of
     /// `config`'s slot.
     func nordicDevice(config: SimulatedDeviceConfig, softDeviceAfterUpdate: UInt32?) throws -> SimulatedDevice {

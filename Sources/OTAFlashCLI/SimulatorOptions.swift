@@ -69,6 +69,8 @@ public struct SimulatorOptions: ParsableArguments {
     /// ArgumentParser shows a nested group's options under the enclosing title.
     @OptionGroup public var secureDFU: SecureDFUSimulatorOptions
 
+    @OptionGroup public var smp: SimulatedSMPOptions
+
     public init() {}
 
     public mutating func validate() throws {

@@ -120,6 +120,11 @@ struct ErrorTests {
         BadInput(name: "MTU out of range", arguments: simulator + ["--sim-mtu", "22", samplePath("seeded-4k.bin")], code: 2, says: "--sim-mtu"),
         BadInput(name: "no OTA service", arguments: simulator + ["--sim-no-ota-service", samplePath("seeded-4k.bin")], code: 7, says: "OTA"),
         BadInput(name: "data without write-without-response", arguments: simulator + ["--sim-data-without-write-without-response", samplePath("seeded-4k.bin")], code: 7, says: "write-without-response"),
+        // MCUboot images go over MCUmgr/SMP, which the command line does not send yet.
+        BadInput(name: "MCUboot image", arguments: simulator + [samplePath("mcuboot/blinky-ec256-v1.2.3+4.bin")], code: 3,
+                 says: "blinky-ec256-v1.2.3+4.bin: is an MCUboot image (header magic 0x96f3b83d), sent over MCUmgr/SMP"),
+        BadInput(name: "MCUboot image as Intel HEX", arguments: simulator + [samplePath("mcuboot/blinky-ed25519-v1.2.3+4.hex")], code: 3,
+                 says: "is Intel HEX text holding an MCUboot image (header magic 0x96f3b83d), sent over MCUmgr/SMP"),
         BadInput(name: "flash bit flip", arguments: simulator + ["--sim-flash-bitflip-at", "1000", samplePath("seeded-4k.bin")], code: 8, says: "verify"),
         // "--device" through BlueZ with no bluetoothd is covered in BlueZTests (CentralTests), which
         // owns the process-wide OTAFLASH_DBUS_ADDRESS; running it here, in parallel with those

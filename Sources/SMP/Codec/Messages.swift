@@ -465,4 +465,5 @@ struct Fields {
     }
 }
 
-func hexString(_ bytes: [UInt8]) -> String { bytes.map(hex).joined() }
+/// Lower-case hex, as `image list` shows a hash.
+public func hexString(_ bytes: [UInt8]) -> String { bytes.map(hex).joined() }

@@ -105,11 +105,15 @@ public struct SMPEngine: TransferEngine {
     private var queueHead = 0
     private var retries = 0
     private var awaitingFirst = false
+    /// The hash the image is marked with: the MCUboot hash, or for an image that is not an MCUboot
+    /// image, what the device reports for the slot it wrote.
+    private var markHash: [UInt8]?
 
     public init(image: FirmwareImage, config: EngineConfig, settings: SMPUploadSettings) {
         self.image = image
         self.config = config
         self.settings = settings
+        markHash = settings.imageHash
         prefix = PrefixCRC(image: image.bytes)
     }
 
@@ -122,6 +126,10 @@ public struct SMPEngine: TransferEngine {
         default: return config.replyTimeout
         }
     }
+
+    /// The server's offset when it answered the first request: 0 for a new upload (the first
+    /// chunk then went to it), where it stood for a resumed one.
+    public var resumeOffset: Int { stats.resumedFrom.last ?? 0 }
 
     public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
@@ -366,8 +374,15 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func verified(_ states: SMPImageStates) -> [TransferAction] {
-        guard let hash = settings.imageHash else { return markOrFinish() }
         let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
+        guard let hash = settings.imageHash else {
+            // The server checked the SHA-256; mark what it reports for the slot it wrote.
+            guard let written = slots.first(where: { !$0.active && $0.hash != nil })?.hash else {
+                return fail(OTAError(.protocolError, "after the upload the device lists no slot besides the running one; nothing was marked"))
+            }
+            markHash = written
+            return markOrFinish()
+        }
         guard slots.contains(where: { $0.hash == hash }) else {
             let listed = slots.map { "slot \($0.slot) \($0.hash.map(hexString) ?? "without a hash")" }.joined(separator: ", ")
             return fail(OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed)); nothing was marked",
@@ -382,18 +397,15 @@ public struct SMPEngine: TransferEngine {
             return [.finished]
         }
         phase = .activating
-        if settings.confirm {
-            return send(.imageStateWrite(hash: settings.imageHash, confirm: true))
+        guard let hash = markHash else {
+            return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"))
         }
-        guard let hash = settings.imageHash else {
-            return fail(OTAError(.image, "an image that is not an MCUboot image has no hash to mark it for test with",
-                                 hint: "use --confirm, or --no-activate to stop after the upload"))
-        }
-        return send(.imageStateWrite(hash: hash, confirm: false))
+        // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
+        return send(.imageStateWrite(hash: hash, confirm: settings.confirm))
     }
 
     private mutating func marked(_ states: SMPImageStates?) -> [TransferAction] {
-        if let states, let hash = settings.imageHash,
+        if let states, let hash = markHash,
            let slot = states.images.first(where: { ($0.image ?? 0) == settings.imageNumber && $0.hash == hash }),
            !(slot.pending || slot.confirmed || slot.active) {
             return fail(OTAError(.protocolError, "the device accepted marking the image but lists it neither pending nor confirmed"))

@@ -28,6 +28,8 @@ public struct SMPProfile: OTAProfile {
     public var serviceUUID: BluetoothUUID { SMPService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.mcuboot] }
     public var imageCheck: String { "reports the MCUboot hash of the slot it wrote, compared with the image's" }
+    /// MCUboot swaps the image in at the reset (or reverts it): the run says what came up.
+    public var readsBackAfterActivation: Bool { true }
 
     /// The summary's version: the active slot's.
     static func runningVersion(_ states: SMPImageStates?, image: UInt32) -> FirmwareVersion? {

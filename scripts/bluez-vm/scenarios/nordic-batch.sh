@@ -26,6 +26,18 @@ for s in A B; do
 	eval "SIM$s=\$SIM_PID OUT$s=\$SIM_OUT"
 done
 
+# Both bootloaders listed by one `scan --ota-only` first, as ota-batch.sh does.
+for attempt in 1 2 3; do
+	out=$(timeout 60 "$OTAFLASH" scan --adapter "$C1" --ota-only --json --timeout 6 2>>"$RESULTS_DIR/scan.stderr") ||
+		fail "otaflash scan on $C1 failed: $(tail -n 1 "$RESULTS_DIR/scan.stderr")"
+	missing=
+	for a in "$A1" "$A2"; do grep -qi "\"address\":\"$a\".*\"protocol\":\"nordic-dfu\"" <<<"$out" || missing+=" $a"; done
+	[ -n "$missing" ] || break
+	step "scan attempt $attempt did not list$missing as nordic-dfu"
+	[ "$attempt" -lt 3 ] || fail "otaflash scan --ota-only did not list$missing as nordic-dfu in 3 scans"
+done
+step "scan lists both bootloaders as nordic-dfu"
+
 f=$RESULTS_DIR/batch.stamped
 report=$RESULTS_DIR/report.csv
 rc=0

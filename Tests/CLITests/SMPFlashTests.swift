@@ -1,0 +1,90 @@
+import Foundation
+import Testing
+
+// `otaflash` with MCUboot images (imgtool sign) to a simulated Zephyr device with an SMP server:
+// upload, the slot's hash checked, marked for test or confirmed, reset, and what runs after.
+
+private func mcuboot(_ name: String) -> String { samplePath("mcuboot/\(name)") }
+
+@Suite("otaflash flash, SMP")
+struct SMPFlashTests {
+    @Test func anMCUbootImageIsUploadedTestedAndRunsAfterTheReset() async throws {
+        let run = await otaflash(simulator + ["--json", mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        #expect(events.first?["protocol"] == .string("smp"))
+        let done = try #require(events.last)
+        #expect(done["result"] == .string("ok"))
+        #expect(done["firmware_before"] == .string("1.0.0"))
+        #expect(done["firmware_after"] == .string("1.3.0"))
+
+        let human = await otaflash(simulator + [mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(human.code == 0, "\(human.stderr)")
+        #expect(human.stderr.contains("picked smp"), "\(human.stderr)")
+        #expect(human.stdout.contains("now runs 1.3.0"), "\(human.stdout)")
+        // A test image runs unconfirmed until the application (or `image confirm`) confirms it.
+        #expect(!human.stdout.contains("1.3.0 active confirmed"), "\(human.stdout)")
+    }
+
+    @Test func confirmKeepsTheImageForGood() async throws {
+        let human = await otaflash(simulator + ["--confirm", mcuboot("blinky-ed25519-v1.2.3+4.bin")])
+        #expect(human.code == 0, "\(human.stderr)")
+        #expect(human.stdout.contains("now runs 1.2.3: slot 0 1.2.3.4 active confirmed"), "\(human.stdout)")
+    }
+
+    @Test func noResetLeavesTheImagePendingAndTheOldOneRunning() async throws {
+        let run = await otaflash(simulator + ["--json", "--no-reset", mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let done = try #require(run.jsonEvents.last)
+        #expect(done["firmware_after"] as? String == "1.0.0")
+    }
+
+    @Test func theHexFromImgtoolGoesTheSameWay() async throws {
+        let run = await otaflash(simulator + ["--json", mcuboot("blinky-ed25519-v1.2.3+4.hex")])
+        #expect(run.code == 0, "\(run.stderr)")
+        #expect(run.jsonEvents.last?["firmware_after"] as? String == "1.2.3")
+    }
+
+    @Test func aLostLinkResumesThroughTheServersOffset() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-smp-buf-size", "256", "--sim-disconnect-at", "500",
+                                              mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        #expect(run.jsonEvents.contains { $0["event"] as? String == "reconnect" })
+        #expect(run.jsonEvents.last?["result"] as? String == "ok")
+    }
+
+    @Test func aBatchOfSMPDevicesReadsEachVersionBack() async throws {
+        let run = await otaflash(simulator + ["--json", "--count", "3", mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let done = run.jsonEvents.filter { $0["event"] as? String == "done" }
+        #expect(done.count == 3)
+        #expect(done.allSatisfy { $0["firmware_after"] as? String == "1.3.0" })
+    }
+
+    @Test(arguments: [
+        (["--confirm", "seeded-4k.bin"], 2, "--confirm is for SMP devices"),
+        (["--smp-any-image", "seeded-4k.bin"], 2, "--smp-any-image sends a file over SMP as it is: it needs --protocol smp"),
+        (["--smp-window", "0", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--smp-window"),
+        (["--sim-smp-buf-size", "10", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--sim-smp-buf-size"),
+    ])
+    func badSMPOptionsAreUsageErrors(arguments: [String], status: Int32, says: String) async {
+        let run = await otaflash(simulator + arguments.dropLast() + [samplePath(arguments.last!)])
+        #expect(run.code == status, "\(run.stderr)")
+        #expect(run.stderr.contains(says), "\(run.stderr)")
+    }
+
+    @Test func imageCommandsListConfirmAndEcho() async throws {
+        let list = await otaflash(["image", "list", "--simulator", "--json"])
+        #expect(list.code == 0, "\(list.stderr)")
+        let slots = expectDocumentedLines(list.stdoutLines, section: "otaflash image").filter { $0["event"] == .string("slot") }
+        #expect(slots.count >= 1)
+        #expect(slots.first?["active"] == .bool(true))
+        #expect(slots.first?["version"]?.string?.hasPrefix("1.0.0") == true)
+        let echo = await otaflash(["echo", "--simulator", "hello"])
+        #expect(echo.code == 0, "\(echo.stderr)")
+        #expect(echo.stdout.contains("hello"))
+        let badHash = await otaflash(["image", "test", "--simulator", "--hash", String(repeating: "ab", count: 32)])
+        #expect(badHash.code != 0)
+        #expect(badHash.errorLines.count == 1, "\(badHash.stderr)")
+    }
+}
