@@ -131,9 +131,9 @@ enum Ranges {
     static let slotSize = Bounds("--slot-size", 1...Int(UInt32.max), unit: " bytes")
     /// An SMP frame is its 8-byte header and at most 65,535 bytes of CBOR; below 64 bytes no upload
     /// request with data fits.
-    static let bufSize = Bounds("--buf-size", 64...(8 + 65_535), unit: " bytes")
-    /// Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT; more than 64 frames in flight gains nothing.
-    static let bufCount = Bounds("--buf-count", 1...64)
+    static let bufSize = Bounds("--buf-size", smpBufferSize.range, unit: " bytes")
+    /// Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT, as --sim-smp-buf-count.
+    static let bufCount = Bounds("--buf-count", smpBufferCount.range)
     static let seed = Bounds("--sim-seed", 0...UInt64.max)
     static func rate(_ option: String) -> Bounds<Double> { Bounds(option, 0...1) }
     static let dropRate = rate("--sim-drop-rate")

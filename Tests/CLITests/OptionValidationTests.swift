@@ -65,8 +65,8 @@ struct OptionValidationTests {
             BadValue(arguments: ["simulate", "--sim-slow-flash-ms", "inf"], says: ["--sim-slow-flash-ms", "0 and 1000000000"]),
             BadValue(arguments: ["simulate", "--sim-drop-rate", "nan"], says: ["--sim-drop-rate", "0 and 1"]),
             BadValue(arguments: ["simulate", "--protocol", "smp", "--buf-size", "63"], says: ["--buf-size", "64 and 65543 bytes"]),
-            BadValue(arguments: ["simulate", "--protocol", "smp", "--buf-count", "65"], says: ["--buf-count", "1 and 64"]),
-            BadValue(arguments: ["simulate", "--protocol", "smp", "--buf-count", "x"], says: ["--buf-count", "1–64"]),
+            BadValue(arguments: ["simulate", "--protocol", "smp", "--buf-count", "33"], says: ["--buf-count", "1 and 32"]),
+            BadValue(arguments: ["simulate", "--protocol", "smp", "--buf-count", "x"], says: ["--buf-count", "a whole number 1–32"]),
             BadValue(arguments: ["simulate", "--buf-size", "2475"], says: ["--buf-size", "add --protocol smp"]),
         ]
 

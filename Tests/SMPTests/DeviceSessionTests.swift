@@ -115,6 +115,27 @@ struct SMPDeviceSessionTests {
         #expect(rig.server?.pending == true)
     }
 
+    /// A reboot loses the upload's RAM state: the same file starts over, and arrives whole.
+    @Test func aRebootMidUploadStartsTheUploadOver() async throws {
+        let rig = Rig(faults: FaultPlan(rebootAt: [25_000]))
+        let result = try await rig.flash(reset: false, reconnect: ReconnectPolicy(seed: 3)).get()
+        #expect(result.stats.connections == 2)
+        #expect(result.stats.resumedFrom.last == 0)
+        #expect(result.stats.bytesResent >= 24_000)
+        #expect(rig.server?.boots == 1)
+        #expect(rig.server?.secondaryBytes == Self.image)
+    }
+
+    /// Dropped requests: the server answers the next ones with the offset it holds, and the
+    /// engine goes on from there.
+    @Test func droppedRequestsAreSentAgainFromTheServersOffset() async throws {
+        let rig = Rig(faults: FaultPlan(seed: 11, dropRate: 0.05))
+        let result = try await rig.flash(reset: false, reconnect: ReconnectPolicy(seed: 3)).get()
+        #expect(result.stats.rewinds + result.stats.commandRetries > 0)
+        #expect(rig.server?.secondaryBytes == Self.image)
+        #expect(rig.server?.pending == true)
+    }
+
     /// The engine keeps the device's buffer count of requests in flight: every buffer is used,
     /// none overflows (a dropped request would cost a timeout).
     @Test(arguments: [(384, 4), (2475, 4), (2475, 2)])

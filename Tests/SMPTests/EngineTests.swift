@@ -112,6 +112,34 @@ struct SMPEngineTests {
         #expect(engine.stats.resumedFrom == [12_000])
     }
 
+    /// A server that lost the upload (a reset clears img_mgmt's state) takes the first request
+    /// of the next connection as a new upload: its offset, not the one confirmed before the link
+    /// loss, is where the upload stands.
+    @Test func aServerThatStartsOverIsFollowedFromTheStart() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let first = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: 12_000)), to: first[0].header))
+        #expect(engine.acked == 12_000)
+        _ = engine.handle(.disconnected(.linkLost("reboot")))
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let opening) = again.first?.request else { Issue.record("no first request"); return }
+        #expect(opening.offset == 0 && opening.sha == Self.sha)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: again[0].header))
+        #expect(engine.acked == opening.data.count)
+        #expect(engine.furthestAgreed == opening.data.count)
+        #expect(engine.stats.resumedFrom == [12_000, 0])
+        // The first connection's first request went for nothing (the server held 12,000 bytes);
+        // then all 12,000 go again.
+        guard case .imageUpload(let skipped) = first[0].request else { return }
+        #expect(engine.stats.bytesResent == skipped.data.count + 12_000)
+        var most = 0
+        _ = try Self.upload(&engine, &server, maxInFlight: &most)
+        #expect(engine.acked == Self.image.size)
+    }
+
     /// An answer at another offset than the request's end: the requests in flight are forgotten,
     /// their answers ignored, and the upload goes on from the server's offset.
     @Test func anAnswerElsewhereRewindsToTheServersOffset() throws {

@@ -292,6 +292,14 @@ public struct SMPEngine: TransferEngine {
                 sent = offset
                 highWater = max(highWater, offset)
                 if offset < image.size { return [] }
+            } else if acked > 0 {
+                // The server wrote the first request's data at 0: it starts over (it lost the
+                // upload in a reset, say), whatever this engine had seen it confirm before.
+                stats.resumedFrom[stats.resumedFrom.count - 1] = 0
+                // Everything it had confirmed goes again.
+                stats.bytesResent += acked
+                stats.resentPerConnection[stats.resentPerConnection.count - 1] += acked
+                acked = 0
             }
         }
         if offset == image.size {
