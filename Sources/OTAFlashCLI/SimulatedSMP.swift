@@ -9,16 +9,17 @@ import SMP
 /// The simulated SMP device (`SMPPeripheral`): a Zephyr SMP server with MCUboot's two slots.
 enum SimulatedSMP {
     /// A device with `config`'s address, link, faults and boot delay, two slots of `config`'s slot
-    /// size, slot 0 running `config`'s firmware version, and `bufferCount` SMP buffers of
-    /// `bufferSize` bytes (Zephyr's default 4 × 384).
-    static func device(config: SimulatedDeviceConfig, bufferSize: Int = 384, bufferCount: Int = 4) -> SimulatedDevice {
-        SimulatedDevice(config, model: SMPPeripheral(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: config.slotSize,
-                                                     firmwareVersion: config.firmwareVersion, faults: config.faults,
-                                                     resetDelay: config.bootDelay))
+    /// size, slot 0 running `config`'s firmware version, and the server `options` describe (its
+    /// buffers and its refusals; without them Zephyr's defaults: 4 × 384 B buffers, no refusal).
+    static func device(config: SimulatedDeviceConfig, options: SimulatedSMPOptions? = nil) -> SimulatedDevice {
+        SimulatedDevice(config, model: SMPPeripheral(config: options?.serverConfig(slotSize: config.slotSize) ?? SMPServer.Config(slotSize: config.slotSize),
+                                                     firmwareVersion: config.firmwareVersion, leftover: options?.leftover,
+                                                     faults: config.faults, resetDelay: config.bootDelay))
     }
 }
 
-/// The simulated SMP device's buffers (`--simulator` with an MCUboot image).
+/// The simulated SMP device's buffers and refusals (`--simulator` with an MCUboot image): each
+/// refusal is what a real Zephyr device with MCUboot answers in that state or configuration.
 public struct SimulatedSMPOptions: ParsableArguments {
     @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("The simulated SMP server's buffer size (MCUmgr buf_size)", valueName: "bytes"))
     var bufferSize = 384
@@ -26,11 +27,43 @@ public struct SimulatedSMPOptions: ParsableArguments {
     @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("The simulated SMP server's buffer count (MCUmgr buf_count)", valueName: "n"))
     var bufferCount = 4
 
+    @Flag(name: .customLong("sim-smp-pending"), help: "The simulated SMP device's slot 1 holds an image marked for test, waiting for a reset: an upload is refused with NO_FREE_SLOT (9).")
+    var pending = false
+
+    @Flag(name: .customLong("sim-smp-unconfirmed"), help: "The simulated SMP device runs an unconfirmed test image (slot 1 holds the one to revert to): an upload is refused with NO_FREE_SLOT (9).")
+    var unconfirmed = false
+
+    @Flag(name: .customLong("sim-smp-downgrade-check"), help: "The simulated SMP server refuses an image not newer than the running one with CURRENT_VERSION_IS_NEWER (27); see --sim-firmware-version.")
+    var downgradeCheck = false
+
+    @Flag(name: .customLong("sim-smp-busy"), help: "The simulated SMP server answers every upload request with MGMT_ERR_EBUSY (10).")
+    var busy = false
+
+    @Option(name: .customLong("sim-smp-refuse-upload"), parsing: .unconditional, help: Ranges.smpRefuseUpload.help("The simulated SMP server refuses the first upload request with this image management error code (3 no image, 24 invalid hash, 30 too large, 31 data overrun…)", valueName: "rc"))
+    var refuseUpload: Int?
+
+    @Flag(name: .customLong("sim-smp-no-params"), help: "The simulated SMP server is an older one that does not answer the MCUmgr parameters read (MGMT_ERR_ENOTSUP): one request in flight, one write each.")
+    var noParameters = false
+
     public init() {}
 
     public func validate() throws {
         try Ranges.smpBufferSize.check(bufferSize)
         try Ranges.smpBufferCount.check(bufferCount)
+        try Ranges.smpRefuseUpload.check(refuseUpload)
+        if pending, unconfirmed {
+            throw ValidationError("--sim-smp-pending and --sim-smp-unconfirmed are two states of slot 1; give one")
+        }
+    }
+
+    /// What slot 1 holds at the start.
+    var leftover: SMPLeftover? { pending ? .pending : unconfirmed ? .unconfirmed : nil }
+
+    /// The server these options describe, with slots of `slotSize` bytes.
+    func serverConfig(slotSize: Int) -> SMPServer.Config {
+        SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
+                         refusesDowngrade: downgradeCheck, busy: busy,
+                         uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) })
     }
 }
 
@@ -50,7 +83,7 @@ extension SimulatorOptions {
         guard config.hasOTAService else { return SimulatedDevice(config) }
         switch plan.profile {
         case is SMPProfile:
-            return SimulatedSMP.device(config: config, bufferSize: smp.bufferSize, bufferCount: smp.bufferCount)
+            return SimulatedSMP.device(config: config, options: smp)
         case is NativeProfile where buttonless == nil:
             return SimulatedDevice(config)
         default:

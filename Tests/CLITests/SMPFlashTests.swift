@@ -73,6 +73,61 @@ struct SMPFlashTests {
         #expect(run.stderr.contains(says), "\(run.stderr)")
     }
 
+    /// A device's refusal of the upload: the simulator options that make it, its exit code, and
+    /// what its one error line says (what is wrong, what to do).
+    struct Refusal: Sendable, CustomTestStringConvertible {
+        let options: [String]
+        let status: Int32
+        let says: [String]
+        var testDescription: String { options.joined(separator: " ") }
+    }
+
+    static let refusals: [Refusal] = [
+        Refusal(options: ["--sim-smp-pending"], status: 9,
+                says: ["no free slot (9)", "holds image 1.0.0, marked to run at the next reset", "otaflash reset", "otaflash image confirm"]),
+        Refusal(options: ["--sim-smp-unconfirmed"], status: 9,
+                says: ["no free slot (9)", "runs test image 1.0.0, not confirmed", "otaflash image confirm", "otaflash reset"]),
+        Refusal(options: ["--sim-smp-downgrade-check", "--sim-firmware-version", "2.0.0"], status: 7,
+                says: ["current version is newer (27)", "it runs 2.0.0", "higher version"]),
+        Refusal(options: ["--sim-smp-downgrade-check", "--sim-firmware-version", "1.3.0"], status: 7,
+                says: ["current version is newer (27)", "it runs 1.3.0"]),
+        Refusal(options: ["--sim-smp-busy"], status: 9, says: ["busy (10)", "wait for it to finish and retry"]),
+        Refusal(options: ["--sim-slot-size", "500"], status: 4, says: ["image too large (30)", "build a smaller image"]),
+        Refusal(options: ["--sim-smp-refuse-upload", "31"], status: 9, says: ["data overrun (31)", "run the upload again"]),
+        Refusal(options: ["--sim-smp-refuse-upload", "23"], status: 3, says: ["bad image magic (23)", "imgtool"]),
+    ]
+
+    @Test(arguments: refusals)
+    func deviceRefusalsEndWithOneLineAndTheirExitCode(_ refusal: Refusal) async {
+        let run = await otaflash(simulator + refusal.options + [mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == refusal.status, "\(run.stderr)")
+        #expect(run.errorLines.count == 1, "\(run.stderr)")
+        for text in refusal.says {
+            #expect(run.errorLines.first?.contains(text) == true, "\(run.stderr) does not say \(text)")
+        }
+    }
+
+    @Test func aDowngradeCheckLetsANewerImageThrough() async {
+        let run = await otaflash(simulator + ["--sim-smp-downgrade-check", "--sim-firmware-version", "1.2.9", mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        #expect(run.stdout.contains("now runs 1.3.0"), "\(run.stdout)")
+    }
+
+    @Test func anOlderServerWithoutParametersGetsOneRequestInFlightSaidOnce() async {
+        let run = await otaflash(simulator + ["--sim-smp-no-params", mcuboot("blinky-ec256-v1.3.0.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let notes = run.stderr.components(separatedBy: "buffers not reported (an older SMP server): one request in flight").count - 1
+        #expect(notes == 1, "\(run.stderr)")
+        #expect(run.stdout.contains("now runs 1.3.0"), "\(run.stdout)")
+    }
+
+    @Test func theSMPRefusalOptionsAreChecked() async {
+        let image = mcuboot("blinky-ec256-v1.3.0.bin")
+        expectOneUsageLine(await otaflash(simulator + ["--sim-smp-refuse-upload", "34", image]), saying: ["--sim-smp-refuse-upload", "1 and 33"])
+        expectOneUsageLine(await otaflash(simulator + ["--sim-smp-refuse-upload", "x", image]), saying: ["--sim-smp-refuse-upload", "1–33"])
+        expectOneUsageLine(await otaflash(simulator + ["--sim-smp-pending", "--sim-smp-unconfirmed", image]), saying: ["give one"])
+    }
+
     @Test func imageCommandsListConfirmAndEcho() async throws {
         let list = await otaflash(["image", "list", "--simulator", "--json"])
         #expect(list.code == 0, "\(list.stderr)")

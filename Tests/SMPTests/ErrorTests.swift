@@ -5,7 +5,7 @@ import Testing
 @Suite struct SMPDeviceErrorTests {
     @Test func noFreeSlotSaysToConfirmOrReset() {
         let e = SMPDeviceError.image(.noFreeSlot)
-        #expect(e.description == "no free slot (9): the device still runs an unconfirmed test image; confirm it (otaflash image confirm) or reset it to revert, then retry")
+        #expect(e.description == "no free slot (9): slot 1 is in use (an image waits there for the next reset, or the running test image is not confirmed); confirm the running image (otaflash image confirm) or reset the device (otaflash reset), then retry")
         let ota = e.otaError(device: "AA:BB:CC:DD:EE:FF", request: "image upload")
         #expect(ota.code == .protocolError)
         #expect(ota.description.hasPrefix("AA:BB:CC:DD:EE:FF refused image upload: no free slot (9): "))

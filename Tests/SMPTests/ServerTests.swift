@@ -93,6 +93,43 @@ struct SMPServerTests {
         #expect(SMPSlotImage(any.secondaryBytes).isMCUboot == false && any.secondaryComplete)
     }
 
+    @Test func configuredRefusalsAreWhatParticularDevicesAnswer() {
+        let opening = Self.first(Self.image[0..<100])
+        // A downgrade check on every upload, `upgrade` or not: the same version is refused too.
+        var same = SMPServer(config: SMPServer.Config(refusesDowngrade: true), running: Self.image)
+        #expect(same.handle(opening) == .error(.image(.currentVersionIsNewer)))
+        var older = SMPServer(config: SMPServer.Config(refusesDowngrade: true))  // runs 1.0.0
+        #expect(Self.offset(older.handle(opening)) == 100)
+        var busy = SMPServer(config: SMPServer.Config(busy: true))
+        #expect(busy.handle(opening) == .error(.general(.busy)))
+        #expect(busy.upload == nil)
+        var refusing = SMPServer(config: SMPServer.Config(uploadRefusal: .flashEraseFailed))
+        #expect(refusing.handle(opening) == .error(.image(.flashEraseFailed)))
+        var old = SMPServer(config: SMPServer.Config(reportsParameters: false))
+        #expect(old.handle(.mcumgrParameters) == .error(.general(.notSupported)))
+        #expect(old.handle(.echo("hi")) == .echo("hi"))
+    }
+
+    @Test func slotOneLeftInUseRefusesUploadsUntilResetOrConfirmed() throws {
+        let earlier = SMPSlotImage.build(major: 1, minor: 1, revision: 0, body: [7])
+        var pending = SMPServer(leftover: .pending(earlier))
+        #expect(pending.states.images.last?.pending == true)
+        #expect(pending.handle(Self.first(Self.image[0..<100])) == .error(.image(.noFreeSlot)))
+        // The reset runs it for test: slot 1 is still in use until it is confirmed.
+        #expect(pending.boot() == .swapped(permanent: false))
+        #expect(pending.handle(Self.first(Self.image[0..<100])) == .error(.image(.noFreeSlot)))
+        _ = pending.handle(.imageStateWrite(hash: nil, confirm: true))
+        #expect(Self.offset(pending.handle(Self.first(Self.image[0..<100]))) == 100)
+
+        var unconfirmed = SMPServer(leftover: .revertTarget(earlier))
+        let active = try #require(unconfirmed.states.images.first)
+        #expect(active.active && !active.confirmed)
+        #expect(unconfirmed.handle(Self.first(Self.image[0..<100])) == .error(.image(.noFreeSlot)))
+        #expect(unconfirmed.boot() == .reverted)
+        #expect(unconfirmed.primary.versionText == "1.1.0")
+        #expect(Self.offset(unconfirmed.handle(Self.first(Self.image[0..<100]))) == 100)
+    }
+
     @Test func testSwapRevertAndConfirmFollowMCUboot() throws {
         var server = Self.uploaded()
         let old = server.primary

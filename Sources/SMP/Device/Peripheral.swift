@@ -75,9 +75,26 @@ public struct SMPPeripheral: PeripheralModel {
     /// `SimulatedDeviceConfig.bootDelay`).
     public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int, firmwareVersion: FirmwareVersion,
                 faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
-        let running = SMPSlotImage.build(major: firmwareVersion.major, minor: firmwareVersion.minor, revision: firmwareVersion.patch,
-                                         body: Array("otaflash factory image \(firmwareVersion)".utf8))
-        self.init(server: SMPServer(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize), running: running),
+        self.init(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize),
+                  firmwareVersion: firmwareVersion, faults: faults, resetDelay: resetDelay, bootDuration: bootDuration)
+    }
+
+    /// A simulated Zephyr device whose server is configured by `config` (its buffers, slot size
+    /// and refusals), slot 0 running a small MCUboot image of `firmwareVersion`, and slot 1
+    /// holding what `leftover` says an earlier update left there: an image of the same version
+    /// pending, or the previous one (a test image runs unconfirmed).
+    public init(config: SMPServer.Config, firmwareVersion: FirmwareVersion, leftover: SMPLeftover? = nil,
+                faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
+        func image(_ what: String) -> [UInt8] {
+            SMPSlotImage.build(major: firmwareVersion.major, minor: firmwareVersion.minor, revision: firmwareVersion.patch,
+                               body: Array("otaflash \(what) image \(firmwareVersion)".utf8))
+        }
+        let slot1: SMPServer.Leftover? = switch leftover {
+        case .pending: .pending(image("pending test"))
+        case .unconfirmed: .revertTarget(image("previous"))
+        case nil: nil
+        }
+        self.init(server: SMPServer(config: config, running: image(leftover == .unconfirmed ? "unconfirmed test" : "factory"), leftover: slot1),
                   faults: faults, resetDelay: resetDelay, bootDuration: bootDuration)
     }
 
@@ -280,4 +297,12 @@ public struct SMPPeripheral: PeripheralModel {
         let upload = server.upload.map { "upload at \($0.offset) of \($0.length)" } ?? "no upload"
         return "\(bytes.count) B, \(upload)"
     }
+}
+
+/// Slot 1 in use when the simulated device starts (`SMPServer.Leftover` with images made up).
+public enum SMPLeftover: String, Sendable, Hashable, CaseIterable {
+    /// An image marked for test, waiting for the reset.
+    case pending
+    /// A test image runs unconfirmed; slot 1 holds the previous one to revert to.
+    case unconfirmed
 }

@@ -16,6 +16,9 @@ import Crypto
 /// - state write: `hash` with `confirm` false marks that slot for test; with `confirm` true for
 ///   a permanent swap; `confirm` true without `hash` (or with the running image's) confirms the
 ///   running image. Marking the running image for test is refused (33), an unknown hash too (8).
+/// - `Config` also makes it refuse as particular devices do: an older server without the MCUmgr
+///   parameters read, a downgrade check on every upload, EBUSY, or a given image group code on
+///   the first upload request; `Leftover` starts it with slot 1 in use.
 /// - MCUboot at boot: a pending slot 1 is swapped in and runs unconfirmed (or confirmed, when
 ///   permanent); an unconfirmed running image is swapped back out (revert).
 ///
@@ -34,15 +37,42 @@ public struct SMPServer: Sendable {
         public var checksImageHeader: Bool
         /// Answer `match` on the last chunk (`CONFIG_IMG_ENABLE_IMAGE_CHECK`).
         public var reportsMatch: Bool
+        /// Answer the MCUmgr parameters read; false: an older server, which answers it with
+        /// MGMT_ERR_ENOTSUP (before `CONFIG_MCUMGR_GRP_OS_MCUMGR_PARAMS`).
+        public var reportsParameters: Bool
+        /// Refuse an image whose version is not newer than the running one
+        /// (IMG_MGMT_ERR_CURRENT_VERSION_IS_NEWER), as img_mgmt does for an upload that asks
+        /// `upgrade`, whether or not it does.
+        public var refusesDowngrade: Bool
+        /// Answer every upload request with MGMT_ERR_EBUSY (another transport or a shell command
+        /// holds the image manager).
+        public var busy: Bool
+        /// Refuse the first upload request with this image group code (a device-specific
+        /// refusal: a hook, a flash driver error, its own checks).
+        public var uploadRefusal: ImageManagementError?
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
-                    checksImageHeader: Bool = true, reportsMatch: Bool = true) {
+                    checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
+                    refusesDowngrade: Bool = false, busy: Bool = false, uploadRefusal: ImageManagementError? = nil) {
             self.bufferSize = bufferSize
             self.bufferCount = bufferCount
             self.slotSize = slotSize
             self.checksImageHeader = checksImageHeader
             self.reportsMatch = reportsMatch
+            self.reportsParameters = reportsParameters
+            self.refusesDowngrade = refusesDowngrade
+            self.busy = busy
+            self.uploadRefusal = uploadRefusal
         }
+    }
+
+    /// What slot 1 holds at power-on besides nothing: a state an earlier update left.
+    public enum Leftover: Sendable, Hashable {
+        /// An image marked for test at the next reset (`image test` without the reset).
+        case pending([UInt8])
+        /// The image to revert to: slot 0 runs an unconfirmed test image (the reset after `image
+        /// test` happened, and nothing confirmed it).
+        case revertTarget([UInt8])
     }
 
     /// The upload in progress (img_mgmt's RAM state).
@@ -82,9 +112,22 @@ public struct SMPServer: Sendable {
 
     /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
     ///   of version 1.0.0.
-    public init(config: Config = Config(), running: [UInt8]? = nil) {
+    ///   - leftover: what an earlier update left in slot 1; by default nothing.
+    public init(config: Config = Config(), running: [UInt8]? = nil, leftover: Leftover? = nil) {
         self.config = config
         primary = SMPSlotImage(running ?? SMPSlotImage.build(major: 1, minor: 0, revision: 0, body: Array("otaflash factory image".utf8)))
+        switch leftover {
+        case .pending(let image):
+            secondaryBytes = image
+            secondaryComplete = true
+            pending = true
+        case .revertTarget(let image):
+            secondaryBytes = image
+            secondaryComplete = true
+            confirmed = false
+        case nil:
+            break
+        }
     }
 
     /// Slot 1's image, when it holds a whole one.
@@ -118,6 +161,7 @@ public struct SMPServer: Sendable {
     public mutating func handle(_ request: SMPRequest) -> SMPResponse {
         switch request {
         case .mcumgrParameters:
+            guard config.reportsParameters else { return .error(.general(.notSupported)) }
             return .mcumgrParameters(SMPParameters(bufferSize: UInt32(clamping: config.bufferSize), bufferCount: UInt32(clamping: config.bufferCount)))
         case .echo(let text):
             return .echo(text)
@@ -190,7 +234,9 @@ public struct SMPServer: Sendable {
 
     private mutating func receive(_ chunk: SMPImageUpload) -> SMPResponse {
         guard (chunk.image ?? 0) == 0 else { return .error(.general(.invalidValue)) }
+        if config.busy { return .error(.general(.busy)) }
         guard chunk.offset == 0 else { return continueUpload(chunk) }
+        if let refusal = config.uploadRefusal { return .error(.image(refusal)) }
         guard let length = chunk.length.flatMap({ Int(exactly: $0) }) else { return .error(.image(.invalidLength)) }
         if let sha = chunk.sha, sha.count > 32 { return .error(.image(.invalidHash)) }
         guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
@@ -199,7 +245,8 @@ public struct SMPServer: Sendable {
             guard SMPSlotImage.hasMagic(chunk.data) else { return .error(.image(.invalidImageHeaderMagic)) }
         }
         guard !secondaryInUse else { return .error(.image(.noFreeSlot)) }
-        if chunk.upgrade == true, chunk.data.count >= 32, !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
+        if chunk.upgrade == true || config.refusesDowngrade, chunk.data.count >= 32,
+           !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
             return .error(.image(.currentVersionIsNewer))
         }
         if let upload, let sha = chunk.sha, !sha.isEmpty, upload.sha == sha, upload.length == length {

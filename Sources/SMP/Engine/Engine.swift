@@ -108,6 +108,8 @@ public struct SMPEngine: TransferEngine {
     /// The hash the image is marked with: the MCUboot hash, or for an image that is not an MCUboot
     /// image, what the device reports for the slot it wrote.
     private var markHash: [UInt8]?
+    /// The image states the device reported when it attached: what a refusal is explained with.
+    private var states: SMPImageStates?
 
     public init(image: FirmwareImage, config: EngineConfig, settings: SMPUploadSettings) {
         self.image = image
@@ -191,6 +193,7 @@ public struct SMPEngine: TransferEngine {
             return fail(OTAError(.image, "\(image.source): the image is empty; nothing to send"))
         }
         maxWrite = ATTWriteLimit.value(mtu: mtu)
+        states = link.states ?? states
         reassembler.reset()
         inFlight = [:]
         command = nil
@@ -268,9 +271,10 @@ public struct SMPEngine: TransferEngine {
                 // The server ran out of buffers: go on with one request at a time.
                 window = 1
                 windowNote = "the device ran out of SMP buffers (\(e)): one request in flight from here"
-                return rewind(to: acked)
+                // The first request is asked again at once; a later one when the window refills.
+                return awaitingFirst ? sendChunk(at: 0) : rewind(to: acked)
             }
-            return fail(e.otaError(device: "the device", request: "the upload at \(acked)"))
+            return fail(refusal(e))
         default:
             return fail(OTAError(.protocolError, "the device answered an upload request with \(response)"))
         }
@@ -320,6 +324,26 @@ public struct SMPEngine: TransferEngine {
         acked = max(acked, offset)
         stats.checkpoints += 1
         return []
+    }
+
+    /// The device's refusal of the upload, explained with the slot states it reported: which
+    /// image holds slot 1 (NO_FREE_SLOT), which version runs (CURRENT_VERSION_IS_NEWER).
+    private func refusal(_ e: SMPDeviceError) -> OTAError {
+        let general = e.otaError(device: "the device", request: "the upload at \(acked)")
+        let slots = (states?.images ?? []).filter { ($0.image ?? 0) == settings.imageNumber }
+        let active = slots.first { $0.active }
+        if e.imageError == .noFreeSlot {
+            if let waiting = slots.first(where: { $0.pending && !$0.active }) {
+                return OTAError(general.code, "the device refused the upload: no free slot (9): slot \(waiting.slot) holds image \(waiting.version), marked to run at the next reset; reset the device (otaflash reset), then confirm the image that runs (otaflash image confirm) or reset again to revert it, and retry", cause: e)
+            }
+            if let active, !active.confirmed {
+                return OTAError(general.code, "the device refused the upload: no free slot (9): it runs test image \(active.version), not confirmed, and slot 1 holds the image to revert to; confirm it (otaflash image confirm) or reset the device (otaflash reset) to revert, then retry", cause: e)
+            }
+        }
+        if e.imageError == .currentVersionIsNewer, let active {
+            return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
+        }
+        return general
     }
 
     /// Forgets what is in flight and streams again from the server's `offset`.

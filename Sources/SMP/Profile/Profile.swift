@@ -62,7 +62,8 @@ public struct SMPProfile: OTAProfile {
         let state = slots.map { slot in
             "slot \(slot.slot) \(slot.version)" + (slot.active ? " active" : "") + (slot.confirmed ? " confirmed" : "") + (slot.pending ? " pending" : "")
         }.joined(separator: ", ")
-        let buffers = parameters.map { "\($0.bufferCount) × \($0.bufferSize) B buffers" } ?? "buffers not reported"
+        let buffers = parameters.map { "\($0.bufferCount) × \($0.bufferSize) B buffers" }
+            ?? "buffers not reported (an older SMP server): one request in flight, one write each"
         return AttachedLink(characteristics: [.control: client.characteristic, .data: client.characteristic],
                             peer: SMPLink(parameters: parameters, states: states),
                             summary: DeviceSummary(protocolName: name, firmwareVersion: Self.runningVersion(states, image: image),
