@@ -214,6 +214,9 @@ struct Flash: AsyncParsableCommand {
         if native, target.simulator.enabled, let option = target.simulator.secureDFU.given.first {
             throw CLIFailure(.usage, "\(option) sets up a simulated Secure DFU bootloader, which only a Nordic DFU package (.zip) reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
         }
+        if target.simulator.enabled, let option = target.simulator.smp.given.first, !(plan.profile is SMPProfile) {
+            throw CLIFailure(.usage, "\(option) sets up a simulated SMP device, which only an MCUboot image reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
+        }
         if let option = smp.given.first, !(plan.profile is SMPProfile) {
             throw CLIFailure(.usage, "\(option) is for SMP devices; \(image) goes over the \(plan.profile.name) protocol, drop it")
         }

@@ -56,6 +56,14 @@ public struct SimulatedSMPOptions: ParsableArguments {
         }
     }
 
+    /// The options given, by name: each sets up a simulated SMP device, which only an MCUboot image reaches.
+    var given: [String] {
+        [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
+         pending ? "--sim-smp-pending" : nil, unconfirmed ? "--sim-smp-unconfirmed" : nil,
+         downgradeCheck ? "--sim-smp-downgrade-check" : nil, busy ? "--sim-smp-busy" : nil,
+         refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, noParameters ? "--sim-smp-no-params" : nil].compactMap { $0 }
+    }
+
     /// What slot 1 holds at the start.
     var leftover: SMPLeftover? { pending ? .pending : unconfirmed ? .unconfirmed : nil }
 
