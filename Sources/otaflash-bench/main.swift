@@ -1,6 +1,6 @@
 // otaflash-bench: throughput and CPU figures on the simulator's link model.
 //
-//   swift run -c release otaflash-bench [--grid] [--interval-sweep] [--nordic] [--engine-cpu] [--json FILE]
+//   swift run -c release otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--engine-cpu] [--json FILE]
 //
 // Every figure comes from one run of this program, so ratios are measured side by side.
 // docs/PERFORMANCE.md explains the link model and each figure.
@@ -18,6 +18,7 @@ struct Options {
     var cpu = false
     var batch = false
     var nordic = false
+    var smp = false
     var json: String?
     var imageSize = 256 * 1024
 
@@ -30,10 +31,11 @@ struct Options {
             case "--engine-cpu": cpu = true
             case "--batch": batch = true
             case "--nordic": nordic = true
+            case "--smp": smp = true
             case "--json": i += 1; json = i < args.count ? args[i] : nil
             case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
                 exit(0)
             default:
                 FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
@@ -41,7 +43,7 @@ struct Options {
             }
             i += 1
         }
-        if !grid && !sweep && !cpu && !batch && !nordic { grid = true; sweep = true; cpu = true; batch = true; nordic = true }
+        if !grid && !sweep && !cpu && !batch && !nordic && !smp { grid = true; sweep = true; cpu = true; batch = true; nordic = true; smp = true }
     }
 }
 
@@ -329,6 +331,14 @@ if options.nordic {
     report.append(("nordic_default", defaultRow))
     report.append(("nordic_vs_bound_grid_min", minVsBound))
     print()
+}
+
+// MARK: MCUmgr SMP (SMP.swift)
+
+if options.smp {
+    let (rows, summary) = try await smpBench(imageSize: image.size)
+    report.append(("smp_grid", rows))
+    report += summary
 }
 
 // MARK: Batch

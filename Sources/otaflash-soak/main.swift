@@ -1,12 +1,13 @@
 // otaflash-soak: flashes the simulator under random, seeded faults and checks the invariants.
 //
-//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu] [--json FILE] [--verbose]
+//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu|smp] [--json FILE] [--verbose]
 //
 // Each run draws an image size, a link and a set of faults from the seed, then runs a whole
 // session (with the reconnect supervisor) on virtual time. It fails (exit 1) if any run
 // activated an image other than the one sent, hung past its timeouts, or re-sent more than one
-// checkpoint window (Secure DFU: one data object) after a resume. docs/RELIABILITY.md records
-// a full run of each protocol.
+// checkpoint window (Secure DFU: one data object; SMP: buf_count requests) after a resume.
+// SMP runs also fail if the server marked for test or confirmed, or MCUboot swapped in, any
+// bytes but the image sent. docs/RELIABILITY.md records a full run of each protocol.
 
 import Foundation
 import GATT
@@ -15,6 +16,7 @@ import OTA
 import OTADevice
 import OTAWire
 import Simulator
+import SMP
 
 struct Options {
     var runs = 100
@@ -41,9 +43,11 @@ struct Options {
             case "--only": only = Int(value()) ?? { fail("--only takes a run number") }()
             case "--protocol":
                 protocolName = value()
-                guard ["native", NordicDFUProfile.name].contains(protocolName) else { fail("--protocol must be native or \(NordicDFUProfile.name)") }
+                guard ["native", NordicDFUProfile.name, SMPProfile.name].contains(protocolName) else {
+                    fail("--protocol must be native, \(NordicDFUProfile.name) or \(SMPProfile.name)")
+                }
             case "--help", "-h":
-                print("usage: otaflash-soak [--runs N] [--seed S] [--protocol native|\(NordicDFUProfile.name)] [--json FILE] [--verbose] [--only RUN]")
+                print("usage: otaflash-soak [--runs N] [--seed S] [--protocol native|\(NordicDFUProfile.name)|\(SMPProfile.name)] [--json FILE] [--verbose] [--only RUN]")
                 exit(0)
             default: fail("unknown argument \(args[i])")
             }
@@ -141,6 +145,10 @@ struct RunRecord {
     var activatedOnFailure = false
     /// The device activated an image other than the one sent (or one whose hash did not match).
     var mismatchedActivation = false
+    /// A resume re-sent more than `resendLimit` allows.
+    var overResendLimit = false
+    /// The SMP server's buffers, count × size.
+    var smpBuffers: String?
 }
 
 /// A session's run on virtual time: its result and what its events showed.
@@ -218,6 +226,7 @@ extension RunRecord {
             violation = violation ?? "ran \(afterProgress) s after its last progress, past the \(bound.seconds) s bound"
         }
         if let worst = resumeResends.max(), worst > resendLimit {
+            overResendLimit = true
             violation = violation ?? "re-sent \(worst) bytes after a resume, more than the \(resendLimit)-byte \(limitName)"
         }
     }
@@ -232,9 +241,16 @@ let bound = OTASession.bound(config: config, timeouts: timeouts, reconnect: Reco
 /// Wall-clock limit of one run: every wait is virtual, so a run that takes this long is stuck.
 let hangLimit: Duration = .seconds(20)
 let nordic = options.protocolName == NordicDFUProfile.name
-/// The most a resume may send again: one checkpoint window, or one Secure DFU data object.
-let resendLimit = nordic ? NordicDFUBootloader.Config().dataMaxSize : config.window
-let resendLimitName = nordic ? "data object" : "window"
+let smp = options.protocolName == SMPProfile.name
+/// The SMP bound: the session's, with the first upload request's longer wait (a server erases
+/// its slot before answering it) in place of the reply timeout on each try.
+let smpBound = bound + (SMPEngine.firstRequestTimeout - config.replyTimeout) * (config.commandRetries + 1)
+/// The most a resume may send again: one checkpoint window, or one Secure DFU data object (SMP:
+/// buf_count requests, checked per run against its server's buffers; the largest is printed).
+let resendLimit = nordic ? NordicDFUBootloader.Config().dataMaxSize
+    : smp ? smpBufferConfigs.map { $0.count * smpRequestData(bufferSize: $0.size) }.max() ?? 0
+    : config.window
+let resendLimitName = nordic ? "data object" : smp ? "window of buf_count requests" : "window"
 var records: [RunRecord] = []
 let soakStart = ContinuousClock.now
 
@@ -246,6 +262,10 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
         let scenario = Scenario(seed: scenarioSeed, nordic: true)
         record = await runNordic(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
         described = "\(scenario)"
+    } else if smp {
+        let scenario = Scenario(seed: scenarioSeed)
+        record = await runSMP(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
+        described = "\(scenario), buffers \(record.smpBuffers ?? "?")"
     } else {
         let scenario = Scenario(seed: scenarioSeed)
         record = await runNative(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
@@ -305,24 +325,30 @@ let wall = records.map(\.wallSeconds).sorted()
 let virtual = records.map(\.virtualSeconds).sorted()
 func pctile(_ xs: [Double], _ p: Double) -> Double { xs.isEmpty ? 0 : xs[min(xs.count - 1, Int(Double(xs.count) * p))] }
 
-print("otaflash-soak: \(options.runs) runs\(nordic ? " of \(NordicDFUProfile.name)" : ""), seed \(options.seed), \(String(format: "%.1f", total)) s")
+print("otaflash-soak: \(options.runs) runs\(nordic || smp ? " of \(options.protocolName)" : ""), seed \(options.seed), \(String(format: "%.1f", total)) s")
 print("outcomes: " + outcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
 print("reconnects: \(reconnectTotal) in all; resumes measured: \(resumes.count); max bytes re-sent per resume: \(maxResend) (\(resendLimitName) \(resendLimit))")
 print(String(format: "virtual time per run: median %.2f s, p95 %.2f s, max %.2f s; wall time per run: median %.1f ms, max %.1f ms",
              pctile(virtual, 0.5), pctile(virtual, 0.95), virtual.last ?? 0, pctile(wall, 0.5) * 1000, (wall.last ?? 0) * 1000))
 let mismatched = records.filter { $0.mismatchedActivation || $0.violation?.contains("activated an image") == true }.count
 let hangs = records.filter { $0.outcome == "hang" }.count
-let overWindow = records.filter { ($0.resumeResends.max() ?? 0) > resendLimit }.count
+let overWindow = records.filter(\.overResendLimit).count
+let runBound = smp ? smpBound : bound
 let never = records.filter(\.neverConfirms)
 let neverOutcomes = Dictionary(grouping: never, by: \.outcome).mapValues(\.count)
-let pastBound = records.filter { $0.afterProgress > bound.seconds }.count
+let pastBound = records.filter { $0.afterProgress > runBound.seconds }.count
 print("never-confirming devices: \(never.count) runs (" + neverOutcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-      + String(format: "), longest after the last progress %.1f s; bound %.0f s, runs past it: %d", never.map(\.afterProgress).max() ?? 0, bound.seconds, pastBound))
+      + String(format: "), longest after the last progress %.1f s; bound %.0f s, runs past it: %d", never.map(\.afterProgress).max() ?? 0, runBound.seconds, pastBound))
 if nordic {
     let unconfirmed = records.filter(\.unconfirmedActivation).count
     let onFailure = records.filter(\.activatedOnFailure).count
     let okOnce = records.filter { $0.outcome == "ok" && $0.violation == nil }.count
     print("activations: \(okOnce) runs ok with the image sent activated once, byte-identical, its hash matched; \(unconfirmed) failed runs activated it while the link was lost during the last EXECUTE (a connection error that says so); other failed runs that activated anything: \(onFailure)")
+}
+if smp {
+    let okOnce = records.filter { $0.outcome == "ok" && $0.violation == nil }.count
+    let onFailure = records.filter(\.activatedOnFailure).count
+    print("marks and swaps: \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)")
 }
 print("violations: \(violations.count) (mismatched activations \(mismatched), hangs \(hangs), resumes over one \(resendLimitName) \(overWindow))")
 print("\(options.runs - violations.count) passed, \(violations.count) failed")

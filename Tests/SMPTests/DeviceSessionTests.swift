@@ -177,6 +177,26 @@ struct SMPDeviceSessionTests {
         #expect(rig.model?.activations.isEmpty == true)
     }
 
+    /// A bit flipped in slot 1's flash: the server's SHA-256 of the file differs, nothing is
+    /// marked, nothing swapped in.
+    @Test func aFlashBitFlipMarksNothing() async throws {
+        let rig = Rig(faults: FaultPlan(flashBitFlipAt: 9_999))
+        guard case .failure(let error) = await rig.flash() else { Issue.record("expected a failure"); return }
+        #expect(error.code == .verifyFailed, "\(error)")
+        let server = try #require(rig.server)
+        #expect(server.secondaryBytes.count == Self.image.count && server.secondaryBytes != Self.image)
+        #expect(server.secondaryBytes[9_999] == Self.image[9_999] ^ 0x01)
+        #expect(server.marks.isEmpty)
+        #expect(rig.model?.activations.isEmpty == true)
+    }
+
+    @Test func theServerRecordsTheImageItMarked() async throws {
+        let rig = Rig()
+        _ = try await rig.flash(reset: false).get()
+        let marks = try #require(rig.server?.marks)
+        #expect(marks.count == 1 && marks[0].bytes == Self.image && !marks[0].confirm)
+    }
+
     @Test func anImageOverTheSlotIsRefusedAsTooLarge() async throws {
         let rig = Rig(SMPServer.Config(slotSize: 10_000))
         guard case .failure(let error) = await rig.flash() else { Issue.record("expected a refusal"); return }

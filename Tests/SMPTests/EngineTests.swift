@@ -97,13 +97,19 @@ struct SMPEngineTests {
         #expect(engine.stats.bytesResent == 0)
     }
 
-    @Test func aServerHoldingPartOfTheSameFileResumesThere() throws {
+    /// An engine whose first request the server answered with `offset`: it held that much of the file.
+    static func opened(at offset: Int) throws -> (SMPEngine, ScriptedServer) {
         var engine = Self.engine()
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
         let first = try server.drain(&engine)
-        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: 12_000)), to: first[0].header))
-        #expect(engine.acked == 12_000)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(offset))), to: first[0].header))
+        #expect(engine.acked == offset)
+        return (engine, server)
+    }
+
+    @Test func aServerHoldingPartOfTheSameFileResumesThere() throws {
+        var (engine, server) = try Self.opened(at: 12_000)
         var most = 0
         _ = try Self.upload(&engine, &server, maxInFlight: &most)
         let later = server.requests.dropFirst().compactMap { if case .imageUpload(let u) = $0.request { u } else { nil } }
@@ -212,6 +218,101 @@ struct SMPEngineTests {
             _ = try server.reassembler.append(w.bytes)
         }
         #expect(writes == 1)
+    }
+
+    /// `maxFrame` caps every request below the server's buffer: at MTU − 3, each request is one
+    /// write (no reassembly needed on the server), the window still the one asked for.
+    @Test func maxFrameKeepsEachRequestToOneWrite() throws {
+        var engine = SMPEngine(image: Self.image, config: EngineConfig(),
+                               settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash, maxWindow: 3, maxFrame: 244))
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        #expect(engine.frameLimit == 244)
+        var writes = 0
+        var frames = 0
+        func drainCounting() throws -> [(header: SMPHeader, request: SMPRequest)] {
+            var out: [(header: SMPHeader, request: SMPRequest)] = []
+            while case .write(let w) = engine.nextStreamStep() {
+                writes += 1
+                #expect(w.bytes.count <= 244)
+                for frame in try server.reassembler.append(w.bytes) {
+                    #expect(frame.encoded.count <= 244)
+                    out.append((frame.header, try SMPRequest(decoding: frame)))
+                }
+            }
+            frames += out.count
+            return out
+        }
+        let first = try drainCounting()
+        guard case .imageUpload(let opening) = first.first?.request else { Issue.record("no first request"); return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        let window = try drainCounting()
+        #expect(window.count == 3)
+        #expect(writes == frames, "one write per request")
+        // A limit above the buffer leaves the buffer's size, down to whole writes.
+        var wide = SMPEngine(image: Self.image, config: EngineConfig(),
+                             settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash, maxFrame: 10_000))
+        _ = wide.handle(.connected(Self.link, mtu: 247))
+        #expect(wide.frameLimit == 2440)
+    }
+
+    /// A frame keeps to whole ATT writes: no short last write costing a packet for little data;
+    /// a buffer smaller than one write is one frame of its size.
+    @Test(arguments: [(384, 185, 364), (384, 247, 244), (384, 517, 384), (2475, 247, 2440), (2475, 517, 2040), (384, 23, 380)])
+    func framesAreWholeWrites(bufferSize: Int, mtu: Int, frame: Int) throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(SMPLink(parameters: SMPParameters(bufferSize: UInt32(bufferSize), bufferCount: 4), states: nil), mtu: mtu))
+        #expect(engine.frameLimit == frame)
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first.first?.request else { Issue.record("no first request"); return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        for (header, request) in try server.drain(&engine) {
+            let size = try request.frame(sequence: header.sequence).encoded.count
+            #expect(size <= frame && size > frame - 8, "a \(size)-byte frame for a \(frame)-byte limit")
+        }
+    }
+
+    /// A resume records what it sends again: the bytes sent past the server's offset before the
+    /// link was lost.
+    @Test func aResumeRecordsTheBytesSentPastTheServersOffset() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { Issue.record("no first request"); return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        let window = try server.drain(&engine)
+        #expect(window.count == 4)
+        guard case .imageUpload(let second) = window[0].request else { return }
+        let held = Int(second.offset) + second.data.count
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(held))), to: window[0].header))
+        _ = try server.drain(&engine)
+        let sentAtLoss = engine.sent
+        _ = engine.handle(.disconnected(.linkLost("gone")))
+        // The session attaches again: the first request finds the server at `held`.
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let again = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(held))), to: again[0].header))
+        #expect(engine.stats.resumeResends == [sentAtLoss - held])
+        #expect(sentAtLoss - held > 0)
+    }
+
+    /// A server that lost the upload at a reset answers the next connection's first request as
+    /// a new upload: the engine's offset follows it back, and the upload goes on from there.
+    @Test func aServerThatStartedOverIsFollowedBack() throws {
+        var (engine, server) = try Self.opened(at: 12_000)
+        _ = engine.handle(.disconnected(.linkLost("reset")))
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let opening) = again.first?.request, opening.offset == 0 else { Issue.record("no first request"); return }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: again[0].header))
+        #expect(engine.acked == opening.data.count)
+        #expect(engine.resumeOffset == 0)
+        #expect(engine.stats.resumeResends.isEmpty)
+        let next = try server.drain(&engine)
+        guard case .imageUpload(let second) = next.first?.request else { Issue.record("the upload did not go on"); return }
+        #expect(second.offset == UInt64(opening.data.count))
     }
 
     @Test func aBusyServerDropsTheWindowToOne() throws {

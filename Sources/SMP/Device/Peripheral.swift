@@ -25,8 +25,9 @@ import OTAWire
 /// Faults come from the shared `FaultInjector`, at image offsets for upload chunks (a chunk's
 /// data is its packet): a dropped chunk or request gets no answer, a corrupted one is written
 /// with a byte flipped (the file's SHA-256 and the slot's hash then differ), link losses, reboots
-/// (MCUboot runs, the upload's RAM state is lost), a hang, lost notifications, slow flash and
-/// refused connections. ATT error faults do not apply: nothing here is a write with response.
+/// (MCUboot runs, the upload's RAM state is lost), a hang, lost notifications, slow flash, a bit
+/// flipped in flash (`SMPServer.flashBitFlipAt`) and refused connections. ATT error faults do not
+/// apply: nothing here is a write with response.
 public struct SMPPeripheral: PeripheralModel {
     public private(set) var server: SMPServer
     /// From the reset's answer to the reset: time for the answer to go out
@@ -61,6 +62,7 @@ public struct SMPPeripheral: PeripheralModel {
                 bootDuration: Duration = .milliseconds(500), requestTime: Duration = .zero,
                 manufacturer: String = "otaflash", modelNumber: String = "simulated-smp-server") {
         self.server = server
+        self.server.flashBitFlipAt = faults.flashBitFlipAt ?? server.flashBitFlipAt
         self.injector = FaultInjector(faults)
         self.resetDelay = resetDelay
         self.bootDuration = bootDuration

@@ -109,6 +109,12 @@ public struct SMPServer: Sendable {
     /// Boots so far, and the last one's outcome.
     public private(set) var boots = 0
     public private(set) var lastBoot = BootOutcome.unchanged
+    /// Every image marked for test or confirmed by a state write, oldest first: the bytes of the
+    /// slot it named at that moment, and whether it was confirmed (for soaks and tests).
+    public private(set) var marks: [(bytes: [UInt8], confirm: Bool)] = []
+    /// A fault: the byte of slot 1 at this image offset is stored with its lowest bit flipped when
+    /// written (a flash fault; the file's SHA-256 and the slot's hash then differ). Fires once.
+    public var flashBitFlipAt: Int?
 
     /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
     ///   of version 1.0.0.
@@ -205,11 +211,13 @@ public struct SMPServer: Sendable {
         guard let hash else {
             guard confirm else { return .error(.general(.invalidValue)) }
             confirmed = true
+            marks.append((primary.bytes, true))
             return .imageStates(states)
         }
         if hash == primary.hash {
             guard confirm else { return .error(.image(.testToActiveDenied)) }
             confirmed = true
+            marks.append((primary.bytes, true))
             return .imageStates(states)
         }
         guard let secondary, secondary.hash == hash else {
@@ -220,6 +228,7 @@ public struct SMPServer: Sendable {
         guard confirmed else { return .error(.general(.badState)) }
         pending = true
         permanent = confirm
+        marks.append((secondary.bytes, confirm))
         return .imageStates(states)
     }
 
@@ -271,6 +280,11 @@ public struct SMPServer: Sendable {
     private mutating func write(_ data: [UInt8]) -> SMPResponse {
         guard var upload else { return .error(.image(.flashContextNotSet)) }
         guard upload.offset + data.count <= upload.length else { return .error(.image(.dataOverrun)) }
+        var data = data
+        if let flip = flashBitFlipAt, (upload.offset..<(upload.offset + data.count)).contains(flip) {
+            data[flip - upload.offset] ^= 0x01
+            flashBitFlipAt = nil
+        }
         secondaryBytes += data
         upload.offset += data.count
         guard upload.offset == upload.length else {

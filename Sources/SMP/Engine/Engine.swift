@@ -34,15 +34,20 @@ public struct SMPUploadSettings: Sendable, Hashable {
     public var reset: Bool
     /// The most requests kept in flight, whatever the device's buffer count allows.
     public var maxWindow: Int
+    /// The largest request frame (header and CBOR), whatever the device's buffer takes; nil: the
+    /// buffer's size. `ATTWriteLimit.value(mtu:)` sends each request in one write, as a client
+    /// that cannot rely on the server's reassembly does.
+    public var maxFrame: Int?
 
     public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
-                maxWindow: Int = SMPEngine.defaultMaxWindow) {
+                maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil) {
         self.imageNumber = imageNumber
         self.fileSHA256 = fileSHA256
         self.imageHash = imageHash
         self.confirm = confirm
         self.reset = reset
         self.maxWindow = maxWindow
+        self.maxFrame = maxFrame
     }
 }
 
@@ -51,11 +56,11 @@ public struct SMPUploadSettings: Sendable, Hashable {
 /// Upload (image group, command 1): the first request carries the length, the file's SHA-256
 /// and the image number; the server's answer says where it stands (0 for a new upload, its
 /// offset when it holds part of the same file), and the upload goes on from there. Then up to
-/// `window` requests are kept in flight, each as large as the server's buffer takes, each frame
-/// split into ATT writes without response; every answer's `off` is the server's checkpoint. An
-/// answer at another offset than the request's end means the server dropped or refused data:
-/// the requests in flight are forgotten (their answers are ignored by sequence number) and the
-/// upload goes on from the server's offset.
+/// `window` requests are kept in flight, each as large as the server's buffer takes in whole
+/// writes (`frameLimit`), each frame split into ATT writes without response; every answer's `off`
+/// is the server's checkpoint. An answer at another offset than the request's end means the
+/// server dropped or refused data: the requests in flight are forgotten (their answers are
+/// ignored by sequence number) and the upload goes on from the server's offset.
 ///
 /// Then it verifies: the image states must list, for the image number, a slot whose hash is the
 /// image's (the device computed it over what it holds); nothing is marked unless it does. Then
@@ -85,7 +90,8 @@ public struct SMPEngine: TransferEngine {
     public private(set) var chunkSize = 0
     /// Requests in flight at most on this connection.
     public private(set) var window = 1
-    /// The frame size limit on this connection (the server's `buf_size`).
+    /// The frame size limit on this connection: the server's `buf_size` (or `maxFrame`), down to
+    /// whole ATT writes.
     public private(set) var frameLimit = 0
     /// Why the window is 1, when it is (said once per connection).
     public private(set) var windowNote: String?
@@ -105,6 +111,8 @@ public struct SMPEngine: TransferEngine {
     private var queueHead = 0
     private var retries = 0
     private var awaitingFirst = false
+    /// Where the upload had been sent to when the link was lost, on a connection after the first.
+    private var sentAtLoss: Int?
     /// The hash the image is marked with: the MCUboot hash, or for an image that is not an MCUboot
     /// image, what the device reports for the slot it wrote.
     private var markHash: [UInt8]?
@@ -214,6 +222,11 @@ public struct SMPEngine: TransferEngine {
             windowNote = "the device did not report its SMP buffers: one request in flight, one write each"
         }
         reassembler = SMPReassembler(maxFrameSize: SMPHeader.size + Int(UInt16.max))
+        if let limit = settings.maxFrame { frameLimit = min(frameLimit, max(0, limit)) }
+        // Frames of whole writes: a frame's short last write costs a link-layer packet for little
+        // data (384-byte buffers at MTU 185: 182 + 182 + 20), so a frame keeps to the most whole
+        // writes its buffer holds (364 bytes there).
+        if frameLimit > maxWrite { frameLimit -= frameLimit % maxWrite }
         chunkSize = Self.firstRequest(settings: settings, size: image.size, data: []).maxDataSize(frameLimit: frameLimit)
         guard chunkSize > 0, SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: frameLimit) > 0 else {
             return fail(OTAError(.incompatibleDevice, "the device's SMP buffer (\(frameLimit) bytes) cannot hold an upload request",
@@ -224,6 +237,7 @@ public struct SMPEngine: TransferEngine {
         }
         // The first request opens (or, with the same file, resumes) the server's upload.
         phase = .beginning
+        sentAtLoss = stats.resumedFrom.count > 1 ? sent : nil
         sent = 0
         if config.restart, stats.resumedFrom.count == 1 {
             // The server resumes an upload of the same file: erase its slot to start over.
@@ -284,10 +298,18 @@ public struct SMPEngine: TransferEngine {
         if awaitingFirst {
             awaitingFirst = false
             phase = .streaming
+            if offset == end, acked > offset {
+                // The server started the upload over (a reset lost its state): it holds this
+                // request's data only, whatever it held before.
+                stats.resumedFrom[stats.resumedFrom.count - 1] = 0
+                acked = offset
+                sentAtLoss = nil
+            }
             if offset != end {
                 // The server holds part of this very file (same sha): resume there. The first
                 // request's data, which it already had, went for nothing.
                 stats.resumedFrom[stats.resumedFrom.count - 1] = offset
+                if let lost = sentAtLoss { stats.resumeResends.append(max(0, lost - offset)) }
                 if offset > end {
                     stats.bytesResent += end
                     stats.resentPerConnection[stats.resentPerConnection.count - 1] += end

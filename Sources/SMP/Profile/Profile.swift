@@ -48,13 +48,19 @@ public struct SMPProfile: OTAProfile {
             throw OTAError.from(error, device: device)
         }
         // An older server does not know the parameters read: it answers ENOTSUP (or nothing).
+        // A lost answer is asked for once more: without the parameters the upload falls back to
+        // one write per request, which at MTU 23 holds no upload request at all.
         var parameters: SMPParameters?
-        do {
-            if case .mcumgrParameters(let p) = try await client.send(.mcumgrParameters, sequence: 0, timeout: replyTimeout) { parameters = p }
-        } catch where error.code == .timeout {
-            parameters = nil
+        for attempt in 0..<2 where parameters == nil {
+            do {
+                let answer = try await client.send(.mcumgrParameters, sequence: UInt8(attempt), timeout: replyTimeout)
+                if case .mcumgrParameters(let p) = answer { parameters = p }
+                break
+            } catch where error.code == .timeout {
+                parameters = nil
+            }
         }
-        guard case .imageStates(let states) = try await client.call(.imageStateRead, sequence: 1, timeout: replyTimeout) else {
+        guard case .imageStates(let states) = try await client.call(.imageStateRead, sequence: 2, timeout: replyTimeout) else {
             throw OTAError(.protocolError, "\(device) answered the image state read with something else")
         }
         let image = settings?.imageNumber ?? 0
