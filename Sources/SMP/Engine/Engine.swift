@@ -300,8 +300,11 @@ public struct SMPEngine: TransferEngine {
             phase = .streaming
             if offset == end, acked > offset {
                 // The server started the upload over (a reset lost its state): it holds this
-                // request's data only, whatever it held before.
+                // request's data only, whatever it held before, and all it held goes again (this
+                // request's own data was counted as it went).
                 stats.resumedFrom[stats.resumedFrom.count - 1] = 0
+                stats.bytesResent += acked - offset
+                stats.resentPerConnection[stats.resentPerConnection.count - 1] += acked - offset
                 acked = offset
                 sentAtLoss = nil
             }
