@@ -128,6 +128,9 @@ public protocol TransferEngine: Sendable {
     /// Image bytes per data packet on the current connection.
     var chunkSize: Int { get }
     var stats: TransferStats { get }
+    /// What the engine has to tell the user about how it now works (SMP: falling back to one
+    /// request in flight), oldest first; the session reports each once, as a `notice` event.
+    var notes: [String] { get }
 
     /// Takes a confirmed position from the journal: only a shortcut for later CRC checks.
     mutating func seed(confirmedOffset: Int, crc: UInt32)
@@ -230,6 +233,7 @@ public protocol OTAProfile: Sendable {
 
 extension TransferEngine {
     public var resumeOffset: Int { sent }
+    public var notes: [String] { [] }
 }
 
 extension OTAProfile {

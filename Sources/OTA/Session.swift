@@ -17,6 +17,8 @@ public enum SessionEvent: Sendable {
     case activating(device: String)
     /// The link was lost (or connecting failed) and the supervisor will try again after `delay`.
     case reconnecting(device: String, attempt: Int, reason: String, delay: Duration)
+    /// Something the engine changed in how it works that the user should know, said once.
+    case notice(device: String, message: String)
 }
 
 /// How the supervisor reconnects after an unexpected link loss.
@@ -343,6 +345,7 @@ public actor OTASession {
         var deadline = clock.now + engine.currentTimeout
         var commandTicket: WriteTicket?
         var announcedStart = false
+        var announcedActivate = false
         var streamStart: Duration?
         var streamEnd: Duration?
 
@@ -366,12 +369,21 @@ public actor OTASession {
                 report(force: true)
                 events(.verifying(device: device, check: profile.imageCheck))
             }
-            if engine.phase == .activating { events(.activating(device: device)) }
+            // Once: activating may take several commands (SMP: mark, then reset) or retries.
+            if engine.phase == .activating, !announcedActivate {
+                announcedActivate = true
+                events(.activating(device: device))
+            }
         }
 
         var journaled = engine.acked
-        /// Records a newly confirmed checkpoint in the journal.
+        var told = engine.notes.count
+        /// Records a newly confirmed checkpoint in the journal, and says what the engine noted.
         func recordProgress() {
+            while told < engine.notes.count {
+                events(.notice(device: device, message: engine.notes[told]))
+                told += 1
+            }
             guard engine.acked != journaled, let journal else { return }
             journaled = engine.acked
             let entry = TransferJournal(device: device, imageSize: image.size, imageCRC: hex32(image.crc32),
@@ -386,7 +398,11 @@ public actor OTASession {
         func stallDeadline() -> Duration? {
             let now = clock.now
             stall.observe(furthest: engine.furthestAgreed, at: now)
-            guard engine.phase == .beginning || engine.phase == .streaming else {
+            // VERIFY and ACTIVATE have deadlines of their own; so does one wait the protocol
+            // allows to last longer than the whole budget (SMP's first upload request: the server
+            // erases its slot before it answers), timed by the engine's timeout and retries.
+            guard engine.phase == .beginning || engine.phase == .streaming,
+                  !(engine.isAwaitingReply && engine.currentTimeout > stall.limit) else {
                 stall.hold(at: now)
                 return nil
             }
@@ -495,6 +511,8 @@ public actor OTASession {
             }
             if let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
                 actions = engine.handle(mapped)
+                // An answer that asks the engine to wait (a busy SMP server) may shorten the wait.
+                if actions.isEmpty { deadline = min(deadline, clock.now + engine.currentTimeout) }
             }
             report(force: false)
         }

@@ -364,7 +364,7 @@ extension SessionEvent {
     /// The device an event is about.
     var device: String? {
         switch self {
-        case .connecting(let d), .verifying(let d, _), .activating(let d): d
+        case .connecting(let d), .verifying(let d, _), .activating(let d), .notice(let d, _): d
         case .connected(let d, _, _), .deviceInfo(let d, _), .transferStarted(let d, _, _), .reconnecting(let d, _, _, _): d
         case .progress(let p): p.device
         }

@@ -168,6 +168,14 @@ public enum FlashEvents {
         public var delay: Double
     }
 
+    /// Something the engine changed in how it works (SMP: one request in flight after the
+    /// device ran out of buffers), said once.
+    public struct Note: JSONEvent {
+        public static let name = "note"
+        public var device: String
+        public var message: String
+    }
+
     /// How one device ended, the same for a single device and for each device of a batch.
     public struct Done: CommandDone {
         public static let name = "done"
@@ -273,6 +281,8 @@ public enum FlashEvents {
             Activate(device: device)
         case .reconnecting(let device, let attempt, let reason, let delay):
             Reconnect(device: device, attempt: attempt, reason: reason, delay: delay.seconds)
+        case .notice(let device, let message):
+            Note(device: device, message: message)
         }
     }
 }
@@ -442,6 +452,7 @@ public enum EventCatalog {
             FlashEvents.Verify(device: device),
             FlashEvents.Activate(device: device),
             FlashEvents.Reconnect(device: device, attempt: 1, reason: "link lost", delay: 0.25),
+            FlashEvents.Note(device: device, message: "the device answered busy (10) with 4 requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower"),
             FlashEvents.Done(ok),
             FlashEvents.Summary(devices: 3, ok: 2, skipped: 0, failed: 1, exitCode: .someFailed, seconds: 2.5),
         ]

@@ -123,6 +123,7 @@ enum Ranges {
     static let smpBufferCount = Bounds("--sim-smp-buf-count", 1...32)
     /// The image management group's error codes (Zephyr's `IMG_MGMT_ERR_*`, 1 to 33).
     static let smpRefuseUpload = Bounds("--sim-smp-refuse-upload", 1...33)
+    static let smpBusyAbove = Bounds("--sim-smp-busy-above", 1...32)
     /// Bluetooth Core 5.x, Vol 3, Part F, 3.2.8: ATT_MTU of LE is at least 23; 517 holds the longest attribute value.
     static let mtu = Bounds("--sim-mtu", 23...517)
     /// Bluetooth Core 5.x, Vol 6, Part B, 4.5.1: a connection interval is 7.5 ms to 4 s.
@@ -167,7 +168,7 @@ enum Ranges {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
                                    simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
-                                   smpBufferCount, smpRefuseUpload]
+                                   smpBufferCount, smpRefuseUpload, smpBusyAbove]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
                                          lostNotificationRate, slowFlash]

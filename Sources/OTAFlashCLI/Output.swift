@@ -280,6 +280,8 @@ public final class EventPrinter: Sendable {
             note("image verified; activating")
         case .reconnecting(_, let attempt, let reason, let delay):
             note("\(reason); reconnecting in \(String(format: "%.1f", delay.seconds)) s (attempt \(attempt))")
+        case .notice(_, let message):
+            note(message)
         }
     }
 
@@ -378,6 +380,7 @@ final class LiveView: Sendable {
             case .verifying: row.phase = "verifying"
             case .activating: row.phase = "activating"
             case .reconnecting(_, let attempt, let reason, _): row.phase = "reconnecting (attempt \(attempt)): \(reason)"
+            case .notice(_, let message): row.phase = message
             }
             s.rows[device] = row
             return true

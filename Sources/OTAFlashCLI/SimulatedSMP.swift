@@ -39,6 +39,9 @@ public struct SimulatedSMPOptions: ParsableArguments {
     @Flag(name: .customLong("sim-smp-busy"), help: "The simulated SMP server answers every upload request with MGMT_ERR_EBUSY (10).")
     var busy = false
 
+    @Option(name: .customLong("sim-smp-busy-above"), parsing: .unconditional, help: Ranges.smpBusyAbove.help("The simulated SMP server reports --sim-smp-buf-count buffers but answers an upload request with MGMT_ERR_EBUSY (10) when it finds this many requests still held (a buffer pool shared with other users); otaflash goes on with one request in flight. Use with --sim-slow-flash-ms, or no request is ever held", valueName: "n"))
+    var busyAbove: Int?
+
     @Option(name: .customLong("sim-smp-refuse-upload"), parsing: .unconditional, help: Ranges.smpRefuseUpload.help("The simulated SMP server refuses the first upload request with this image management error code (3 no image, 24 invalid hash, 30 too large, 31 data overrun…)", valueName: "rc"))
     var refuseUpload: Int?
 
@@ -51,6 +54,7 @@ public struct SimulatedSMPOptions: ParsableArguments {
         try Ranges.smpBufferSize.check(bufferSize)
         try Ranges.smpBufferCount.check(bufferCount)
         try Ranges.smpRefuseUpload.check(refuseUpload)
+        try Ranges.smpBusyAbove.check(busyAbove)
         if pending, unconfirmed {
             throw ValidationError("--sim-smp-pending and --sim-smp-unconfirmed are two states of slot 1; give one")
         }
@@ -61,7 +65,7 @@ public struct SimulatedSMPOptions: ParsableArguments {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
          pending ? "--sim-smp-pending" : nil, unconfirmed ? "--sim-smp-unconfirmed" : nil,
          downgradeCheck ? "--sim-smp-downgrade-check" : nil, busy ? "--sim-smp-busy" : nil,
-         refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, noParameters ? "--sim-smp-no-params" : nil].compactMap { $0 }
+         refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil].compactMap { $0 }
     }
 
     /// What slot 1 holds at the start.
@@ -70,7 +74,7 @@ public struct SimulatedSMPOptions: ParsableArguments {
     /// The server these options describe, with slots of `slotSize` bytes.
     func serverConfig(slotSize: Int) -> SMPServer.Config {
         SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
-                         refusesDowngrade: downgradeCheck, busy: busy,
+                         refusesDowngrade: downgradeCheck, busy: busy, busyAbove: busyAbove,
                          uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) })
     }
 }

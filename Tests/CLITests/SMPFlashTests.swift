@@ -13,6 +13,8 @@ struct SMPFlashTests {
         #expect(run.code == 0, "\(run.stderr)")
         let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
         #expect(events.first?["protocol"] == .string("smp"))
+        // Marking the image and the reset are one activation, announced once.
+        #expect(events.filter { $0["event"] == .string("activate") }.count == 1)
         let done = try #require(events.last)
         #expect(done["result"] == .string("ok"))
         #expect(done["firmware_before"] == .string("1.0.0"))
@@ -51,6 +53,23 @@ struct SMPFlashTests {
         #expect(run.code == 0, "\(run.stderr)")
         #expect(run.jsonEvents.contains { $0["event"] as? String == "reconnect" })
         #expect(run.jsonEvents.last?["result"] as? String == "ok")
+    }
+
+    /// A device with fewer buffers free than it reported answers EBUSY: the upload goes on with
+    /// one request in flight, and says so once.
+    @Test func aDeviceOutOfBuffersFallsBackToOneRequestAndSaysSo() async throws {
+        let options = ["--sim-smp-busy-above", "2", "--sim-slow-flash-ms", "20", samplePath("mcuboot-large/seeded96k-ed25519-v2.0.0.bin")]
+        let run = await otaflash(simulator + ["--json"] + options)
+        #expect(run.code == 0, "\(run.stderr)")
+        let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
+        let notes = events.filter { $0["event"] == .string("note") }
+        #expect(notes.count == 1)
+        #expect(notes.first?["message"].map { "\($0)".contains("one request in flight") } == true, "\(notes)")
+        #expect(events.last?["result"] == .string("ok"))
+
+        let human = await otaflash(simulator + options)
+        #expect(human.code == 0, "\(human.stderr)")
+        #expect(human.stderr.contains("requests in flight (out of SMP buffers, or busy)"), "\(human.stderr)")
     }
 
     @Test func aBatchOfSMPDevicesReadsEachVersionBack() async throws {

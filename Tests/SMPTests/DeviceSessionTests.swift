@@ -136,6 +136,22 @@ struct SMPDeviceSessionTests {
         #expect(rig.server?.pending == true)
     }
 
+    /// The first upload request may wait longer than the whole stall budget (the server erases
+    /// its slot first): a device that never answers it ends on the engine's own timeout and
+    /// retries, not on the budget, and within the SMP bound.
+    @Test func aFirstRequestThatIsNeverAnsweredEndsOnItsOwnTimeout() async throws {
+        let rig = Rig(faults: FaultPlan(stopAnsweringAt: 0))
+        let started = rig.central.clock.now
+        let result = await rig.flash(reset: false)
+        guard case .failure(let error) = result else { Issue.record("the upload went through a device that drops everything"); return }
+        #expect(error.code == .timeout)
+        #expect(error.message.contains("upload request at 0 within \(SMPEngine.firstRequestTimeout.seconds) s"), "\(error.message)")
+        let elapsed = rig.central.clock.now - started
+        let retries = EngineConfig().commandRetries + 1
+        #expect(elapsed >= SMPEngine.firstRequestTimeout * retries)
+        #expect(elapsed < SMPEngine.firstRequestTimeout * retries + .seconds(30))
+    }
+
     /// The engine keeps the device's buffer count of requests in flight: every buffer is used,
     /// none overflows (a dropped request would cost a timeout).
     @Test(arguments: [(384, 4), (2475, 4), (2475, 2)])

@@ -210,7 +210,6 @@ struct SMPEngineTests {
         var server = ScriptedServer()
         _ = engine.handle(.connected(SMPLink(parameters: nil, states: nil), mtu: 247))
         #expect(engine.window == 1)
-        #expect(engine.windowNote != nil)
         var writes = 0
         while case .write(let w) = engine.nextStreamStep() {
             writes += 1
@@ -324,9 +323,18 @@ struct SMPEngineTests {
         _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
         let window = try server.drain(&engine)
         #expect(window.count == 4)
+        #expect(engine.notes.isEmpty)
         _ = engine.handle(try ScriptedServer.answer(.error(.general(.busy)), to: window[1].header))
         #expect(engine.window == 1)
+        #expect(engine.notes.count == 1)
+        #expect(engine.notes.first?.contains("one request in flight") == true)
         #expect(try server.drain(&engine).count == 1)
+        // Said once: a second refusal on a later connection adds nothing.
+        _ = engine.handle(.disconnected(.linkLost("test")))
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let again = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(.error(.general(.busy)), to: again[0].header))
+        #expect(engine.notes.count == 1)
     }
 
     @Test func aLinkLostWhileResettingIsTheReset() throws {

@@ -215,6 +215,14 @@ public struct SMPPeripheral: PeripheralModel {
         case .deliver:
             break
         }
+        if chunk != nil, let limit = server.config.busyAbove, held.count >= limit {
+            // Fewer buffers free than the device reported: the request is refused, not held.
+            reports.append(.note("\(frame.header) finds \(held.count) requests held: answered busy"))
+            let answer = (try? SMPResponse.error(.general(.busy)).frame(replyingTo: frame.header).encoded) ?? []
+            return SMPFraming.segments(answer, maxWrite: maxWrite).map {
+                PeripheralTimed(at: now + requestTime, .notify(SMPService.characteristicUUID, Array($0)))
+            }
+        }
         let before = server.upload
         let (response, resetRequested) = server.handle(frame)
         var work = requestTime

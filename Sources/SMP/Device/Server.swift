@@ -47,13 +47,18 @@ public struct SMPServer: Sendable {
         /// Answer every upload request with MGMT_ERR_EBUSY (another transport or a shell command
         /// holds the image manager).
         public var busy: Bool
+        /// Answer an upload request with MGMT_ERR_EBUSY when it finds this many requests or more
+        /// still held: a device whose buffer pool is shared with other users gives fewer buffers
+        /// than `bufferCount` says (the peripheral model counts them). Nil: never.
+        public var busyAbove: Int?
         /// Refuse the first upload request with this image group code (a device-specific
         /// refusal: a hook, a flash driver error, its own checks).
         public var uploadRefusal: ImageManagementError?
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
-                    refusesDowngrade: Bool = false, busy: Bool = false, uploadRefusal: ImageManagementError? = nil) {
+                    refusesDowngrade: Bool = false, busy: Bool = false, busyAbove: Int? = nil,
+                    uploadRefusal: ImageManagementError? = nil) {
             self.bufferSize = bufferSize
             self.bufferCount = bufferCount
             self.slotSize = slotSize
@@ -62,6 +67,7 @@ public struct SMPServer: Sendable {
             self.reportsParameters = reportsParameters
             self.refusesDowngrade = refusesDowngrade
             self.busy = busy
+            self.busyAbove = busyAbove
             self.uploadRefusal = uploadRefusal
         }
     }

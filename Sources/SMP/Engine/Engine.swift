@@ -93,8 +93,10 @@ public struct SMPEngine: TransferEngine {
     /// The frame size limit on this connection: the server's `buf_size` (or `maxFrame`), down to
     /// whole ATT writes.
     public private(set) var frameLimit = 0
-    /// Why the window is 1, when it is (said once per connection).
-    public private(set) var windowNote: String?
+    /// Said once per run (the session reports it): the server ran out of buffers and the upload
+    /// went on with one request in flight. A device with one buffer, or none reported, is
+    /// described by the profile's `device_info` instead.
+    public private(set) var notes: [String] = []
     /// Whether the server reported `match` for the finished upload (nil: it did not say).
     public private(set) var serverMatch: Bool?
 
@@ -111,6 +113,12 @@ public struct SMPEngine: TransferEngine {
     private var queueHead = 0
     private var retries = 0
     private var awaitingFirst = false
+    /// The server answered busy with one request in flight: the engine waits `busyBackoff`,
+    /// then asks again from the server's offset (the timeout path, counted as a retry).
+    private var waitingOutBusy = false
+    private var busyRefusal: SMPDeviceError?
+    /// How long to wait before asking a busy server again.
+    public var busyBackoff: Duration { min(config.replyTimeout, .seconds(1)) }
     /// Where the upload had been sent to when the link was lost, on a connection after the first.
     private var sentAtLoss: Int?
     /// The hash the image is marked with: the MCUboot hash, or for an image that is not an MCUboot
@@ -129,6 +137,7 @@ public struct SMPEngine: TransferEngine {
 
     public var currentTimeout: Duration {
         if case .imageErase? = command?.request { return max(config.replyTimeout, Self.firstRequestTimeout) }
+        if waitingOutBusy { return busyBackoff }
         if awaitingFirst { return max(config.replyTimeout, Self.firstRequestTimeout) }
         switch phase {
         case .verifying: return config.verifyTimeout
@@ -141,7 +150,7 @@ public struct SMPEngine: TransferEngine {
     /// chunk then went to it), where it stood for a resumed one.
     public var resumeOffset: Int { stats.resumedFrom.last ?? 0 }
 
-    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty }
+    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
     public var furthestAgreed: Int { acked }
 
@@ -205,6 +214,8 @@ public struct SMPEngine: TransferEngine {
         reassembler.reset()
         inFlight = [:]
         command = nil
+        waitingOutBusy = false
+        busyRefusal = nil
         queue = []
         queueHead = 0
         retries = 0
@@ -214,12 +225,10 @@ public struct SMPEngine: TransferEngine {
             frameLimit = Int(parameters.bufferSize)
             let count = max(1, Int(parameters.bufferCount))
             window = min(count, max(1, settings.maxWindow))
-            windowNote = count <= 1 ? "the device has one SMP buffer: one request in flight" : nil
         } else {
             // An older server that does not say: smpclient's fallback, one write per request.
             frameLimit = maxWrite
             window = 1
-            windowNote = "the device did not report its SMP buffers: one request in flight, one write each"
         }
         reassembler = SMPReassembler(maxFrameSize: SMPHeader.size + Int(UInt16.max))
         if let limit = settings.maxFrame { frameLimit = min(frameLimit, max(0, limit)) }
@@ -275,19 +284,29 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func uploadAnswered(_ response: SMPResponse, expected end: Int) -> [TransferAction] {
-        retries = 0
         let status: SMPUploadStatus
         switch response {
         case .upload(let s):
             status = s
-        case .error(let e):
-            if e.general == .busy || e.general == .noMemory, window > 1 {
+            retries = 0
+            busyRefusal = nil
+        case .error(let e) where e.general == .busy || e.general == .noMemory:
+            if window > 1 {
                 // The server ran out of buffers: go on with one request at a time.
+                let code = "\(e)".prefix { $0 != ":" }
+                if notes.isEmpty {
+                    notes.append("the device answered \(code) with \(window) requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower")
+                }
                 window = 1
-                windowNote = "the device ran out of SMP buffers (\(e)): one request in flight from here"
                 // The first request is asked again at once; a later one when the window refills.
                 return awaitingFirst ? sendChunk(at: 0) : rewind(to: acked)
             }
+            // Busy with one request at a time: wait, then ask again from the server's offset,
+            // as often as a command is retried.
+            busyRefusal = e
+            waitingOutBusy = true
+            return rewind(to: acked)
+        case .error(let e):
             return fail(refusal(e))
         default:
             return fail(OTAError(.protocolError, "the device answered an upload request with \(response)"))
@@ -470,7 +489,9 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
+        waitingOutBusy = false
         retries += 1
+        if let busy = busyRefusal, retries > config.commandRetries { return fail(refusal(busy)) }
         guard retries <= config.commandRetries else {
             let what = command.map { "\($0.request)" } ?? "the upload request at \(acked)"
             return fail(OTAError(.timeout, "the device did not answer \(what) within \(currentTimeout.seconds) s, \(retries) times",
@@ -545,7 +566,7 @@ public struct SMPEngine: TransferEngine {
             queue.removeAll(keepingCapacity: true)
             queueHead = 0
             // Refill: another upload request while the window has room.
-            guard phase == .streaming, command == nil, inFlight.count < window, sent < image.size else { return .idle }
+            guard phase == .streaming, command == nil, !waitingOutBusy, inFlight.count < window, sent < image.size else { return .idle }
             _ = sendChunk(at: sent)
             if phase == .failed { return .idle }
         }
