@@ -302,7 +302,7 @@ struct MCUbootImageTests {
             #expect(fits)
         } catch {
             #expect(!fits)
-            #expect(error.code == .tooLarge)
+            #expect(error.code == .overSlot)
             #expect(error.description.contains("is 899 bytes but the slot holds \(slotSize)"), "\(error)")
             #expect(error.otaError.code == .imageTooLarge)
         }

@@ -276,41 +276,18 @@ public struct DFUPackage: Sendable {
 }
 
 /// A package that cannot be used: why, and the file and step to take in one line.
-public struct DFUPackageError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// Why, as an open set.
-    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
-        public let rawValue: String
-        public init(rawValue: String) { self.rawValue = rawValue }
+public typealias DFUPackageError = ImageFileError
 
-        public static let unreadable = Code(rawValue: "unreadable")
-        public static let tooLarge = Code(rawValue: "too-large")
-        public static let corruptArchive = Code(rawValue: "corrupt-archive")
-        public static let badManifest = Code(rawValue: "bad-manifest")
-        public static let missingFile = Code(rawValue: "missing-file")
-        public static let legacyFormat = Code(rawValue: "legacy-format")
-        public static let badInitPacket = Code(rawValue: "bad-init-packet")
-        public static let typeMismatch = Code(rawValue: "type-mismatch")
-        public static let sizeMismatch = Code(rawValue: "size-mismatch")
-        public static let hashMismatch = Code(rawValue: "hash-mismatch")
-        /// The package does not fit the device's stated hardware or SoftDevice (exit code 7).
-        public static let incompatible = Code(rawValue: "incompatible")
-
-        public var description: String { rawValue }
-    }
-
-    public let code: Code
-    public let path: String
-    public let reason: String
-
-    public init(_ code: Code, _ path: String, _ reason: String) {
-        self.code = code
-        self.path = path
-        self.reason = reason
-    }
-
-    public var description: String { "\(path): \(reason)" }
-
-    /// The failure the session reports: the image-file class (exit code 3), or the
-    /// incompatible-device class (exit code 7) for a package the stated device would refuse.
-    public var otaError: OTAError { OTAError(code == .incompatible ? .incompatibleDevice : .image, description, cause: self) }
+extension ImageFileError.Code {
+    /// The package file, or a file in it, is over its size limit.
+    public static let tooLarge = Self("too-large")
+    public static let corruptArchive = Self("corrupt-archive")
+    public static let badManifest = Self("bad-manifest")
+    public static let missingFile = Self("missing-file")
+    public static let legacyFormat = Self("legacy-format")
+    public static let badInitPacket = Self("bad-init-packet")
+    public static let typeMismatch = Self("type-mismatch")
+    public static let sizeMismatch = Self("size-mismatch")
+    /// The package does not fit the device's stated hardware or SoftDevice (exit code 7).
+    public static let incompatible = Self("incompatible", failure: .incompatibleDevice)
 }

@@ -129,10 +129,10 @@ public struct MCUbootImage: Sendable {
     /// MCUboot also keeps a trailer at the slot's end (its size depends on the device's flash
     /// alignment and sector count); a device that lacks room for it refuses the upload itself.
     ///
-    /// - Throws: `MCUbootImageError` `.tooLarge` (`OTAError.Code.imageTooLarge`).
+    /// - Throws: `MCUbootImageError` `.overSlot` (`OTAError.Code.imageTooLarge`).
     public func check(slotSize: Int) throws(MCUbootImageError) {
         guard bytes.count <= slotSize else {
-            throw MCUbootImageError(.tooLarge, source, "is \(bytes.count) bytes but the slot holds \(slotSize) (0x\(String(slotSize, radix: 16))); build a smaller image, or check the slot size")
+            throw MCUbootImageError(.overSlot, source, "is \(bytes.count) bytes but the slot holds \(slotSize) (0x\(String(slotSize, radix: 16))); build a smaller image, or check the slot size")
         }
     }
 }
@@ -145,49 +145,23 @@ extension MCUbootImage {
 }
 
 /// A file that is not a usable MCUboot image: why, and what to do, in one line.
-public struct MCUbootImageError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// Why, as an open set.
-    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
-        public let rawValue: String
-        public init(rawValue: String) { self.rawValue = rawValue }
+public typealias MCUbootImageError = ImageFileError
 
-        /// The file cannot be read, or is another kind of file (ELF, zip…).
-        public static let unreadable = Code(rawValue: "unreadable")
-        /// The first word is not the MCUboot magic.
-        public static let notMCUboot = Code(rawValue: "not-mcuboot")
-        /// The header's fields are impossible (a header size under 32 bytes).
-        public static let badHeader = Code(rawValue: "bad-header")
-        /// The header announces more bytes than the file has.
-        public static let truncated = Code(rawValue: "truncated")
-        /// A TLV area is missing, overruns the file, or does not walk to its announced end.
-        public static let badTLVArea = Code(rawValue: "bad-tlv-area")
-        /// No hash TLV.
-        public static let noHash = Code(rawValue: "no-hash")
-        /// The hash TLV does not match the hashed region.
-        public static let hashMismatch = Code(rawValue: "hash-mismatch")
-        public static let encrypted = Code(rawValue: "encrypted")
-        public static let nonBootable = Code(rawValue: "non-bootable")
-        /// Larger than the device's slot (`OTAError.Code.imageTooLarge`).
-        public static let tooLarge = Code(rawValue: "too-large")
-        /// The signature or key hash does not match the given key, or the key is unusable.
-        public static let badSignature = Code(rawValue: "bad-signature")
-
-        public var description: String { rawValue }
-    }
-
-    public let code: Code
-    public let path: String
-    public let reason: String
-
-    public init(_ code: Code, _ path: String, _ reason: String) {
-        self.code = code
-        self.path = path
-        self.reason = reason
-    }
-
-    public var description: String { "\(path): \(reason)" }
-
-    /// The failure the session reports: `.imageTooLarge` (exit code 4) for an image larger than
-    /// the slot, `.image` (exit code 3) for everything else.
-    public var otaError: OTAError { OTAError(code == .tooLarge ? .imageTooLarge : .image, description, cause: self) }
+extension ImageFileError.Code {
+    /// The first word is not the MCUboot magic.
+    public static let notMCUboot = Self("not-mcuboot")
+    /// The header's fields are impossible (a header size under 32 bytes).
+    public static let badHeader = Self("bad-header")
+    /// The header announces more bytes than the file has.
+    public static let truncated = Self("truncated")
+    /// A TLV area is missing, overruns the file, or does not walk to its announced end.
+    public static let badTLVArea = Self("bad-tlv-area")
+    /// No hash TLV.
+    public static let noHash = Self("no-hash")
+    public static let encrypted = Self("encrypted")
+    public static let nonBootable = Self("non-bootable")
+    /// Larger than the device's slot (`OTAError.Code.imageTooLarge`, exit code 4).
+    public static let overSlot = Self("over-slot", failure: .imageTooLarge)
+    /// The signature or key hash does not match the given key, or the key is unusable.
+    public static let badSignature = Self("bad-signature")
 }
