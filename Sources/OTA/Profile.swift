@@ -132,6 +132,9 @@ public protocol TransferEngine: Sendable {
     /// request in flight), oldest first; the session reports each once, as a `notice` event.
     var notes: [String] { get }
 
+    /// The session's clock, before each event it hands over (an engine that times the link uses
+    /// it; the others ignore it).
+    mutating func observe(time: Duration)
     /// Takes a confirmed position from the journal: only a shortcut for later CRC checks.
     mutating func seed(confirmedOffset: Int, crc: UInt32)
     mutating func handle(_ event: TransferEvent<Peer>) -> [TransferAction]
@@ -234,6 +237,7 @@ public protocol OTAProfile: Sendable {
 extension TransferEngine {
     public var resumeOffset: Int { sent }
     public var notes: [String] { [] }
+    public mutating func observe(time: Duration) {}
 }
 
 extension OTAProfile {

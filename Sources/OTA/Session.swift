@@ -458,6 +458,7 @@ public actor OTASession {
                 }
                 if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
                 if let event = connection.pollEvent(), let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
+                    engine.observe(time: clock.now)
                     actions = engine.handle(mapped)
                     if !actions.isEmpty { return true }
                     // A device that keeps answering with rewinds never lets the stream idle.
@@ -510,6 +511,7 @@ public actor OTASession {
                 continue
             }
             if let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
+                engine.observe(time: clock.now)
                 actions = engine.handle(mapped)
                 // An answer that asks the engine to wait (a busy SMP server) may shorten the wait.
                 if actions.isEmpty { deadline = min(deadline, clock.now + engine.currentTimeout) }

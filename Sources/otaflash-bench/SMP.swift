@@ -15,11 +15,18 @@ struct SMPStrategy {
     var window: Int
     /// Frames of at most one ATT write (no reassembly on the server needed).
     var oneWritePerFrame: Bool
+    /// Frames of the whole buffer, as smpclient sends them; neither: the engine picks (its probe).
+    var wholeBuffer = false
+
+    /// The frame size the strategy fixes; nil: otaflash's own choice.
+    func frame(buffer: Int, mtu: Int) -> Int? {
+        oneWritePerFrame ? ATTWriteLimit.value(mtu: mtu) : wholeBuffer ? buffer : nil
+    }
 }
 
 let smpStrategies = [
     SMPStrategy(key: "otaflash", title: "otaflash", window: SMPEngine.defaultMaxWindow, oneWritePerFrame: false),
-    SMPStrategy(key: "smpclient", title: "smpclient", window: 1, oneWritePerFrame: false),
+    SMPStrategy(key: "smpclient", title: "smpclient", window: 1, oneWritePerFrame: false, wholeBuffer: true),
     SMPStrategy(key: "window3", title: "3/no-reasm", window: 3, oneWritePerFrame: true),
 ]
 
@@ -34,7 +41,7 @@ func smpGoodput(_ link: LinkModel, file: [UInt8], mcuboot: MCUbootImage, buffer:
     let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link), model: model)
     let central = SimulatedCentral(devices: [d])
     let settings = SMPUploadSettings(fileSHA256: mcuboot.sha256, imageHash: mcuboot.imageHash, reset: false, maxWindow: strategy.window,
-                                     maxFrame: strategy.oneWritePerFrame ? ATTWriteLimit.value(mtu: link.mtu) : nil)
+                                     maxFrame: strategy.frame(buffer: buffer.size, mtu: link.mtu))
     let session = OTASession(central: central, address: d.config.address, image: FirmwareImage(bytes: file),
                              profile: SMPProfile(settings: settings))
     let result: OTAResult
@@ -179,7 +186,7 @@ func smpBench(imageSize: Int) async throws -> (rows: [[String: Any]], summary: [
     let mcuboot = try MCUbootImage(bytes: file, source: "bench image")
     let buffers: [(size: Int, count: Int)] = [(384, 4), (2475, 4)]
     print("MCUmgr SMP link efficiency: goodput / model capacity, \(file.count / 1024) KiB MCUboot image, virtual time")
-    print("otaflash: window = buf_count, frames of whole writes up to buf_size; smpclient: one buf_size request in flight; 3/no-reasm: 3 in flight, each one ATT write")
+    print("otaflash: window = buf_count, frame size probed on the link (whole writes, the buffer, LL-aligned); smpclient: one buf_size request in flight; 3/no-reasm: 3 in flight, each one ATT write")
     print("buffers   MTU  PHY interval  capacity kB/s  bound   otaflash  smpclient  3/no-reasm  otaflash÷bound  otaflash÷best ref")
     var rows: [[String: Any]] = []
     var minVsBound = Double.infinity

@@ -152,6 +152,30 @@ struct SMPDeviceSessionTests {
         #expect(elapsed < SMPEngine.firstRequestTimeout * retries + .seconds(30))
     }
 
+    /// On a link where whole writes are not the fastest frames (2475-byte buffers, MTU 517, 2M,
+    /// 7.5 ms), the probe finds a faster frame size: the same upload takes less (virtual) time
+    /// than with frames of whole writes, the file lands intact and nothing goes twice.
+    @Test func theFrameProbeBeatsWholeWritesWhereTheyAreNotTheFastest() async throws {
+        let image = SMPSlotImage.build(major: 1, minor: 4, revision: 2, body: (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) })
+        let link = LinkModel(mtu: 517, phy: .le2M, connectionInterval: .microseconds(7500))
+        var seconds: [Bool: Double] = [:]
+        for probe in [false, true] {
+            let config = SimulatedDeviceConfig(link: link)
+            let device = SimulatedDevice(config, model: SMPPeripheral(server: SMPServer(config: SMPServer.Config(bufferSize: 2475, bufferCount: 4))))
+            let central = SimulatedCentral(devices: [device], clock: VirtualClock())
+            let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: image)), imageHash: SMPSlotImage(image).hash,
+                                             reset: false, probeFrames: probe)
+            let session = OTASession(central: central, address: device.config.address, image: FirmwareImage(bytes: image),
+                                     profile: SMPProfile(settings: settings))
+            let result = try await session.run()
+            #expect(result.stats.bytesResent == 0)
+            #expect(device.model(as: SMPPeripheral.self)?.server.secondaryBytes == image)
+            seconds[probe] = result.transferSeconds
+        }
+        let probed = try #require(seconds[true]), whole = try #require(seconds[false])
+        #expect(probed < whole * 0.97, "probe \(probed) s, whole writes \(whole) s")
+    }
+
     /// The engine keeps the device's buffer count of requests in flight: every buffer is used,
     /// none overflows (a dropped request would cost a timeout).
     @Test(arguments: [(384, 4), (2475, 4), (2475, 2)])

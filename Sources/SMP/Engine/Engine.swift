@@ -34,13 +34,17 @@ public struct SMPUploadSettings: Sendable, Hashable {
     public var reset: Bool
     /// The most requests kept in flight, whatever the device's buffer count allows.
     public var maxWindow: Int
-    /// The largest request frame (header and CBOR), whatever the device's buffer takes; nil: the
-    /// buffer's size. `ATTWriteLimit.value(mtu:)` sends each request in one write, as a client
-    /// that cannot rely on the server's reassembly does.
+    /// The request frame (header and CBOR) at most, exactly as given when the buffer takes it
+    /// (no probe, no rounding to whole writes); nil: the engine picks it. `ATTWriteLimit.value(mtu:)`
+    /// sends each request in one write, as a client that cannot rely on the server's reassembly does.
     public var maxFrame: Int?
+    /// Pick the frame size on the link (`SMPFrameProbe`) when `maxFrame` is nil; false: frames of
+    /// the most whole writes the buffer holds.
+    public var probeFrames: Bool
 
     public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
-                maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil) {
+                maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil, probeFrames: Bool = true) {
+        self.probeFrames = probeFrames
         self.imageNumber = imageNumber
         self.fileSHA256 = fileSHA256
         self.imageHash = imageHash
@@ -117,6 +121,11 @@ public struct SMPEngine: TransferEngine {
     /// then asks again from the server's offset (the timeout path, counted as a retry).
     private var waitingOutBusy = false
     private var busyRefusal: SMPDeviceError?
+    /// The frame size for the upload's requests after the first, picked on the link.
+    private var probe: SMPFrameProbe?
+    private var probeWrite = 0
+    /// The session's clock at the last event (the probe times answers with it).
+    private var now = Duration.zero
     /// How long to wait before asking a busy server again.
     public var busyBackoff: Duration { min(config.replyTimeout, .seconds(1)) }
     /// Where the upload had been sent to when the link was lost, on a connection after the first.
@@ -152,6 +161,10 @@ public struct SMPEngine: TransferEngine {
 
     public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
+    /// The frame size the probe settled on (nil while it runs, or without one).
+    public var probedFrame: Int? { probe?.chosen }
+
+    public mutating func observe(time: Duration) { now = time }
     public var furthestAgreed: Int { acked }
 
     public mutating func seed(confirmedOffset: Int, crc: UInt32) {
@@ -189,6 +202,7 @@ public struct SMPEngine: TransferEngine {
             return timedOut()
         case .disconnected(let reason):
             guard phase != .done, phase != .failed, phase != .idle else { return [] }
+            probe?.decide()
             inFlight = [:]
             queue = []
             queueHead = 0
@@ -235,11 +249,26 @@ public struct SMPEngine: TransferEngine {
         // Frames of whole writes: a frame's short last write costs a link-layer packet for little
         // data (384-byte buffers at MTU 185: 182 + 182 + 20), so a frame keeps to the most whole
         // writes its buffer holds (364 bytes there).
-        if frameLimit > maxWrite { frameLimit -= frameLimit % maxWrite }
+        if settings.maxFrame == nil, frameLimit > maxWrite { frameLimit -= frameLimit % maxWrite }
         chunkSize = Self.firstRequest(settings: settings, size: image.size, data: []).maxDataSize(frameLimit: frameLimit)
         guard chunkSize > 0, SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: frameLimit) > 0 else {
             return fail(OTAError(.incompatibleDevice, "the device's SMP buffer (\(frameLimit) bytes) cannot hold an upload request",
                                  hint: "raise CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE on the device"))
+        }
+        if settings.maxFrame == nil, settings.probeFrames, let parameters = link.parameters {
+            // A frame picked on an earlier connection of the same MTU stays; otherwise probe.
+            let candidates = SMPFrameProbe.candidates(bufferSize: Int(parameters.bufferSize), maxWrite: maxWrite)
+            if let chosen = probe?.chosen, probeWrite == maxWrite, candidates.contains(chosen) {
+                probe = SMPFrameProbe(deciding: chosen)
+            } else {
+                let image = image
+                probe = SMPFrameProbe(candidates: candidates, window: window, remaining: image.size - acked) {
+                    SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: $0)
+                }
+            }
+            probeWrite = maxWrite
+        } else {
+            probe = nil
         }
         if phase == .verifying || phase == .activating || acked == image.size, acked > 0 {
             return verify()
@@ -367,6 +396,7 @@ public struct SMPEngine: TransferEngine {
         }
         acked = max(acked, offset)
         stats.checkpoints += 1
+        probe?.answered(end: offset, at: now)
         return []
     }
 
@@ -392,6 +422,7 @@ public struct SMPEngine: TransferEngine {
 
     /// Forgets what is in flight and streams again from the server's `offset`.
     private mutating func rewind(to offset: Int) -> [TransferAction] {
+        probe?.decide()
         inFlight = [:]
         queue = []
         queueHead = 0
@@ -544,7 +575,9 @@ public struct SMPEngine: TransferEngine {
         var upload = offset == 0
             ? Self.firstRequest(settings: settings, size: image.size, data: [])
             : SMPImageUpload(offset: UInt64(offset), data: [])
-        let count = min(upload.maxDataSize(frameLimit: frameLimit), image.size - offset)
+        // The first request keeps to whole writes; the probe sizes the others.
+        let probed = offset > 0 && !awaitingFirst ? probe?.nextFrame : nil
+        let count = min(upload.maxDataSize(frameLimit: probed ?? frameLimit), image.size - offset)
         upload.data = Array(image.bytes[offset..<(offset + count)])
         let frame: SMPFrame
         do {
@@ -554,6 +587,7 @@ public struct SMPEngine: TransferEngine {
         }
         for segment in SMPFraming.segments(frame.encoded, maxWrite: maxWrite) { queue.append(Array(segment)) }
         inFlight[seq] = offset + count
+        if probed != nil { probe?.sent(end: offset + count) }
         sent = offset + count
         highWater = max(highWater, sent)
         stats.bytesSent += count
