@@ -422,8 +422,8 @@ public actor OTAPeripheral {
                 events(.note("injected fault: \(reason)"))
                 // Writes that follow on this link are lost with it.
                 if let central = request.device { dropping.insert(central) }
-            case .reboot(let until, let reason):
-                events(.note("injected fault: \(reason); away for \(until - clock.now)"))
+            case .reboot(let until, let reason, let injected):
+                events(.note("\(injected ? "injected fault: " : "")\(reason); away for \(until - clock.now)"))
                 lastProgress = 0
             case .notify, .wake:
                 break
@@ -479,7 +479,7 @@ public actor OTAPeripheral {
             schedule(model.wake(token, at: clock.now), central: central)
         case .dropLink(let reason):
             await dropLink(central, reason: reason)
-        case .reboot(_, let reason):
+        case .reboot(_, let reason, _):
             // The advertisement stays registered while away (withdrawing and registering it again
             // on BlueZ 5.66 left it unseen by later scans from other controllers); a central that
             // connects meanwhile is refused. Every link is dropped; with none known, the adapter

@@ -155,7 +155,7 @@ public struct DeviceModel: Sendable {
                 outputs.append(Timed(at: ready + bound, .wake(nextToken)))
             }
             if activated {
-                outputs.append(rebootOutput(at: ready + timing.bootDelay, reason: "the device boots the new image"))
+                outputs.append(rebootOutput(at: ready + timing.bootDelay, reason: "the device boots the new image", injected: false))
             }
             return CommandResult(reply: .success(at: ready), outputs: outputs, response: response,
                                  notificationLost: !response.isEmpty && !notify, activated: activated)
@@ -182,9 +182,9 @@ public struct DeviceModel: Sendable {
         device.target.cancelDeferredCheckpoint()
     }
 
-    private mutating func rebootOutput(at time: Duration, reason: String) -> Timed {
+    private mutating func rebootOutput(at time: Duration, reason: String, injected: Bool = true) -> Timed {
         let until = time + device.faults.rebootDuration
         away = time..<until
-        return Timed(at: time, .reboot(until: until, reason: reason))
+        return Timed(at: time, .reboot(until: until, reason: reason, injected: injected))
     }
 }

@@ -30,7 +30,8 @@ public enum PeripheralOutput: Sendable, Hashable {
     /// Drop the link to the central that wrote (an injected disconnect).
     case dropLink(reason: String)
     /// Drop every link and stay away until `until`: not advertising, refusing connections.
-    case reboot(until: Duration, reason: String)
+    /// `injected`: a fault, not a reset the central asked for (an activation, an SMP reset).
+    case reboot(until: Duration, reason: String, injected: Bool = true)
     /// Call `wake(_:at:)` with this token then.
     case wake(UInt64)
 }

@@ -457,7 +457,7 @@ struct Link {
                 }
             case .dropLink(let reason):
                 drop(at: timed.at, reason: .linkLost(reason), noticeAfter: model.supervisionTimeout, device: device)
-            case .reboot(_, let reason):
+            case .reboot(_, let reason, _):
                 if timed.at <= t || !model.timed {
                     drop(at: max(t, timed.at), reason: .linkLost(reason), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: device)
                 } else {

@@ -59,6 +59,11 @@ extension ProcessBusSuites.PeripheralTests {
             #expect(ad["ServiceUUIDs"]?.strings == [SMPService.serviceUUID.description])
             #expect(ad["LocalName"]?.string == "otaflash-smp")
 
+            // A reset the central asks for is said as such, not as an injected fault.
+            #expect(try await call(.reset(force: false)) == .empty)
+            #expect(output.stdout.contains("the device resets (SMP reset request)"), "\(output.stdout)")
+            #expect(!output.stdout.contains("injected fault"), "\(output.stdout)")
+
             // bluetoothd leaving the bus ends the command with its code.
             await fake.connection.close()
             #expect(await run.value == ExitCode.bluetoothUnavailable.rawValue)

@@ -262,7 +262,7 @@ struct SMPPeripheralTests {
         var model = SMPPeripheral(server: server, resetDelay: .milliseconds(30), bootDuration: .milliseconds(200))
         let outputs = try Self.send(.reset(), seq: 3, to: &model, at: .seconds(1))
         #expect(try Self.answers(outputs) == [.empty])
-        #expect(outputs.last == PeripheralTimed(at: .milliseconds(1030), .reboot(until: .milliseconds(1230), reason: "the device resets (SMP reset request)")))
+        #expect(outputs.last == PeripheralTimed(at: .milliseconds(1030), .reboot(until: .milliseconds(1230), reason: "the device resets (SMP reset request)", injected: false)))
         #expect(model.availableAt == .milliseconds(1230))
         #expect(model.server.primary == new && !model.server.confirmed)
         #expect(model.activations.map(\.version) == ["2.1.7.3"])

@@ -556,7 +556,7 @@ struct DeviceModelTests {
         #expect(activate.activated)
         #expect(activate.outputs == [
             .init(at: ready, .notify(OTAProtocol.controlPointUUID, ControlResponse(opcode: .activate, status: .success).encoded)),
-            .init(at: ready + .milliseconds(30), .reboot(until: ready + .milliseconds(530), reason: "the device boots the new image")),
+            .init(at: ready + .milliseconds(30), .reboot(until: ready + .milliseconds(530), reason: "the device boots the new image", injected: false)),
         ])
         // Connectable until the reboot, refused during it, back after it.
         #expect(!model.refusesConnection(at: ready + .milliseconds(29), after: 1))

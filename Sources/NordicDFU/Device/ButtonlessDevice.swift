@@ -104,7 +104,7 @@ public struct NordicButtonlessDevice: PeripheralModel {
                 mode = .bootloader
                 awayUntil = bootloaderNeverAppears ? Self.never : now + resetDuration
                 outputs.append(PeripheralTimed(at: now + .milliseconds(5),
-                                               .reboot(until: awayUntil, reason: "the application resets into its bootloader")))
+                                               .reboot(until: awayUntil, reason: "the application resets into its bootloader", injected: false)))
             }
             return PeripheralWriteResult(reply: .success(at: now), outputs: outputs)
         }

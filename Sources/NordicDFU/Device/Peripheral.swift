@@ -135,7 +135,7 @@ public struct NordicDFUPeripheral: PeripheralModel {
             }
             let resetAt = ready + resetDelay
             awayUntil = resetAt + resetDuration
-            outputs.append(PeripheralTimed(at: resetAt, .reboot(until: awayUntil, reason: "the bootloader activates the validated image")))
+            outputs.append(PeripheralTimed(at: resetAt, .reboot(until: awayUntil, reason: "the bootloader activates the validated image", injected: false)))
         }
         return (outputs, notified)
     }

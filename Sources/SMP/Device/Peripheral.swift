@@ -247,7 +247,7 @@ public struct SMPPeripheral: PeripheralModel {
             }
         }
         if resetRequested {
-            outputs += reboot(at: done + resetDelay, reason: "the device resets (SMP reset request)", reports: &reports)
+            outputs += reboot(at: done + resetDelay, reason: "the device resets (SMP reset request)", injected: false, reports: &reports)
         } else if let offset, let chunk, injector.rebootsAfterPacket(at: offset, count: chunk.data.count) {
             outputs += reboot(at: done, reason: "device rebooted at offset \(offset)", reports: &reports)
         }
@@ -255,7 +255,7 @@ public struct SMPPeripheral: PeripheralModel {
     }
 
     /// The device goes away at `at`, MCUboot runs, and it is back `bootDuration` later.
-    private mutating func reboot(at: Duration, reason: String, reports: inout [PeripheralReport]) -> [PeripheralTimed] {
+    private mutating func reboot(at: Duration, reason: String, injected: Bool = true, reports: inout [PeripheralReport]) -> [PeripheralTimed] {
         switch server.boot() {
         case .swapped(let permanent):
             activations.append((server.primary.bytes, server.primary.versionText))
@@ -271,7 +271,7 @@ public struct SMPPeripheral: PeripheralModel {
         held = []
         awayUntil = at + bootDuration
         busyUntil = awayUntil
-        return [PeripheralTimed(at: at, .reboot(until: awayUntil, reason: reason))]
+        return [PeripheralTimed(at: at, .reboot(until: awayUntil, reason: reason, injected: injected))]
     }
 
     /// A transfer began or resumed, its progress, the file verified.
