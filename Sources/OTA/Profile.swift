@@ -195,6 +195,9 @@ public protocol OTAProfile: Sendable {
     var serviceUUID: BluetoothUUID { get }
     /// The image formats this protocol sends (`--protocol auto` picks from them).
     var imageFormats: Set<ImageFormat.Kind> { get }
+    /// What to do with an image of another format when this protocol is asked for by name (nil:
+    /// the general advice).
+    var otherFormatHint: String? { get }
     /// How the device checks the whole image before it may activate it, for the line that says
     /// so: "computes the CRC32 of the whole image".
     var imageCheck: String { get }
@@ -242,6 +245,7 @@ extension TransferEngine {
 
 extension OTAProfile {
     public var imageCheck: String { "checks the whole image" }
+    public var otherFormatHint: String? { nil }
     public var reportsFirmwareVersion: Bool { true }
     public var readsBackAfterActivation: Bool { false }
     /// A device of this protocol is always ready as it is.

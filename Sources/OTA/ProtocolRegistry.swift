@@ -52,7 +52,7 @@ public struct ProtocolRegistry: Sendable {
             }
             if let format, !profile.imageFormats.contains(format) {
                 throw OTAError(.image, "the \(name) protocol does not send \(format) images; it sends \(Self.list(profile.imageFormats))",
-                               hint: "use --protocol auto, or give an image of a kind \(name) sends")
+                               hint: profile.otherFormatHint ?? "use --protocol auto, or give an image of a kind \(name) sends")
             }
             return Resolution(profile: profile, reason: "using \(name): asked for with --protocol")
         }

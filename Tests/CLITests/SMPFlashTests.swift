@@ -85,6 +85,10 @@ struct SMPFlashTests {
         (["--smp-any-image", "seeded-4k.bin"], 2, "--smp-any-image sends a file over SMP as it is: it needs --protocol smp"),
         (["--smp-window", "0", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--smp-window"),
         (["--sim-smp-buf-size", "10", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--sim-smp-buf-size"),
+        // A raw binary (or an MCUboot image whose magic is damaged) with --protocol smp: what an
+        // MCUboot image is, and the two ways on.
+        (["--protocol", "smp", "seeded-4k.bin"], 3, "starts with the magic 0x96f3b83d: sign the binary with `imgtool sign`"),
+        (["--protocol", "smp", "seeded-4k.bin"], 3, "add --smp-any-image to upload it as it is"),
     ])
     func badSMPOptionsAreUsageErrors(arguments: [String], status: Int32, says: String) async {
         let run = await otaflash(simulator + arguments.dropLast() + [samplePath(arguments.last!)])

@@ -27,6 +27,9 @@ public struct SMPProfile: OTAProfile {
     public var name: String { Self.name }
     public var serviceUUID: BluetoothUUID { SMPService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.mcuboot] }
+    public var otherFormatHint: String? {
+        "an MCUboot image starts with the magic 0x96f3b83d: sign the binary with `imgtool sign` (a damaged file: build it again), or add --smp-any-image to upload it as it is"
+    }
     public var imageCheck: String { "reports the MCUboot hash of the slot it wrote, compared with the image's" }
     /// MCUboot swaps the image in at the reset (or reverts it): the run says what came up.
     public var readsBackAfterActivation: Bool { true }
