@@ -29,6 +29,9 @@ let package = Package(
         .target(name: "GATT"),
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
         .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
+        // The device side of protocol version 2 in portable C99 for microcontrollers (docs/PORTING.md),
+        // with a NOR flash model for host tests and the fuzzer.
+        .target(name: "COTADevice"),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.
@@ -66,6 +69,8 @@ let package = Package(
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
+        // The C device library and OTATarget held to the same scenarios.
+        .testTarget(name: "DeviceConformanceTests", dependencies: ["COTADevice", "OTADevice", "OTAWire"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),

@@ -266,17 +266,18 @@ size_t otafd_data(otafd_device *d, const uint8_t *in, size_t len, uint32_t centr
     return answer_held(d, now_ms, out);
 }
 
+/* A BEGIN (15 bytes) that names the pending image without *restart*: it resumes. */
+static int resumes_pending(const otafd_device *d, const uint8_t *in) {
+    return d->rec.state != OTAFD_IDLE && !(in[14] & 1u) && d->rec.image_size == get32(in + 2) &&
+           d->rec.image_crc == get32(in + 6) && d->rec.image_version == get32(in + 10);
+}
+
 static size_t handle_begin(otafd_device *d, const uint8_t *in, uint32_t central, uint8_t *out) {
     uint32_t size = get32(in + 2), crc = get32(in + 6), version = get32(in + 10);
-    int restart = in[14] & 1u;
     if (in[1] != OTAFD_PROTOCOL_VERSION) return reply(out, OP_BEGIN, OTAFD_UNSUPPORTED_PROTOCOL);
     if (size == 0) return reply(out, OP_BEGIN, OTAFD_INVALID_IMAGE);
     if (size > d->cfg.flash.slot_size) return reply(out, OP_BEGIN, OTAFD_IMAGE_TOO_LARGE);
-    int pending = d->rec.state != OTAFD_IDLE;
-    int same = pending && !restart && d->rec.image_size == size && d->rec.image_crc == crc && d->rec.image_version == version;
-    /* "One transfer at a time": the pending image may be resumed by anyone, nothing else. */
-    if (pending && !same && d->owner != 0 && central != 0 && central != d->owner) return reply(out, OP_BEGIN, OTAFD_BUSY);
-    if (same) {
+    if (resumes_pending(d, in)) {
         if (d->rec.state == OTAFD_VERIFIED) {
             d->rec.state = OTAFD_RECEIVING;  /* verified again before it may be activated */
             if (save(d) != 0) return reply(out, OP_BEGIN, OTAFD_FLASH_ERROR);
@@ -388,8 +389,10 @@ size_t otafd_control(otafd_device *d, const uint8_t *in, size_t len, uint32_t ce
     /* Malformed writes are answered first, whoever wrote ("Commands"). */
     if (op < OP_BEGIN || op > OP_ABORT) return reply(out, op, OTAFD_UNKNOWN_OPCODE);
     if (len != lengths[op]) return reply(out, op, OTAFD_INVALID_LENGTH);
-    if (op != OP_STATUS && op != OP_BEGIN && d->rec.state != OTAFD_IDLE && d->owner != 0 && central != 0 &&
-        central != d->owner)
+    /* "One transfer at a time": another central may read STATUS and resume the pending image
+       (it may be the owner under a new address), nothing else. */
+    if (op != OP_STATUS && !(op == OP_BEGIN && resumes_pending(d, in)) && d->rec.state != OTAFD_IDLE &&
+        d->owner != 0 && central != 0 && central != d->owner)
         return reply(out, op, OTAFD_BUSY);
     d->held = 0;  /* a new command replaces a held CHECKPOINT, which is never answered */
     switch (op) {
