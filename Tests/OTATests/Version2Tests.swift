@@ -26,25 +26,26 @@ struct Version2Tests {
         #expect(begin.protocolVersion == 2)
     }
 
-    /// Every checkpoint but the last is a multiple of the interval rounded up to the erase unit,
-    /// packets are cut there, and every byte is sent once.
+    /// Every checkpoint but the last is the first packet edge at or past a multiple of the interval
+    /// rounded up to the erase unit (so the device commits that multiple), packets stay full, and
+    /// every byte is sent once.
     @Test(arguments: [(16 * 1024, 4096, 247), (10_000, 4096, 185), (4096, 8192, 23), (1024, 4096, 517)])
-    func checkpointsFallOnEraseUnitBoundaries(interval: Int, unit: Int, mtu: Int) {
+    func checkpointsCommitEraseUnitBoundaries(interval: Int, unit: Int, mtu: Int) {
         let image = testImage(100_000, seed: UInt64(interval))
+        let chunk = OTAProtocol.chunkSize(mtu: mtu)
         var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: interval))
         var actions = engine.handle(.connected(info: Self.info(unit: UInt32(unit)), mtu: mtu))
         #expect(actions.count == 1)
         actions = engine.handle(Device.begin(offset: 0, crc: 0))
         #expect(actions.isEmpty)
-        let stride = (max(interval, OTAProtocol.chunkSize(mtu: mtu)) + unit - 1) / unit * unit
+        let step = (max(interval, chunk) + unit - 1) / unit * unit
         var checkpoints: [Int] = []
         var next = 0
         for _ in 0..<10_000 {
-            let steps = engine.streamUntilIdle()
-            for step in steps {
-                if let d = step.data {
+            for s in engine.streamUntilIdle() {
+                if let d = s.data {
                     #expect(d.offset == next)
-                    #expect(d.offset / stride == (d.offset + d.count - 1) / stride, "packet \(d.offset)+\(d.count) crosses a boundary")
+                    #expect(d.count == min(chunk, image.size - d.offset), "packet \(d.offset)+\(d.count) is not full")
                     next += d.count
                 }
             }
@@ -55,8 +56,10 @@ struct Version2Tests {
         }
         #expect(next == image.size)
         #expect(checkpoints.last == image.size)
-        #expect(checkpoints.dropLast().allSatisfy { $0 % stride == 0 && $0 > 0 }, "\(checkpoints)")
-        #expect(checkpoints.count == (image.size + stride - 1) / stride)
+        let commits = checkpoints.dropLast().map { $0 / step * step }
+        #expect(commits == Array(stride(from: step, through: commits.last ?? 0, by: step)), "\(checkpoints)")
+        #expect(checkpoints.dropLast().allSatisfy { $0 % step < chunk }, "\(checkpoints)")
+        #expect(commits.count == (image.size - 1) / step)
     }
 
     @Test func checkpointTimeoutCoversAWindowOfErases() {

@@ -517,12 +517,14 @@ public struct OTAEngine: Sendable {
         return emitData(count: next)
     }
 
-    /// Streaming to a version 2 device: checkpoints fall on multiples of the stride (a multiple of
-    /// the erase unit), and a packet that would cross the next one is cut there, so each confirmed
-    /// checkpoint is one the device commits whole (docs/PROTOCOL.md, "Erase-unit boundaries").
+    /// Streaming to a version 2 device: a checkpoint goes out at the first packet edge at or past
+    /// each multiple of the stride (a multiple of the erase unit), so the device, which commits the
+    /// erase-unit boundary at or below a checkpoint, commits that multiple, and packets stay full
+    /// (docs/PROTOCOL.md, "Erase-unit boundaries").
     private mutating func nextAlignedStreamStep() -> StreamStep {
         let stride = checkpointStride(interval: currentInterval)
-        let atBoundary = sent > lastCheckpoint && (sent % stride == 0 || sent == image.size)
+        let boundary = min(image.size, (lastCheckpoint / stride + 1) * stride)
+        let atBoundary = sent >= boundary && sent > lastCheckpoint
         let finalDue = sent == image.size && acked < sent
         if atBoundary || finalDue {
             guard inFlight == nil else { return .idle }
@@ -532,9 +534,9 @@ public struct OTAEngine: Sendable {
             inFlight = (request, 1)
             return .command(request)
         }
-        let next = min(chunkSize, image.size - sent, (sent / stride + 1) * stride - sent)
+        let next = min(chunkSize, image.size - sent)
         guard next > 0 else { return .idle }
-        guard sent + next - acked <= max(config.window, 2 * stride, 2 * chunkSize) else { return .idle }
+        guard sent + next - acked <= max(config.window, 2 * stride) + 2 * chunkSize else { return .idle }
         return emitData(count: next)
     }
 
