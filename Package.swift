@@ -33,7 +33,7 @@ let package = Package(
         // with a NOR flash model for host tests and the fuzzer.
         .target(name: "COTADevice"),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
-        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
+        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT", "COTADevice"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
@@ -70,7 +70,7 @@ let package = Package(
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
         // The C device library and OTATarget held to the same scenarios.
-        .testTarget(name: "DeviceConformanceTests", dependencies: ["COTADevice", "OTADevice", "OTAWire"]),
+        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),

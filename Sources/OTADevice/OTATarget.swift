@@ -140,8 +140,40 @@ public struct OTATarget: Sendable {
                           activeImageCRC: activeImageCRC, flash: flash)
     }
 
+    /// The C library run in lockstep (`runCLibraryInLockstep`), if any.
+    private var lockstep: CDeviceLibrary?
+
+    /// Runs the C device library (Sources/COTADevice) beside this model from now on: it gets every
+    /// write, hold expiry, link loss and reboot this model gets, and must answer byte for byte
+    /// alike (`lockstepDivergence` records the first difference). Version 2 only, on a fresh device.
+    /// Returns false when it cannot (version 1, or a slot that is not a whole number of units).
+    public mutating func runCLibraryInLockstep() -> Bool {
+        guard let v2 = version2, state == .idle, lockstep == nil,
+              let c = CDeviceLibrary(slotSize: slotSize, eraseUnit: v2.eraseUnit, eraseMicroseconds: UInt32(v2.eraseTimeMs) * 1000,
+                                     reorderCapacity: v2.reorderCapacity, reorderRanges: v2.reorderRanges,
+                                     holdMs: deferEarlyCheckpoints ? 300 : 0, firmwareVersion: firmwareVersion.packed)
+        else { return false }
+        lockstep = c
+        return true
+    }
+
+    /// Whether the C library runs beside this model.
+    public var runsCLibrary: Bool { lockstep != nil }
+
+    /// The first way the C library answered differently from this model; nil while they agree.
+    public var lockstepDivergence: String? { lockstep?.divergence }
+
     /// Handles a write to the control point and returns the notification to send back.
     public mutating func handleControl(_ bytes: [UInt8], from central: String? = nil) -> [UInt8] {
+        let reply = handleControlInModel(bytes, from: central)
+        if let lockstep {
+            let c = lockstep.control(bytes, from: central)
+            lockstep.check("control point write \(bytes.prefix(1)) from \(central ?? "?")", c: c, swift: reply, info: info.encoded)
+        }
+        return reply
+    }
+
+    private mutating func handleControlInModel(_ bytes: [UInt8], from central: String?) -> [UInt8] {
         let request: ControlRequest
         do {
             request = try ControlRequest(decoding: bytes)
@@ -171,6 +203,14 @@ public struct OTATarget: Sendable {
 
     /// Answers a deferred CHECKPOINT now (its data did not come in time); nil when none waits.
     public mutating func expireDeferredCheckpoint() -> [UInt8]? {
+        let reply = expireDeferred()
+        if let lockstep {
+            lockstep.check("a held CHECKPOINT's deadline", c: lockstep.expireHold(), swift: reply ?? [], info: info.encoded)
+        }
+        return reply
+    }
+
+    private mutating func expireDeferred() -> [UInt8]? {
         guard deferred != nil else { return nil }
         deferred = nil
         gapReported = false
@@ -181,6 +221,7 @@ public struct OTATarget: Sendable {
     /// reply would reach whoever connects next.
     public mutating func cancelDeferredCheckpoint() {
         deferred = nil
+        lockstep?.linkLost()
     }
 
     /// The reply to a deferred CHECKPOINT once `received` reaches it, or `gap` once the hole persists.
@@ -190,7 +231,7 @@ public struct OTATarget: Sendable {
             deferred = nil
             return handle(.checkpoint(offset: UInt32(offset), crc: crc), from: owner)?.encoded
         }
-        if version2 == nil, aheadBytes > Self.gapAllowance { return expireDeferredCheckpoint() }
+        if version2 == nil, aheadBytes > Self.gapAllowance { return expireDeferred() }
         return nil
     }
 
@@ -253,6 +294,7 @@ public struct OTATarget: Sendable {
             }
             if let flip = flashBitFlipAt, flip < flash.count {
                 flash[flip] ^= 0x01
+                lockstep?.flip(at: flip, mask: 0x01)
                 flashBitFlipAt = nil
             }
             let computed = CRC32.checksum(flash)
@@ -330,6 +372,15 @@ public struct OTATarget: Sendable {
 
     /// Handles a data packet; returns a GAP event to notify when the packet skipped ahead.
     public mutating func handleData(_ bytes: [UInt8], from central: String? = nil) -> [UInt8]? {
+        let note = handleDataInModel(bytes, from: central)
+        if let lockstep {
+            let c = lockstep.data(bytes, from: central)
+            lockstep.check("data write of \(bytes.count) bytes", c: c, swift: note ?? [], info: info.encoded)
+        }
+        return note
+    }
+
+    private mutating func handleDataInModel(_ bytes: [UInt8], from central: String?) -> [UInt8]? {
         guard state == .receiving, let pending, let (offset32, payload) = DataPacket.decode(bytes) else { return nil }
         if let owner, let central, owner != central { return nil }
         let offset = Int(offset32)
@@ -341,7 +392,7 @@ public struct OTATarget: Sendable {
             var ranges = ahead
             Self.insert(offset..<end, into: &ranges)
             guard end - received <= v2.reorderCapacity, ranges.count <= v2.reorderRanges else {
-                if deferred != nil { return expireDeferredCheckpoint() }
+                if deferred != nil { return expireDeferred() }
                 guard !gapReported else { return nil }
                 gapReported = true
                 return DeviceEvent.gap(expectedOffset: UInt32(received), crc: runningCRC.value).encoded
@@ -443,6 +494,7 @@ public struct OTATarget: Sendable {
 
     /// Power cycle: data after the last committed checkpoint is lost; the rest stays.
     public mutating func reboot() {
+        lockstep?.reboot()
         if state == .receiving {
             truncate(to: committed, crc: committedCRC)
         } else if version2 != nil, state == .verified {

@@ -3,6 +3,9 @@
 //   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu|smp] [--device-version 1|2]
 //                                      [--json FILE] [--verbose]
 //
+// --device-version 2 runs a version 2 device on NOR flash, with the C device library
+// (Sources/COTADevice) in lockstep beside the Swift model: a run fails if they ever answer differently.
+//
 // Each run draws an image size, a link and a set of faults from the seed, then runs a whole
 // session (with the reconnect supervisor) on virtual time. It fails (exit 1) if any run
 // activated an image other than the one sent, hung past its timeouts, or re-sent more than one
@@ -28,7 +31,7 @@ struct Options {
     var only: Int?
     var protocolName = "native"
     /// The native device's protocol version: 2 runs a device on NOR flash (4 KiB erase units,
-    /// 85 ms per erase, 40 µs per word, 32 KiB reorder capacity).
+    /// 85 ms per erase, 40 µs per word, 32 KiB reorder capacity), with the C library in lockstep.
     var deviceVersion = 1
 
     init(_ args: [String]) {
@@ -294,7 +297,7 @@ func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
     var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
     let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
     let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults,
-                                                       version2: version2))
+                                                       version2: version2, runsCLibrary: version2 != nil))
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
     let session = OTASession(central: central, address: device.config.address, image: image, config: config,
@@ -315,6 +318,12 @@ func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
     }
     if device.target?.protocolVersion != UInt8(options.deviceVersion) {
         record.violation = record.violation ?? "the device spoke version \(device.target?.protocolVersion ?? 0)"
+    }
+    if version2 != nil, device.target?.runsCLibrary != true {
+        record.violation = record.violation ?? "the C device library did not run"
+    }
+    if let divergence = device.target?.lockstepDivergence {
+        record.violation = record.violation ?? "the C device library and the Swift model differ: \(divergence)"
     }
     record.checkShared(bound: nativeBound, resendLimit: resendLimit, limitName: "window")
     return record

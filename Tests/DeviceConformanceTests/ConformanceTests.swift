@@ -1,4 +1,3 @@
-import COTADevice
 import OTADevice
 import OTAWire
 import Testing
@@ -128,7 +127,7 @@ struct ConformanceTests {
     @Test(arguments: scenarios.indices)
     func cAndSwiftDevicesAnswerAlike(_ index: Int) throws {
         let (name, steps) = Self.scenarios[index]
-        let c = CDevice(.init(slotSize: 64 * 1024, eraseUnit: Self.eraseUnit, reorderCapacity: 16 * 1024, reorderRanges: 8))
+        let c = try #require(CDeviceSetup(slotSize: 64 * 1024, eraseUnit: Self.eraseUnit, reorderCapacity: 16 * 1024, reorderRanges: 8).make())
         var swift = OTATarget(slotSize: 64 * 1024, firmwareVersion: FirmwareVersion(packed: 0x0100_0000),
                               version2: .init(eraseUnit: Self.eraseUnit, reorderCapacity: 16 * 1024, reorderRanges: 8, eraseTimeMs: 85))
         swift.deferEarlyCheckpoints = true
@@ -143,19 +142,19 @@ struct ConformanceTests {
         #expect(answered > 0)
     }
 
-    static func run(_ step: Step, c: CDevice, swift: inout OTATarget) -> ([UInt8], [UInt8]) {
-        func name(_ central: Int) -> String { "central-\(central)" }
+    static func run(_ step: Step, c: CDeviceLibrary, swift: inout OTATarget) -> ([UInt8], [UInt8]) {
+        func name(_ n: Int) -> String { central(n) }
         switch step {
         case .control(let bytes, let central):
-            return (c.control(bytes, from: UInt32(central)), swift.handleControl(bytes, from: name(central)))
+            return (c.control(bytes, from: name(central)), swift.handleControl(bytes, from: name(central)))
         case .data(let offset, let count, let central):
             let packet = DataPacket.encode(offset: UInt32(offset), payload: image[offset..<(offset + count)])
-            return (c.data(packet, from: UInt32(central)), swift.handleData(packet, from: name(central)) ?? [])
+            return (c.data(packet, from: name(central)), swift.handleData(packet, from: name(central)) ?? [])
         case .corruptData(let offset, let count):
             let packet = DataPacket.encode(offset: UInt32(offset), payload: image[offset..<(offset + count)].map { $0 ^ 0x5A }[...])
-            return (c.data(packet, from: 1), swift.handleData(packet, from: name(1)) ?? [])
+            return (c.data(packet, from: name(1)), swift.handleData(packet, from: name(1)) ?? [])
         case .raw(let bytes):
-            return (c.data(bytes, from: 1), swift.handleData(bytes, from: name(1)) ?? [])
+            return (c.data(bytes, from: name(1)), swift.handleData(bytes, from: name(1)) ?? [])
         case .expireHold:
             return (c.expireHold(), swift.expireDeferredCheckpoint() ?? [])
         case .linkLost:

@@ -76,13 +76,16 @@ struct Version2Tests {
         }
     }
 
+    /// A version 2 device that holds early CHECKPOINTs, with the C library in lockstep.
     static func device(faults: FaultPlan = .none, unit: Int = 4096) -> SimulatedDevice {
-        SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, faults: faults,
-                                              version2: .init(eraseUnit: unit, reorderCapacity: 32 * 1024, reorderRanges: 16, eraseTimeMs: 85)))
+        SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, faults: faults, holdEarlyCheckpoint: .milliseconds(300),
+                                              version2: .init(eraseUnit: unit, reorderCapacity: 32 * 1024, reorderRanges: 16, eraseTimeMs: 85),
+                                              runsCLibrary: true))
     }
 
     /// Whole sessions against a version 2 device with NOR timing (85 ms per 4 KiB erase, 40 µs
-    /// per word) and faults: the image activated is the image sent.
+    /// per word) and faults: the image activated is the image sent, and the C library, run in
+    /// lockstep, answered every write as the Swift model did.
     @Test(arguments: [
         ("clean", FaultPlan.none),
         ("drops", FaultPlan(seed: 3, dropRate: 0.03)),
@@ -98,5 +101,21 @@ struct Version2Tests {
         #expect(device.activatedImage == image.bytes, "\(name)")
         #expect(device.target?.protocolVersion == 2)
         #expect((device.target?.erases ?? 0) >= image.size / 4096, "\(name): the device erased before it wrote")
+        #expect(device.target?.runsCLibrary == true)
+        #expect(device.target?.lockstepDivergence == nil, "\(name): \(device.target?.lockstepDivergence ?? "")")
+    }
+
+    /// Flash that rots after the transfer: both devices refuse the image at VERIFY, alike.
+    @Test func flashBitFlipIsRefusedAlikeByBothDevices() async throws {
+        let image = testImage(40_000, seed: 43)
+        let device = Self.device(faults: FaultPlan(flashBitFlipAt: 5000))
+        let result = await flash(image, to: device)
+        guard case .failure(let error) = result else {
+            Issue.record("a rotten image was reported as flashed")
+            return
+        }
+        #expect(error.code == .verifyFailed)
+        #expect(device.target?.lastActivation == nil)
+        #expect(device.target?.lockstepDivergence == nil, "\(device.target?.lockstepDivergence ?? "")")
     }
 }
