@@ -29,8 +29,11 @@ let package = Package(
         .target(name: "GATT"),
         // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
         .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
+        // The device side of protocol version 2 in portable C99 for microcontrollers (docs/PORTING.md),
+        // with a NOR flash model for host tests and the fuzzer.
+        .target(name: "COTADevice"),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
-        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
+        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT", "COTADevice"]),
         // In-process simulated peripheral: link model, virtual clock, fault injection.
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
@@ -60,12 +63,14 @@ let package = Package(
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "GATT", "Simulator", "NordicDFU", "SMP"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
         // Fault soak on the simulator (run in release mode).
         .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
+        // The C device library and OTATarget held to the same scenarios.
+        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),

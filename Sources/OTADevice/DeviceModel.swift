@@ -106,10 +106,22 @@ public struct DeviceModel: Sendable {
             return [rebootOutput(at: now, reason: reason)]
         case .handled(let notification):
             busyUntil = max(busyUntil, now) + device.flashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
+                + nativeFlashTime(bytes: max(0, bytes.count - OTAProtocol.dataHeaderSize))
             if target.deferred == nil { held = nil }
             return notification.map { [Timed(at: busyUntil, .notify(OTAProtocol.controlPointUUID, $0))] } ?? []
         }
     }
+
+    /// Version 2 devices: the erases the last packet caused and the words it programmed, at the
+    /// flash's own speed (on top of any slow-flash fault).
+    private mutating func nativeFlashTime(bytes: Int) -> Duration {
+        guard let v2 = target.version2 else { return .zero }
+        let erases = target.erases - erasesCounted
+        erasesCounted = target.erases
+        return v2.flashTime(erases: erases, bytes: bytes)
+    }
+
+    private var erasesCounted = 0
 
     /// A data packet written *with* response (what a naive central does): handled as data, without
     /// faults. Its write response goes out at `acknowledged`.

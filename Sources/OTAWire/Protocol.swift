@@ -1,9 +1,13 @@
 import GATT
 
-/// The otaflash native OTA protocol, version 1 (docs/PROTOCOL.md is the specification).
+/// The otaflash native OTA protocol, versions 1 and 2 (docs/PROTOCOL.md is the specification).
 public enum OTAProtocol {
-    /// The protocol version this code speaks. A device with another major version is refused.
+    /// Version 1: the first revision's devices, and the codec's default.
     public static let version: UInt8 = 1
+    /// Version 2: devices on real flash declare their erase unit, reorder capacity and erase time.
+    public static let version2: UInt8 = 2
+    /// The versions a central speaks: it speaks the one the device's info value names.
+    public static let versions: ClosedRange<UInt8> = 1...2
 
     public static let serviceUUID: BluetoothUUID = "b0e60001-2f6e-4b2a-9c1f-6f7461666c61"
     /// Write with response + notify: commands in, replies and events out.
@@ -132,12 +136,13 @@ public struct FirmwareVersion: Hashable, Sendable, Comparable, CustomStringConve
     public static func < (a: FirmwareVersion, b: FirmwareVersion) -> Bool { a.packed < b.packed }
 }
 
-/// The info characteristic's value: 24 bytes (a central reads it whole at any MTU; BlueZ uses
-/// Read Blob when the MTU is smaller). The first 20 bytes are the original layout; devices that
-/// send only those report no running image CRC.
+/// The info characteristic's value: 24 bytes in version 1, 40 in version 2 (a central reads it
+/// whole at any MTU; BlueZ uses Read Blob when the MTU is smaller). The first 20 bytes are the
+/// original layout; devices that send only those report no running image CRC.
 public struct DeviceInfo: Hashable, Sendable {
     public static let encodedSize = 24
     public static let minimumSize = 20
+    public static let version2Size = 40
 
     public var protocolVersion: UInt8
     public var state: DeviceState
@@ -150,9 +155,38 @@ public struct DeviceInfo: Hashable, Sendable {
     /// CRC32 of the image the device runs since its last activation (0 or nil when unknown). Lets
     /// a central that lost ACTIVATE's reply learn, after reconnecting, that the update took effect.
     public var activeImageCRC: UInt32?
+    /// Version 2's flash fields; nil for a version 1 device.
+    public var flash: Flash?
+
+    /// What a version 2 device declares about its flash (docs/PROTOCOL.md, "Info characteristic").
+    public struct Flash: Hashable, Sendable {
+        /// Bytes per erase unit, a power of two; committed checkpoints fall on its multiples.
+        public var eraseUnit: UInt32
+        /// Bytes beyond `received` the device keeps when they arrive early.
+        public var reorderCapacity: UInt32
+        /// Separate ranges beyond a hole it can hold.
+        public var reorderRanges: UInt8
+        /// Worst-case erase time of one unit, in milliseconds.
+        public var eraseTimeMs: UInt16
+        /// The device erases units before data reaches them: no packet waits for an erase.
+        public var erasesAhead: Bool
+        /// The committed offset of the pending transfer: where a reboot resumes.
+        public var committed: UInt32
+
+        public init(eraseUnit: UInt32, reorderCapacity: UInt32, reorderRanges: UInt8, eraseTimeMs: UInt16,
+                    erasesAhead: Bool = false, committed: UInt32 = 0) {
+            self.eraseUnit = eraseUnit
+            self.reorderCapacity = reorderCapacity
+            self.reorderRanges = reorderRanges
+            self.eraseTimeMs = eraseTimeMs
+            self.erasesAhead = erasesAhead
+            self.committed = committed
+        }
+    }
 
     public init(protocolVersion: UInt8 = OTAProtocol.version, state: DeviceState, maxImageSize: UInt32,
-                firmwareVersion: FirmwareVersion, received: UInt32, pendingImageSize: UInt32, activeImageCRC: UInt32? = nil) {
+                firmwareVersion: FirmwareVersion, received: UInt32, pendingImageSize: UInt32, activeImageCRC: UInt32? = nil,
+                flash: Flash? = nil) {
         self.protocolVersion = protocolVersion
         self.state = state
         self.maxImageSize = maxImageSize
@@ -160,29 +194,51 @@ public struct DeviceInfo: Hashable, Sendable {
         self.received = received
         self.pendingImageSize = pendingImageSize
         self.activeImageCRC = activeImageCRC
+        self.flash = flash
     }
 
     public var encoded: [UInt8] {
         var b: [UInt8] = [protocolVersion, state.rawValue]
-        b.appendLE(UInt16(0))
+        b.append(flash?.erasesAhead == true ? 0x01 : 0x00)
+        b.append(flash?.reorderRanges ?? 0)
         b.appendLE(maxImageSize)
         b.appendLE(firmwareVersion.packed)
         b.appendLE(received)
         b.appendLE(pendingImageSize)
         b.appendLE(activeImageCRC ?? 0)
+        if let flash {
+            b.appendLE(flash.eraseUnit)
+            b.appendLE(flash.reorderCapacity)
+            b.appendLE(flash.eraseTimeMs)
+            b.appendLE(UInt16(0))
+            b.appendLE(flash.committed)
+        }
         return b
     }
 
     /// Decodes the value; longer values are accepted (later minor versions may append fields).
+    /// A version 2 value must carry the flash fields.
     public init(decoding bytes: [UInt8]) throws(WireError) {
         var r = ByteReader(bytes)
-        guard let v = r.u8(), let s = r.u8(), r.u16() != nil, let max = r.u32(), let fw = r.u32(),
+        guard let v = r.u8(), let s = r.u8(), let flags = r.u8(), let ranges = r.u8(), let max = r.u32(), let fw = r.u32(),
               let rx = r.u32(), let pending = r.u32()
         else {
             throw WireError("info value has \(bytes.count) bytes, expected at least \(Self.minimumSize): \(hexDump(bytes[...]))")
         }
         let active = r.u32().flatMap { $0 == 0 ? nil : $0 }
+        var flash: Flash?
+        if v >= OTAProtocol.version2 {
+            guard let unit = r.u32(), let capacity = r.u32(), let erase = r.u16(), r.u16() != nil, let committed = r.u32() else {
+                throw WireError("a version \(v) info value has \(bytes.count) bytes, expected at least \(Self.version2Size): \(hexDump(bytes[...]))")
+            }
+            guard unit > 0, unit & (unit - 1) == 0 else {
+                throw WireError("the device declares an erase unit of \(unit) bytes, which is not a power of two")
+            }
+            flash = Flash(eraseUnit: unit, reorderCapacity: capacity, reorderRanges: ranges, eraseTimeMs: erase,
+                          erasesAhead: flags & 0x01 != 0, committed: committed)
+        }
         self.init(protocolVersion: v, state: DeviceState(rawValue: s), maxImageSize: max,
-                  firmwareVersion: FirmwareVersion(packed: fw), received: rx, pendingImageSize: pending, activeImageCRC: active)
+                  firmwareVersion: FirmwareVersion(packed: fw), received: rx, pendingImageSize: pending, activeImageCRC: active,
+                  flash: flash)
     }
 }

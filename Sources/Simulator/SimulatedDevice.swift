@@ -21,12 +21,19 @@ public struct SimulatedDeviceConfig: Sendable {
     /// How long a CHECKPOINT ahead of its data is held for it (`DeviceModel.Timing`). Nil, the
     /// default, answers `gap` at once: the simulated link never reorders writes.
     public var holdEarlyCheckpoint: Duration?
+    /// A device that speaks protocol version 2 with this flash (erase unit, reorder capacity, erase
+    /// and program times); nil, the default, speaks version 1.
+    public var version2: OTATarget.Version2?
+    /// With `version2`: the C device library runs in lockstep with the Swift model and must answer
+    /// alike (`OTATarget.runCLibraryInLockstep`; the divergence is in `target?.lockstepDivergence`).
+    public var runsCLibrary: Bool
 
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 manufacturer: String = "otaflash", model: String = "simulated-peripheral",
                 link: LinkModel = .default, faults: FaultPlan = .none, hasOTAService: Bool = true,
-                dataProperties: CharacteristicProperties = [.writeWithoutResponse], holdEarlyCheckpoint: Duration? = nil) {
+                dataProperties: CharacteristicProperties = [.writeWithoutResponse], holdEarlyCheckpoint: Duration? = nil,
+                version2: OTATarget.Version2? = nil, runsCLibrary: Bool = false) {
         self.address = address
         self.name = name
         self.rssi = rssi
@@ -39,6 +46,8 @@ public struct SimulatedDeviceConfig: Sendable {
         self.hasOTAService = hasOTAService
         self.dataProperties = dataProperties
         self.holdEarlyCheckpoint = holdEarlyCheckpoint
+        self.version2 = version2
+        self.runsCLibrary = runsCLibrary
     }
 
     /// From a device's last answer to its reboot into a new image: two connection intervals, time
@@ -88,7 +97,12 @@ public final class SimulatedDevice: Sendable {
     }
 
     public convenience init(_ config: SimulatedDeviceConfig) {
-        self.init(config, restoring: OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion))
+        var target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion, version2: config.version2)
+        if config.runsCLibrary {
+            target.deferEarlyCheckpoints = config.holdEarlyCheckpoint != nil
+            _ = target.runCLibraryInLockstep()
+        }
+        self.init(config, restoring: target)
     }
 
     /// A device that continues from a saved state (see `saveState`), e.g. across runs of a tool.

@@ -1,6 +1,6 @@
 // otaflash-bench: throughput and CPU figures on the simulator's link model.
 //
-//   swift run -c release otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--engine-cpu] [--json FILE]
+//   swift run -c release otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--json FILE]
 //
 // Every figure comes from one run of this program, so ratios are measured side by side.
 // docs/PERFORMANCE.md explains the link model and each figure.
@@ -9,6 +9,7 @@ import Foundation
 import GATT
 import NordicDFU
 import OTA
+import OTADevice
 import OTAWire
 import Simulator
 
@@ -19,6 +20,7 @@ struct Options {
     var batch = false
     var nordic = false
     var smp = false
+    var v2 = false
     var json: String?
     var imageSize = 256 * 1024
 
@@ -32,10 +34,11 @@ struct Options {
             case "--batch": batch = true
             case "--nordic": nordic = true
             case "--smp": smp = true
+            case "--v2": v2 = true
             case "--json": i += 1; json = i < args.count ? args[i] : nil
             case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
                 exit(0)
             default:
                 FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
@@ -43,7 +46,9 @@ struct Options {
             }
             i += 1
         }
-        if !grid && !sweep && !cpu && !batch && !nordic && !smp { grid = true; sweep = true; cpu = true; batch = true; nordic = true; smp = true }
+        if !grid && !sweep && !cpu && !batch && !nordic && !smp && !v2 {
+            grid = true; sweep = true; cpu = true; batch = true; nordic = true; smp = true; v2 = true
+        }
     }
 }
 
@@ -53,13 +58,15 @@ let image = FirmwareImage(bytes: (0..<options.imageSize).map { _ in UInt8.random
 var report: [(String, Any)] = []
 var notes: [String] = []
 
-func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writeWithoutResponse, .write]) -> SimulatedDevice {
-    SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link, dataProperties: dataProperties))
+func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writeWithoutResponse, .write],
+            version2: OTATarget.Version2? = nil) -> SimulatedDevice {
+    SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link, dataProperties: dataProperties, version2: version2))
 }
 
 /// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
-func engineGoodput(_ link: LinkModel, interval: Int = EngineConfig.defaultCheckpointInterval) async throws -> Double {
-    let d = device(link)
+func engineGoodput(_ link: LinkModel, interval: Int = EngineConfig.defaultCheckpointInterval,
+                   version2: OTATarget.Version2? = nil) async throws -> Double {
+    let d = device(link, version2: version2)
     let central = SimulatedCentral(devices: [d])
     let session = OTASession(central: central, address: d.config.address, image: image,
                              config: EngineConfig(checkpointInterval: interval))
@@ -191,6 +198,32 @@ if options.grid {
     report.append(("link_efficiency_grid_min_excluding_mtu23", minExcl23))
     report.append(("stop_and_wait_efficiency_default", defSaw))
     report.append(("receipt12_efficiency_default", defPrn))
+    print()
+}
+
+// MARK: Protocol version 2
+
+if options.v2 {
+    // Version 2 with the flash's time left out measures what the protocol costs (checkpoints on
+    // erase-unit boundaries); with NOR timing the flash is the bottleneck, and the figure to
+    // compare with is the flash's own bound: one unit per (erase + unit / 4 words).
+    let def = LinkModel.default
+    let cap = def.capacityBytesPerSecond
+    let v1 = try await engineGoodput(def) / cap
+    let instant = OTATarget.Version2(eraseTimeMs: 0, wordProgramTime: .zero)
+    let v2 = try await engineGoodput(def, version2: instant) / cap
+    let nor = OTATarget.Version2()
+    let norGoodput = try await engineGoodput(def, version2: nor)
+    let unitTime = Duration.milliseconds(Int(nor.eraseTimeMs)) + nor.wordProgramTime * (nor.eraseUnit / 4)
+    let flashBound = Double(nor.eraseUnit) / unitTime.seconds
+    print("Protocol v2 link efficiency: goodput / model capacity, \(image.size / 1024) KiB image, default link (MTU 247, 2M, 15 ms), virtual time")
+    print(String(format: "v1 %.3f; v2 (4 KiB erase units, flash time left out) %.3f", v1, v2))
+    print(String(format: "v2 on NOR flash (85 ms per 4 KiB erase, 40 us per word): %.1f kB/s = %.3f of the link, %.3f of the flash's own bound (%.1f kB/s)",
+                 norGoodput / 1000, norGoodput / cap, norGoodput / flashBound, flashBound / 1000))
+    report.append(("v1_link_efficiency_default", v1))
+    report.append(("v2_link_efficiency_default", v2))
+    report.append(("v2_nor_goodput", norGoodput))
+    report.append(("v2_nor_fraction_of_flash_bound", norGoodput / flashBound))
     print()
 }
 

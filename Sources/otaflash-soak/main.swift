@@ -1,6 +1,10 @@
 // otaflash-soak: flashes the simulator under random, seeded faults and checks the invariants.
 //
-//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu|smp] [--json FILE] [--verbose]
+//   swift run -c release otaflash-soak --runs 1000 --seed 1 [--protocol native|nordic-dfu|smp] [--device-version 1|2]
+//                                      [--json FILE] [--verbose]
+//
+// --device-version 2 runs a version 2 device on NOR flash, with the C device library
+// (Sources/COTADevice) in lockstep beside the Swift model: a run fails if they ever answer differently.
 //
 // Each run draws an image size, a link and a set of faults from the seed, then runs a whole
 // session (with the reconnect supervisor) on virtual time. It fails (exit 1) if any run
@@ -26,6 +30,9 @@ struct Options {
     /// Replay one run only, printing its session events.
     var only: Int?
     var protocolName = "native"
+    /// The native device's protocol version: 2 runs a device on NOR flash (4 KiB erase units,
+    /// 85 ms per erase, 40 µs per word, 32 KiB reorder capacity), with the C library in lockstep.
+    var deviceVersion = 1
 
     init(_ args: [String]) {
         var i = 0
@@ -46,8 +53,11 @@ struct Options {
                 guard ["native", NordicDFUProfile.name, SMPProfile.name].contains(protocolName) else {
                     fail("--protocol must be native, \(NordicDFUProfile.name) or \(SMPProfile.name)")
                 }
+            case "--device-version":
+                deviceVersion = Int(value()) ?? 0
+                guard (1...2).contains(deviceVersion) else { fail("--device-version must be 1 or 2") }
             case "--help", "-h":
-                print("usage: otaflash-soak [--runs N] [--seed S] [--protocol native|\(NordicDFUProfile.name)|\(SMPProfile.name)] [--json FILE] [--verbose] [--only RUN]")
+                print("usage: otaflash-soak [--runs N] [--seed S] [--protocol native|\(NordicDFUProfile.name)|\(SMPProfile.name)] [--device-version 1|2] [--json FILE] [--verbose] [--only RUN]")
                 exit(0)
             default: fail("unknown argument \(args[i])")
             }
@@ -249,8 +259,13 @@ let smpBound = bound + (SMPEngine.firstRequestTimeout - config.replyTimeout) * (
 /// buf_count requests, checked per run against its server's buffers; the largest is printed).
 let resendLimit = nordic ? NordicDFUBootloader.Config().dataMaxSize
     : smp ? smpBufferConfigs.map { $0.count * smpRequestData(bufferSize: $0.size) }.max() ?? 0
-    : config.window
+    : config.window + (options.deviceVersion == 2 ? OTATarget.Version2().eraseUnit : 0)
 let resendLimitName = nordic ? "data object" : smp ? "window of buf_count requests" : "window"
+/// A version 2 device: its flash, and what it adds to the bound (a CHECKPOINT or STATUS waits a
+/// window's erases longer on each try) and to a resume (a commit rounds down to an erase unit).
+let version2 = options.deviceVersion == 2 ? OTATarget.Version2() : nil
+let nativeBound = bound + (version2.map { .milliseconds(Int($0.eraseTimeMs)) * (config.window / $0.eraseUnit + 1) } ?? .zero)
+    * (config.commandRetries + 1)
 var records: [RunRecord] = []
 let soakStart = ContinuousClock.now
 
@@ -281,7 +296,8 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
 func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, verbose: Bool) async -> RunRecord {
     var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
     let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
-    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults))
+    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults,
+                                                       version2: version2, runsCLibrary: version2 != nil))
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
     let session = OTASession(central: central, address: device.config.address, image: image, config: config,
@@ -300,7 +316,16 @@ func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
         if verbose { print("  \(e)") }
         if activation != nil && e.code != .connection { record.violation = record.violation ?? "failed (\(e.code)) after activating" }
     }
-    record.checkShared(bound: bound, resendLimit: config.window, limitName: "window")
+    if device.target?.protocolVersion != UInt8(options.deviceVersion) {
+        record.violation = record.violation ?? "the device spoke version \(device.target?.protocolVersion ?? 0)"
+    }
+    if version2 != nil, device.target?.runsCLibrary != true {
+        record.violation = record.violation ?? "the C device library did not run"
+    }
+    if let divergence = device.target?.lockstepDivergence {
+        record.violation = record.violation ?? "the C device library and the Swift model differ: \(divergence)"
+    }
+    record.checkShared(bound: nativeBound, resendLimit: resendLimit, limitName: "window")
     return record
 }
 
@@ -325,7 +350,7 @@ let wall = records.map(\.wallSeconds).sorted()
 let virtual = records.map(\.virtualSeconds).sorted()
 func pctile(_ xs: [Double], _ p: Double) -> Double { xs.isEmpty ? 0 : xs[min(xs.count - 1, Int(Double(xs.count) * p))] }
 
-print("otaflash-soak: \(options.runs) runs\(nordic || smp ? " of \(options.protocolName)" : ""), seed \(options.seed), \(String(format: "%.1f", total)) s")
+print("otaflash-soak: \(options.runs) runs\(nordic || smp ? " of \(options.protocolName)" : version2 != nil ? " of native v2 (NOR flash: 4 KiB units, 85 ms erase, 40 µs/word)" : ""), seed \(options.seed), \(String(format: "%.1f", total)) s")
 print("outcomes: " + outcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
 print("reconnects: \(reconnectTotal) in all; resumes measured: \(resumes.count); max bytes re-sent per resume: \(maxResend) (\(resendLimitName) \(resendLimit))")
 print(String(format: "virtual time per run: median %.2f s, p95 %.2f s, max %.2f s; wall time per run: median %.1f ms, max %.1f ms",

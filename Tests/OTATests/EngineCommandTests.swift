@@ -217,7 +217,7 @@ struct EngineCommandTests {
         #expect(actions == [.send(beginRequest(image, restart: false))])
     }
 
-    @Test(arguments: [UInt8(0), 2, 255])
+    @Test(arguments: [UInt8(0), 3, 255])
     func otherProtocolVersionFailsBeforeBegin(version: UInt8) throws {
         var engine = OTAEngine(image: image)
         let actions = engine.handle(.connected(info: Device.info(protocolVersion: version), mtu: 247))

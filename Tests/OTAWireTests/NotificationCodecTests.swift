@@ -157,6 +157,46 @@ struct DeviceInfoCodecTests {
         #expect(try DeviceInfo(decoding: bytes) == info)
     }
 
+    @Test func version2InfoEncodesToFortyBytes() throws {
+        let info = DeviceInfo(protocolVersion: 2, state: .receiving, maxImageSize: 0x0004_0000,
+                              firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0),
+                              received: 0x0000_2100, pendingImageSize: 0x0001_0000, activeImageCRC: nil,
+                              flash: .init(eraseUnit: 4096, reorderCapacity: 0x8000, reorderRanges: 16, eraseTimeMs: 85,
+                                           erasesAhead: true, committed: 0x2000))
+        let bytes: [UInt8] = [
+            0x02, 0x01, 0x01, 0x10,  // protocol version 2, receiving, erases ahead, 16 ranges
+            0x00, 0x00, 0x04, 0x00,  // slot size 256 KiB
+            0x00, 0x00, 0x00, 0x01,  // firmware 1.0.0
+            0x00, 0x21, 0x00, 0x00,  // received
+            0x00, 0x00, 0x01, 0x00,  // pending image size
+            0x00, 0x00, 0x00, 0x00,  // no running image CRC
+            0x00, 0x10, 0x00, 0x00,  // erase unit 4096
+            0x00, 0x80, 0x00, 0x00,  // reorder capacity 32 KiB
+            0x55, 0x00, 0x00, 0x00,  // erase time 85 ms, reserved
+            0x00, 0x20, 0x00, 0x00,  // committed offset
+        ]
+        #expect(info.encoded == bytes)
+        #expect(bytes.count == DeviceInfo.version2Size)
+        #expect(try DeviceInfo(decoding: bytes) == info)
+    }
+
+    @Test func version2InfoWithoutItsFlashFieldsIsRejected() {
+        let v1 = DeviceInfo(state: .idle, maxImageSize: 4096, firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0),
+                            received: 0, pendingImageSize: 0)
+        var bytes = v1.encoded
+        bytes[0] = 2
+        #expect(throws: WireError.self) { try DeviceInfo(decoding: bytes) }
+        #expect(throws: WireError.self) { try DeviceInfo(decoding: bytes + [UInt8](repeating: 0, count: 15)) }
+    }
+
+    @Test(arguments: [UInt32(0), 3, 4095, 0x8000_0001])
+    func eraseUnitThatIsNotAPowerOfTwoIsRejected(unit: UInt32) {
+        let info = DeviceInfo(protocolVersion: 2, state: .idle, maxImageSize: 4096, firmwareVersion: FirmwareVersion(packed: 0),
+                              received: 0, pendingImageSize: 0,
+                              flash: .init(eraseUnit: unit, reorderCapacity: 0, reorderRanges: 0, eraseTimeMs: 0))
+        #expect(throws: WireError.self) { try DeviceInfo(decoding: info.encoded) }
+    }
+
     @Test func twentyByteInfoFromAnOlderDeviceHasNoRunningImageCRC() throws {
         let bytes: [UInt8] = [0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x01, 0x01,
                               0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]

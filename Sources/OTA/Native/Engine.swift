@@ -154,13 +154,41 @@ public struct OTAEngine: Sendable {
     /// The CRC of the image up to the last confirmed checkpoint.
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
 
-    /// How long to wait for the command in flight.
+    /// How long to wait for the command in flight. A version 2 device that erases as data arrives
+    /// may be erasing every unit of a window before it gets to a CHECKPOINT or STATUS: their
+    /// timeout grows by that much (docs/PROTOCOL.md, "Device timing").
     public var currentTimeout: Duration {
         switch inFlight?.request {
         case .verify?: config.verifyTimeout
         case .activate?: config.activateTimeout
+        case .checkpoint?, .status?: config.replyTimeout + eraseAllowance
         default: config.replyTimeout
         }
+    }
+
+    /// The erase time of one window's units plus one, for a version 2 device without erase-ahead.
+    var eraseAllowance: Duration {
+        guard let flash = deviceInfo?.flash, !flash.erasesAhead, flash.eraseTimeMs > 0 else { return .zero }
+        let units = checkpointStride(interval: config.checkpointInterval) * 2 / Int(flash.eraseUnit) + 1
+        return .milliseconds(units * Int(flash.eraseTimeMs))
+    }
+
+    /// The protocol version the device's info value named: BEGIN carries it.
+    private var protocolVersion: UInt8 { deviceInfo?.protocolVersion ?? OTAProtocol.version }
+
+    /// The erase unit of a version 2 device, 1 otherwise: checkpoints fall on its multiples.
+    private var eraseUnit: Int { Int(deviceInfo?.flash?.eraseUnit ?? 1) }
+
+    /// The distance between checkpoints: `interval`, at least a chunk, rounded up to the erase unit.
+    private func checkpointStride(interval: Int) -> Int {
+        let unit = eraseUnit
+        let stride = max(interval, chunkSize)
+        return (stride + unit - 1) / unit * unit
+    }
+
+    private func beginRequest(restart: Bool) -> ControlRequest {
+        .begin(.init(protocolVersion: protocolVersion, imageSize: UInt32(image.size), imageCRC: image.crc32,
+                     version: config.imageVersion ?? FirmwareVersion(packed: 0), restart: restart))
     }
 
     /// The command awaiting its reply, if any.
@@ -222,8 +250,9 @@ public struct OTAEngine: Sendable {
         holdForGap = false
         stats.resentPerConnection.append(0)
         measureResume = stats.connections > 1
-        guard info.protocolVersion == OTAProtocol.version else {
-            return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks version \(OTAProtocol.version)"))
+        guard OTAProtocol.versions.contains(info.protocolVersion) else {
+            return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks versions \(OTAProtocol.versions.lowerBound) to \(OTAProtocol.versions.upperBound)",
+                                 hint: "update otaflash, or flash the device with firmware whose OTA service speaks one of these"))
         }
         if activationUnconfirmed, config.activate, info.activeImageCRC == image.crc32 {
             // The device booted this image: the update is done, nothing is sent again.
@@ -240,8 +269,7 @@ public struct OTAEngine: Sendable {
         chunkSize = OTAProtocol.chunkSize(mtu: mtu)
         phase = .beginning
         let restart = config.restart && stats.resumedFrom.isEmpty
-        return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
-                                 version: config.imageVersion ?? FirmwareVersion(packed: 0), restart: restart)))
+        return send(beginRequest(restart: restart))
     }
 
     private mutating func handleNotification(_ bytes: [UInt8]) -> [Action] {
@@ -391,8 +419,7 @@ public struct OTAEngine: Sendable {
         runningCRC = CRC32()
         holdForGap = false
         phase = .beginning
-        return send(.begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32,
-                                 version: config.imageVersion ?? FirmwareVersion(packed: 0), restart: true)))
+        return send(beginRequest(restart: true))
     }
 
     private mutating func bumpRecoveries() -> Bool {
@@ -471,6 +498,7 @@ public struct OTAEngine: Sendable {
     /// The next thing to send while streaming. Call repeatedly until `.idle`.
     public mutating func nextStreamStep() -> StreamStep {
         guard phase == .streaming, !holdForGap else { return .idle }
+        if eraseUnit > 1 { return nextAlignedStreamStep() }
         // Checkpoints fall on chunk boundaries: the next chunk would cross the interval.
         let interval = max(currentInterval, chunkSize)
         let next = min(chunkSize, image.size - sent)
@@ -486,7 +514,33 @@ public struct OTAEngine: Sendable {
         // The window holds whatever path led here (a STATUS resync can start a fresh interval
         // while older data is still unconfirmed): never more than one window unacknowledged.
         guard sent + next - acked <= max(config.window, 2 * chunkSize) else { return .idle }
-        let count = next
+        return emitData(count: next)
+    }
+
+    /// Streaming to a version 2 device: a checkpoint goes out at the first packet edge at or past
+    /// each multiple of the stride (a multiple of the erase unit), so the device, which commits the
+    /// erase-unit boundary at or below a checkpoint, commits that multiple, and packets stay full
+    /// (docs/PROTOCOL.md, "Erase-unit boundaries").
+    private mutating func nextAlignedStreamStep() -> StreamStep {
+        let stride = checkpointStride(interval: currentInterval)
+        let boundary = min(image.size, (lastCheckpoint / stride + 1) * stride)
+        let atBoundary = sent >= boundary && sent > lastCheckpoint
+        let finalDue = sent == image.size && acked < sent
+        if atBoundary || finalDue {
+            guard inFlight == nil else { return .idle }
+            lastCheckpoint = sent
+            stats.checkpoints += 1
+            let request = ControlRequest.checkpoint(offset: UInt32(sent), crc: runningCRC.value)
+            inFlight = (request, 1)
+            return .command(request)
+        }
+        let next = min(chunkSize, image.size - sent)
+        guard next > 0 else { return .idle }
+        guard sent + next - acked <= max(config.window, 2 * stride) + 2 * chunkSize else { return .idle }
+        return emitData(count: next)
+    }
+
+    private mutating func emitData(count: Int) -> StreamStep {
         let offset = sent
         if measureResume {
             measureResume = false
