@@ -64,6 +64,11 @@ public struct OTAPeripheralConfig: Sendable {
     public var holdEarlyCheckpoint: Duration
     /// Called with one line per read and write and what became of it (debugging).
     public var trace: (@Sendable (String) -> Void)?
+    /// A device that speaks protocol version 2 with this flash; nil, the default, speaks version 1.
+    public var version2: OTATarget.Version2?
+    /// With `version2`: the C device library runs in lockstep with the Swift model
+    /// (`OTATarget.runCLibraryInLockstep`); `OTAPeripheral.lockstepDivergence` has the first difference.
+    public var runsCLibrary = false
 
     public init(name: String = "otaflash-sim", slotSize: Int = 1 << 20,
                 firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
@@ -107,7 +112,12 @@ extension OTAPeripheralConfig {
     /// The native OTA device this configuration describes: an `OTATarget` behind a `FaultPlan`,
     /// with its timing, and its Device Information Service strings.
     public var nativeModel: NativePeripheral {
-        let target = OTATarget(slotSize: slotSize, firmwareVersion: firmwareVersion)
+        var target = OTATarget(slotSize: slotSize, firmwareVersion: firmwareVersion, version2: version2)
+        if runsCLibrary {
+            // The C library holds an early CHECKPOINT as the model does (300 ms).
+            target.deferEarlyCheckpoints = true
+            _ = target.runCLibraryInLockstep()
+        }
         // Through BlueZ a CHECKPOINT can overtake its data (EATT bearers, a central's write socket
         // beside D-Bus): hold it for the data rather than answer `gap` at once.
         let timing = DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: bootDelay)
@@ -210,6 +220,13 @@ public actor OTAPeripheral {
 
     /// The native device (its OTA state machine and faults), when that is what is served.
     public var device: FaultyDevice? { (model as? NativePeripheral)?.model.device }
+
+    /// Whether the C device library runs beside the served native model.
+    public var runsCLibrary: Bool { device?.target.runsCLibrary == true }
+
+    /// The first way the C device library answered differently from the Swift model; nil while
+    /// they agree, or when it does not run.
+    public var lockstepDivergence: String? { device?.target.lockstepDivergence }
 
     /// Waits until the device is back from a reboot (at once when it is not away).
     public func waitUntilBack() async {

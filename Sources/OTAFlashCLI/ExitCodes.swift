@@ -31,7 +31,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     public var meaning: String {
         switch self {
         case .success: "the image was sent, verified by the device and (unless --no-activate) activated"
-        case .internalError: "a bug in otaflash; please report it with the output of --verbose"
+        case .internalError: "a bug in otaflash; please report it with the output of --verbose (among them: a simulated version 2 device's C device library answered differently from its Swift model)"
         case .usage: "invalid command line: unknown option, bad value, malformed device address"
         case .imageFile: "the image file cannot be used: missing, unreadable, not a regular file, empty, over 64 MiB, malformed Intel HEX, not an image (ELF, archive, …), a Nordic DFU package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format), or an MCUboot image that does not (magic, header, TLVs, hash, encrypted or non-bootable); the device refusing an SMP image's header or TLVs"
         case .imageTooLarge: "the image does not fit the device's slot (a Secure DFU bootloader's bank or object size; an SMP device's slot, MCUmgr image error 30)"

@@ -217,6 +217,14 @@ struct Flash: AsyncParsableCommand {
         if target.simulator.enabled, let option = target.simulator.smp.given.first, !(plan.profile is SMPProfile) {
             throw CLIFailure(.usage, "\(option) sets up a simulated SMP device, which only an MCUboot image reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
         }
+        if target.simulator.enabled, target.simulator.device.deviceVersion == 2 {
+            if !native || target.simulator.buttonless != nil {
+                throw CLIFailure(.usage, "--sim-device-version 2 makes a native OTA device; \(image) goes over the \(plan.profile.name) protocol\(target.simulator.buttonless != nil ? " to a buttonless device" : ""), drop it")
+            }
+            if batch.isBatch(devices: target.device) {
+                throw CLIFailure(.usage, "--sim-device-version 2 checks one simulated device against the C device library; flash one device (drop --count)")
+            }
+        }
         if let option = smp.given.first, !(plan.profile is SMPProfile) {
             throw CLIFailure(.usage, "\(option) is for SMP devices; \(image) goes over the \(plan.profile.name) protocol, drop it")
         }
@@ -288,6 +296,14 @@ struct Flash: AsyncParsableCommand {
         CLIContext.output.onFailure { work.cancel() }
         let outcome = await work.value
         if let simulated { try target.simulator.save(simulated) }
+        if let lockstep = simulated?.target, lockstep.runsCLibrary {
+            if let divergence = lockstep.lockstepDivergence {
+                throw CLIFailure(.internalError, "the C device library and the Swift device model answered differently: \(divergence)")
+            }
+            let line = "simulated device: the C device library answered every write as the Swift model did"
+            printer.json(FlashEvents.Note(device: address.description, message: line))
+            printer.note(line)
+        }
         if let simulated, let model = simulated.model(as: NordicButtonlessDevice.self) {
             printer.note("simulated device: runs its \(model.mode) at \(simulated.address)"
                          + (model.application.map { ", the application flashed with CRC32 \(hex32(CRC32.checksum($0)))" } ?? ""))

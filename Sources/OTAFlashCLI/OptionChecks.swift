@@ -132,6 +132,9 @@ enum Ranges {
     /// The device reports its slot as a 32-bit size.
     static let simSlotSize = Bounds("--sim-slot-size", 1...Int(UInt32.max), unit: " bytes")
     static let slotSize = Bounds("--slot-size", 1...Int(UInt32.max), unit: " bytes")
+    /// The native device's OTA protocol version (docs/PROTOCOL.md): 1, or 2 with its flash declaration.
+    static let simDeviceVersion = Bounds("--sim-device-version", 1...2)
+    static let deviceVersion = Bounds("--device-version", simDeviceVersion.range)
     /// An SMP frame is its 8-byte header and at most 65,535 bytes of CBOR; below 64 bytes no upload
     /// request with data fits.
     static let bufSize = Bounds("--buf-size", smpBufferSize.range, unit: " bytes")
@@ -168,7 +171,7 @@ enum Ranges {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
                                    simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
-                                   smpBufferCount, smpRefuseUpload, smpBusyAbove]
+                                   smpBufferCount, smpRefuseUpload, smpBusyAbove, simDeviceVersion, deviceVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
                                          lostNotificationRate, slowFlash]

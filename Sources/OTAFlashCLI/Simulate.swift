@@ -21,7 +21,10 @@ struct Simulate: AsyncParsableCommand {
 
             --protocol native (the default) serves otaflash's own OTA service and the Device Information Service: \
             after an ACTIVATE it answers, then reboots into the image, refusing centrals for the reboot time. One \
-            central's transfer at a time: a second central's commands fail with ATT error 0x89 (busy).
+            central's transfer at a time: a second central's commands fail with ATT error 0x89 (busy). \
+            --device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
+            library (Sources/COTADevice) in lockstep: every write goes to both, and any difference between their \
+            answers is reported when serving stops, with exit 1.
 
             --protocol nordic-dfu serves a Secure DFU bootloader (service 0xFE59, nRF5 SDK rules: object sizes, \
             init packet checks of hardware, SoftDevice, version and signature, the image's SHA-256), so \
@@ -50,6 +53,7 @@ struct Simulate: AsyncParsableCommand {
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
+              otaflash simulate --adapter hci1 --device-version 2
               otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
               otaflash simulate --adapter hci1 --protocol nordic-dfu --public-key firmware-samples/nordic/test-key-public.pem
               otaflash simulate --adapter hci1 --protocol nordic-dfu --buttonless --bootloader-adapter hci2
@@ -93,6 +97,9 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("buf-count"), parsing: .unconditional, help: Ranges.bufCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT)", valueName: "n"))
     var bufferCount: Int?
 
+    @Option(name: .customLong("device-version"), parsing: .unconditional, help: Ranges.deviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1", valueName: "n"))
+    var deviceVersion: Int = 1
+
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
 
@@ -108,6 +115,11 @@ struct Simulate: AsyncParsableCommand {
         guard Self.protocols.contains(protocolName) else {
             throw ValidationError("--protocol must be \(Self.protocols.joined(separator: " or ")), got '\(protocolName)'")
         }
+        try Ranges.deviceVersion.check(deviceVersion)
+        if deviceVersion != 1, protocolName != NativeProfile.name {
+            throw ValidationError("--device-version is the native OTA protocol's version; drop it or use --protocol native")
+        }
+        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize, option: "--device-version", slotOption: "--slot-size")
         try Ranges.bufSize.check(bufferSize)
         try Ranges.bufCount.check(bufferCount)
         if protocolName != SMPProfile.name {
@@ -324,6 +336,18 @@ struct Simulate: AsyncParsableCommand {
             await bootloader.application.unexport()
         }
         for host in hosts { await host.close() }
+        if await peripheral.runsCLibrary {
+            if let divergence = await peripheral.lockstepDivergence {
+                let line = "the C device library and the Swift device model answered differently: \(divergence)"
+                printer.json(SimulateEvents.Note(message: line))
+                printer.note(line)
+                // A difference outranks how serving ended: it is the finding.
+                throw CLIFailure(.internalError, line)
+            }
+            let line = "the C device library answered every write as the Swift model did"
+            printer.json(SimulateEvents.Note(message: line))
+            printer.note(line)
+        }
         if let failure { throw failure }
         let activated = await peripheral.activations
         printer.json(SimulateEvents.Done(activations: activated))
@@ -352,8 +376,13 @@ struct Simulate: AsyncParsableCommand {
         }
         guard protocolName == NordicDFUProfile.name else {
             let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            let config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
-            return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description, what: "OTA target")
+            var config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
+            if deviceVersion == 2 {
+                config.version2 = OTATarget.Version2()
+                config.runsCLibrary = true
+            }
+            return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
+                                what: deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
         }
         var config = NordicDFUBootloader.Config()
         config.bankSize = slotSize

@@ -20,12 +20,27 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
     public var noOTAService = false
 
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("The OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep, and a difference between the two is exit 1", valueName: "n"))
+    public var deviceVersion: Int = 1
+
     public init() {}
 
     public func validate() throws {
         try Ranges.simSlotSize.check(slotSize)
         guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
+        try Ranges.simDeviceVersion.check(deviceVersion)
+        try Self.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
     }
+
+    /// A version 2 device erases whole units, and the C library beside it takes only a slot of whole units.
+    static func checkVersion2(_ version: Int, slotSize: Int, option: String, slotOption: String) throws(ValidationError) {
+        let unit = OTATarget.Version2().eraseUnit
+        guard version == 2, slotSize % unit != 0 else { return }
+        throw ValidationError("\(option) 2 erases \(unit)-byte units: \(slotOption) must be a multiple of \(unit), got \(slotSize)")
+    }
+
+    /// Version 2's flash, for `--sim-device-version 2`; nil for version 1.
+    var version2: OTATarget.Version2? { deviceVersion == 2 ? OTATarget.Version2() : nil }
 }
 
 /// Options of the built-in simulated peripheral: the device, its link model and the faults it injects.
@@ -80,6 +95,9 @@ public struct SimulatorOptions: ParsableArguments {
         guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
         try Ranges.packetsPerEvent.check(packetsPerEvent)
         try SimulatedButtonless.check(buttonless)
+        if device.deviceVersion == 2, stateDir != nil {
+            throw ValidationError("--sim-state keeps a version 1 device only; drop it or --sim-device-version 2")
+        }
     }
 
     public var link: LinkModel {
@@ -128,7 +146,7 @@ extension SimulatedDeviceOptions {
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
         SimulatedDeviceConfig(address: address, slotSize: slotSize,
                               firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
-                              hasOTAService: !noOTAService)
+                              hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
     }
 
     /// A central that reaches the simulated device at `address` on the real clock.
