@@ -20,11 +20,23 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
     public var noOTAService = false
 
+    @Option(name: .customLong("sim-security"), help: ArgumentHelp("What the device requires of the link: none; encrypt (a bond, Just Works will do); authenticate (a passkey bond: --sim-passkey, else a numeric comparison).", valueName: "none|encrypt|authenticate"),
+            completion: .list(LinkSecurity.allCases.map(\.rawValue)))
+    public var security: String = "none"
+
+    @Option(name: .customLong("sim-passkey"), parsing: .unconditional, help: Ranges.simPasskey.help("With --sim-security authenticate: the passkey the device expects", valueName: "n"))
+    public var passkey: Int?
+
     public init() {}
 
     public func validate() throws {
         try Ranges.simSlotSize.check(slotSize)
         guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
+        guard let level = LinkSecurity(rawValue: security) else {
+            throw ValidationError("--sim-security must be none, encrypt or authenticate, got '\(security)'")
+        }
+        try Ranges.simPasskey.check(passkey)
+        if passkey != nil, level != .authenticate { throw ValidationError("--sim-passkey needs --sim-security authenticate") }
     }
 }
 
@@ -126,9 +138,12 @@ public struct SimulatorOptions: ParsableArguments {
 extension SimulatedDeviceOptions {
     /// The simulated device at `address`, with the default link and no faults.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
-        SimulatedDeviceConfig(address: address, slotSize: slotSize,
-                              firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
-                              hasOTAService: !noOTAService)
+        var config = SimulatedDeviceConfig(address: address, slotSize: slotSize,
+                                           firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
+                                           hasOTAService: !noOTAService)
+        config.security = LinkSecurity(rawValue: security) ?? .none
+        config.passkey = passkey.map { UInt32($0) }
+        return config
     }
 
     /// A central that reaches the simulated device at `address` on the real clock.

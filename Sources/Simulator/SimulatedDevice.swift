@@ -21,6 +21,11 @@ public struct SimulatedDeviceConfig: Sendable {
     /// How long a CHECKPOINT ahead of its data is held for it (`DeviceModel.Timing`). Nil, the
     /// default, answers `gap` at once: the simulated link never reorders writes.
     public var holdEarlyCheckpoint: Duration?
+    /// What the device requires of the link before it serves its characteristics.
+    public var security: LinkSecurity = .none
+    /// With `security` `.authenticate`: the passkey the device expects (passkey entry); nil:
+    /// the device pairs by numeric comparison, which the central must confirm.
+    public var passkey: UInt32?
 
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
@@ -65,6 +70,8 @@ public final class SimulatedDevice: Sendable {
         var model: any PeripheralModel
         var connections = 0
         var connected = false
+        /// The bond the central holds with the device: what re-encrypting with it reaches.
+        var bond: LinkSecurity = .none
         /// The model's GATT table, and that table with attribute handles as characteristic ids.
         var tableSource: [PeripheralService]
         var table: [GATTService]
