@@ -157,6 +157,9 @@ public struct DeviceUpdater: Sendable {
         guard pairing.pair, case .failure(let error) = outcome.result, error.wantsPairing, !Task.isCancelled else { return outcome }
         let target = outcome.progress.entry?.address ?? address
         do throws(OTAError) {
+            // A bond the device no longer honours (or one too weak for it) is replaced, not kept:
+            // BlueZ answers Pair on a bonded device with AlreadyExists.
+            _ = await pairing.unpair(central, [target])
             let connection: any GATTConnection
             do {
                 connection = try await central.connect(to: target, timeout: timeouts.connect)
@@ -175,7 +178,14 @@ public struct DeviceUpdater: Sendable {
         } catch {
             return Outcome(result: .failure(error), progress: outcome.progress)
         }
-        return await attempt(central: central, address: address, from: outcome.progress, events: events)
+        var again = await attempt(central: central, address: address, from: outcome.progress, events: events)
+        if case .failure(let error) = again.result, error.wantsPairing {
+            // Paired, and still refused: the bond is not the kind the device requires.
+            again.result = .failure(OTAError(
+                .pairingFailed, "\(target) still refuses access after pairing (\(pairing.method)): it requires an authenticated bond",
+                hint: "pass --passkey with the passkey it shows or expects, or --confirm-pairing for a numeric comparison", cause: error.cause))
+        }
+        return again
     }
 
     /// Removes the bonds with the device and with where its bootloader answered, when

@@ -205,8 +205,9 @@ extension Flash {
                     logs?.record(event)
                 case .prepared(let device, _, let entry?):
                     printer.note("\(device): moved into \(entry.mode); it answers at \(entry.address)")
-                case .pairing(_, let note):
+                case .pairing(let device, let note):
                     printer.note(note)
+                    printer.json(FlashEvents.Note(device: device, message: note))
                 case .prepared, .image:
                     break
                 }

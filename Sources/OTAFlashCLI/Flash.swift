@@ -282,8 +282,9 @@ struct Flash: AsyncParsableCommand {
                     printer.note("image \(index + 1) of \(count): \(labels[index])")
                 case .session(let event):
                     printer.session(event)
-                case .pairing(_, let note):
+                case .pairing(let device, let note):
                     printer.note(note)
+                    printer.json(FlashEvents.Note(device: device, message: note))
                 }
             }
             let outcome = await updater.run(central: central, address: address, events: events)

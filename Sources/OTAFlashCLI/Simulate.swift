@@ -247,7 +247,8 @@ struct Simulate: AsyncParsableCommand {
         // The device's own agent, bluetoothd's default, answers the pairings centrals start.
         let agent = security == .none ? nil : BlueZAgent(
             bus: host.connection, path: Self.applicationRoot + "/agent",
-            policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: passkey.map { UInt32($0) }, confirmsComparison: passkey == nil),
+            policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: passkey.map { UInt32($0) },
+                                                                confirmsComparison: security == .authenticate && passkey == nil),
                                       servesPeripheral: true),
             logger: output.logger("otaflash.agent"))
 
