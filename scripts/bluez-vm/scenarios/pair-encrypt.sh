@@ -1,9 +1,9 @@
 #!/bin/bash
 # Pairing through the real stack, Just Works, against `otaflash simulate --security encrypt`
 # (its characteristics carry BlueZ's encrypt-read/encrypt-write flags; it runs its own agent):
-#   1. --pair --unpair-after pairs (Just Works), flashes (the stored image is byte-identical)
+#   1. --pair --unpair-after pairs (Just Works), flashes blinky-cortex-m4.bin (byte-identical)
 #      and leaves no bond (`bluetoothctl devices Bonded` on the central is empty);
-#   2. --pair with a forced disconnect mid-transfer (`btmgmt disconnect` at ~100000 bytes):
+#   2. --pair with a forced disconnect mid-transfer (`btmgmt disconnect` at ~60000 bytes of seeded-256k.bin):
 #      the supervisor reconnects, the link is encrypted again with the bond (the writes that
 #      follow need it) and the transfer resumes to done/ok; then `otaflash unpair` removes the bond.
 # A flash without --pair is not part of it: bluetoothd on the central answers the device's ATT
@@ -14,19 +14,30 @@ set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
 
-DISCONNECT_AT=${PAIR_DISCONNECT_AT:-100000}
+# A debug binary on a loaded host takes longer than 30 s to come up under TCG.
+SIM_START_TIMEOUT=${SIM_START_TIMEOUT:-120}
+# A small image where only pairing is measured; replies get time on a slow, encrypting VM (a
+# reply timeout there means a reconnect, and tearing the link down mid-stream has oopsed the
+# guest kernel: scripts/bluez-vm/README.md, "Two links on one central controller").
+SMALL=$PROJECT_DIR/firmware-samples/blinky-cortex-m4.bin
+SLOW=(--reply-timeout 30)
+
+DISCONNECT_AT=${PAIR_DISCONNECT_AT:-60000}
 : "${CENTRAL_INDEX:?}" "${CENTRAL_ADDR:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR" "$PERIPHERAL_HCI $CENTRAL_ADDR")
 step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
 
 # bonded_on HCI-ADDRESS: the addresses `bluetoothctl devices Bonded` lists on that controller.
-bonded_on() {
-	printf 'select %s\ndevices Bonded\nquit\n' "$1" | timeout 10 bluetoothctl 2>/dev/null |
-		sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true
-}
+# no_bond LABEL: `bluetoothctl devices Bonded` on the central lists nothing. bluetoothctl lists
+# nothing either when bluetoothd does not answer: that is a failure, not "no bond".
 no_bond() {
-	local left
-	left=$(bonded_on "$CENTRAL_ADDR")
+	local out rc=0 left
+	out=$(timeout 10 bluetoothctl list 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl did not answer within 10 s (exit $rc; bluetoothd hung?)"
+	grep -q "$CENTRAL_ADDR.*\[default\]" <<<"$out" || fail "$1: the central $CENTRAL_ADDR is not bluetoothctl's default controller: $out"
+	out=$(timeout 10 bluetoothctl devices Bonded 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl devices Bonded did not answer within 10 s (exit $rc)"
+	left=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' <<<"$out" | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true)
 	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
 	step "$1: bluetoothctl devices Bonded on the central: (none)"
 }
@@ -39,23 +50,22 @@ no_bond "before"
 # ------------------------------------------------------------------ 1. --pair --unpair-after
 f=$RESULTS_DIR/flash-pair.stamped
 rc=0
-stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$IMAGE" --json --restart \
+stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$SMALL" --json --restart "${SLOW[@]}" \
 	--pair --unpair-after || rc=$?
 done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
 [ "$rc" -eq 0 ] || fail "--pair --unpair-after exited $rc: $(tail -n 3 "$f.stderr") ${done_line}"
 grep -q 'paired (Just Works)' "$f" "$f.stderr" || fail "no 'paired (Just Works)' note: $(grep note "$f" | tail -n 5)"
 grep -q 'bond removed' "$f" "$f.stderr" || fail "no 'bond removed' note"
 step "paired: $done_line"
-check_stored "$SIM_OUT" "$IMAGE"
+check_stored "$SIM_OUT" "$SMALL"
 no_bond "after --unpair-after"
-flash_figures "$f" "pair+flash (Just Works)"
 remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
 
 # ------------------------------------------------------------------ 2. forced disconnect, resume encrypted
 before=$(grep -c '"event":"activated"' "$SIM_OUT" || true)
 f=$RESULTS_DIR/flash-resume.stamped
 stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$IMAGE" --json --restart \
-	--write-path write-value --reconnect-window 60 --pair &
+	--write-path write-value --reconnect-window 60 "${SLOW[@]}" --pair &
 flash_pid=$!
 BG+=("$flash_pid")
 sent_so_far() { grep '"event":"progress"' "$f" 2>/dev/null | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
