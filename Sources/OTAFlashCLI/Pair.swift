@@ -1,6 +1,7 @@
 import ArgumentParser
 import GATT
 import OTA
+import Simulator
 
 /// `otaflash pair`: bond with a device, without updating it.
 struct Pair: AsyncParsableCommand {
@@ -21,13 +22,16 @@ struct Pair: AsyncParsableCommand {
     @OptionGroup var target: ConnectionOptions
     @OptionGroup(title: "Pairing") var answers: PairingAnswers
     @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulatedSecurity: SimulatedSecurityOptions
     @OptionGroup var output: OutputOptions
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
         do {
             let address = try target.address(simulator: simulator.enabled)
-            let central = simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
+            let central: any GATTCentral = simulator.enabled
+                ? SimulatedCentral(devices: [SimulatedDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)))], clock: SystemClock())
+                : bluezCentral(adapter: target.adapter)
             let policy = PairingPolicy(pair: true, credentials: answers.credentials(for: address, file: try answers.passkeys()),
                                        timeout: answers.timeout)
             let connection: any GATTConnection

@@ -73,6 +73,9 @@ public struct PairingAnswers: ParsableArguments {
     ///   `ADDRESS PASSKEY`, an unreadable file, or an address listed twice.
     func passkeys() throws(CLIFailure) -> [DeviceAddress: UInt32] {
         guard let path = passkeyFile else { return [:] }
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw CLIFailure(.usage, "--passkey-file \(path) does not exist; give a file of `ADDRESS PASSKEY` lines")
+        }
         let text: String
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)

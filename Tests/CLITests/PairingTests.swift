@@ -127,7 +127,7 @@ struct PairingTests {
         let scratch = try Scratch()
         let missing = scratch.url.appendingPathComponent("none").path
         expectOneUsageLine(await otaflash(simulator + ["--pair", "--passkey-file", missing, samplePath("seeded-4k.bin")]),
-                           saying: ["--passkey-file \(missing) cannot be read"])
+                           saying: ["--passkey-file \(missing) does not exist"])
         for (contents, says) in [("C0:FF:EE:00:00:01 1234567\n", "line 1: the passkey must be a whole number 0–999999, got '1234567'"),
                                  ("\nC0:FF:EE:00:00:01\n", "line 2: expected `ADDRESS PASSKEY`"),
                                  ("C0:FF:EE:00:00:01 1\nC0:FF:EE:00:00:01 2\n", "line 2: C0:FF:EE:00:00:01 is listed twice"),
