@@ -195,15 +195,24 @@ public actor OTAPeripheral {
     /// The ATT application error a second central's command gets: 0x80 + `busy` (0x09).
     public static let busyATTError: UInt8 = 0x80 | OTAStatus.busy.rawValue
 
+    /// What the characteristics require of the link (their BlueZ `encrypt-*` flags).
+    public nonisolated let security: LinkSecurity
+
     /// Serves `model`.
     ///
     /// - Parameters:
     ///   - storeDirectory: where activated images are written as `<crc32>.bin`; nil keeps none.
     ///   - trace: called with one line per read and write and what became of it (debugging).
     ///   - clock: the time the device model runs on; real time unless a test injects one.
+    ///   - security: what the characteristics require of the link; bluetoothd refuses reads and
+    ///     writes on a weaker one, so the model sees only those of encrypted links.
     public init(model: any PeripheralModel, storeDirectory: String? = nil, trace: (@Sendable (String) -> Void)? = nil,
-                clock: any MonotonicClock = SystemClock(), events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
+                clock: any MonotonicClock = SystemClock(), security: LinkSecurity = .none,
+                events: @escaping @Sendable (OTAPeripheralEvent) -> Void = { _ in }) {
+        var model = model
+        model.linkEncrypted(security > .none)
         self.model = model
+        self.security = security
         self.table = model.services
         self.servedAddress = model.currentAddress
         self.storeDirectory = storeDirectory
@@ -302,8 +311,20 @@ public actor OTAPeripheral {
         if !properties.isDisjoint(with: [.notify, .indicate]) {
             notifyChanged = { [self] enabled in await self.notificationsChanged(enabled, for: uuid) }
         }
-        return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames, read: read, write: write,
+        return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames + Self.securityFlags(security, properties),
+                                        read: read, write: write,
                                         notifyChanged: notifyChanged)
+    }
+
+    /// BlueZ's flags that make bluetoothd refuse a read or write on a weaker link with ATT
+    /// insufficient authentication or encryption (doc/org.bluez.GattCharacteristic.rst, "Flags").
+    nonisolated static func securityFlags(_ security: LinkSecurity, _ properties: CharacteristicProperties) -> [String] {
+        guard security > .none else { return [] }
+        let prefix = security == .authenticate ? "encrypt-authenticated-" : "encrypt-"
+        var flags: [String] = []
+        if properties.contains(.read) { flags.append(prefix + "read") }
+        if !properties.isDisjoint(with: [.write, .writeWithoutResponse, .reliableWrite]) { flags.append(prefix + "write") }
+        return flags
     }
 
     /// A central subscribed to or unsubscribed from `uuid` (StartNotify / StopNotify).

@@ -8,11 +8,14 @@ public struct BatchTarget: Sendable {
     /// The adapter it is flashed through (nil: the only one); sessions are limited per adapter.
     public let adapter: String?
     public let central: any GATTCentral
+    /// This device's own pairing answers (its passkey from a file), over the batch's.
+    public let credentials: PairingCredentials?
 
-    public init(address: DeviceAddress, adapter: String?, central: any GATTCentral) {
+    public init(address: DeviceAddress, adapter: String?, central: any GATTCentral, credentials: PairingCredentials? = nil) {
         self.address = address
         self.adapter = adapter
         self.central = central
+        self.credentials = credentials
     }
 }
 
@@ -37,11 +40,13 @@ public struct BatchOptions: Sendable {
     public var journal: JournalStore?
     /// Reconnect after activation to read the version the device now runs.
     public var readBackVersion: Bool
+    /// Pairing and unpairing, for each device on its own.
+    public var pairing: PairingPolicy
 
     public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
                 profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
                 registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
-                journal: JournalStore? = nil, readBackVersion: Bool = true) {
+                journal: JournalStore? = nil, readBackVersion: Bool = true, pairing: PairingPolicy = .none) {
         self.parallel = parallel
         self.perAdapter = perAdapter
         self.retries = retries
@@ -53,6 +58,7 @@ public struct BatchOptions: Sendable {
         self.reconnect = reconnect
         self.journal = journal
         self.readBackVersion = readBackVersion
+        self.pairing = pairing
     }
 }
 
@@ -156,9 +162,21 @@ public struct BatchRunner: Sendable {
 
     private func flash(_ target: BatchTarget, events: @escaping @Sendable (DeviceUpdater.Event) -> Void) async -> BatchOutcome {
         let started = clock.now
+        var pairing = options.pairing
+        if let credentials = target.credentials { pairing.credentials = credentials }
         let updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
                                     timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
-                                    logger: logger, namesSessionsByDevice: true, readsBack: options.readBackVersion)
+                                    logger: logger, namesSessionsByDevice: true, readsBack: options.readBackVersion,
+                                    pairing: pairing)
+        let outcome = await attempts(updater, target, started: started, events: events)
+        await updater.removeBonds(central: target.central, address: target.address,
+                                  updateModeAddress: outcome.updateModeAddress.flatMap(DeviceAddress.init), events: events)
+        return outcome
+    }
+
+    /// The device's attempts: the first, then retries while its failure is one a new attempt can overcome.
+    private func attempts(_ updater: DeviceUpdater, _ target: BatchTarget, started: Duration,
+                          events: @escaping @Sendable (DeviceUpdater.Event) -> Void) async -> BatchOutcome {
         var attempt = 0
         var lastError: OTAError?
         var before: FirmwareVersion?

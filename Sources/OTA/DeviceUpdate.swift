@@ -80,11 +80,14 @@ public struct DeviceUpdater: Sendable {
     /// Reconnect after activation and read what the device runs now (`Outcome.after`), when its
     /// protocol tells (`OTAProfile.reportsFirmwareVersion`).
     public let readsBack: Bool
+    /// Whether the device is paired before its update, and again when it refuses for want of it.
+    public let pairing: PairingPolicy
 
     public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
-                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false, readsBack: Bool = false) {
+                logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false, readsBack: Bool = false,
+                pairing: PairingPolicy = .none) {
         self.plan = plan
         self.registry = registry
         self.protocolName = protocolName
@@ -95,6 +98,7 @@ public struct DeviceUpdater: Sendable {
         self.logger = logger
         self.namesSessionsByDevice = namesSessionsByDevice
         self.readsBack = readsBack
+        self.pairing = pairing
     }
 
     /// What happens to one device, beyond its sessions' events.
@@ -106,6 +110,8 @@ public struct DeviceUpdater: Sendable {
         /// Image `index` of `count` of a package starts.
         case image(device: String, index: Int, count: Int, label: String)
         case session(SessionEvent)
+        /// Pairing news for a note line: paired, paired again after a refusal, bond removed.
+        case pairing(device: String, note: String)
     }
 
     /// Where a device stands between two attempts: an attempt after the first goes on from here.
@@ -145,12 +151,62 @@ public struct DeviceUpdater: Sendable {
     /// already installed are not sent again.
     public func run(central: any GATTCentral, address: DeviceAddress, from progress: Progress = Progress(),
                     events: @escaping @Sendable (Event) -> Void) async -> Outcome {
+        let outcome = await attempt(central: central, address: address, from: progress, events: events)
+        // A refusal for want of pairing or encryption, with --pair: pair once (again) and go on
+        // from where the attempt left the device.
+        guard pairing.pair, case .failure(let error) = outcome.result, error.wantsPairing, !Task.isCancelled else { return outcome }
+        let target = outcome.progress.entry?.address ?? address
+        do throws(OTAError) {
+            // A bond the device no longer honours (or one too weak for it) is replaced, not kept:
+            // BlueZ answers Pair on a bonded device with AlreadyExists.
+            _ = await pairing.unpair(central, [target])
+            let connection: any GATTConnection
+            do {
+                connection = try await central.connect(to: target, timeout: timeouts.connect)
+            } catch {
+                throw OTAError.from(error, device: target.description)
+            }
+            do throws(OTAError) {
+                _ = try await pairing.pairIfNeeded(connection, device: target.description, force: true)
+            } catch {
+                await connection.disconnect()
+                throw error
+            }
+            await connection.disconnect()
+            events(.pairing(device: address.description,
+                            note: "\(target) refused access for want of pairing; paired again (\(pairing.method)), going on"))
+        } catch {
+            return Outcome(result: .failure(error), progress: outcome.progress)
+        }
+        var again = await attempt(central: central, address: address, from: outcome.progress, events: events)
+        if case .failure(let error) = again.result, error.wantsPairing {
+            // Paired, and still refused: the bond is not the kind the device requires.
+            again.result = .failure(OTAError(
+                .pairingFailed, "\(target) still refuses access after pairing (\(pairing.method)): it requires an authenticated bond",
+                hint: "pass --passkey with the passkey it shows or expects, or --confirm-pairing for a numeric comparison", cause: error.cause))
+        }
+        return again
+    }
+
+    /// Removes the bonds with the device and with where its bootloader answered, when
+    /// `pairing.unpairAfter` says so, whatever the update's result; says how it went in events.
+    public func removeBonds(central: any GATTCentral, address: DeviceAddress, updateModeAddress: DeviceAddress?,
+                            events: @Sendable (Event) -> Void) async {
+        guard pairing.unpairAfter else { return }
+        let failures = await pairing.unpair(central, [address] + (updateModeAddress.map { [$0] } ?? []))
+        let device = address.description
+        events(.pairing(device: device, note: failures.isEmpty ? "\(device): bond removed (--unpair-after)"
+                        : "\(device): the bond could not be removed: " + failures.joined(separator: "; ")))
+    }
+
+    private func attempt(central: any GATTCentral, address: DeviceAddress, from progress: Progress,
+                         events: @escaping @Sendable (Event) -> Void) async -> Outcome {
         var progress = progress
         let device = address.description
         let handoff = Mutex<(any GATTConnection)?>(nil)
         if progress.entry == nil, progress.imagesDone == 0 {
             do throws(OTAError) {
-                let prepared = try await prepare(central: central, address: address)
+                let prepared = try await prepare(central: central, address: address, events: events)
                 progress.entry = prepared.entry
                 handoff.withLock { $0 = prepared.connection }
                 events(.prepared(device: device, reason: prepared.reason, entry: prepared.entry))
@@ -234,7 +290,8 @@ public struct DeviceUpdater: Sendable {
     ///
     /// - Throws: `OTAError`: the device was not found (or Bluetooth is unavailable), exposes
     ///   services of another protocol than the image's, or could not be moved into its update mode.
-    private func prepare(central: any GATTCentral, address: DeviceAddress) async throws(OTAError) -> Prepared {
+    private func prepare(central: any GATTCentral, address: DeviceAddress,
+                         events: @Sendable (Event) -> Void) async throws(OTAError) -> Prepared {
         let unread = Prepared(reason: plan.reason + plan.contents, entry: nil, connection: nil)
         let connection: any GATTConnection
         do {
@@ -245,6 +302,17 @@ public struct DeviceUpdater: Sendable {
             if Task.isCancelled { throw Self.interrupted(address) }
             guard failure.resumable, failure.code == .connection || failure.code == .timeout else { throw failure }
             return unread
+        }
+        if pairing.pair {
+            do throws(OTAError) {
+                if try await pairing.pairIfNeeded(connection, device: address.description) {
+                    events(.pairing(device: address.description, note: "\(address): paired (\(pairing.method))"))
+                }
+            } catch {
+                await connection.disconnect()
+                if Task.isCancelled { throw Self.interrupted(address) }
+                throw error
+            }
         }
         let services: [GATTService]
         do {

@@ -12,7 +12,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible, CaseIterable {
         private enum Wrapped: String, Hashable, Sendable, CaseIterable {
             case image, imageTooLarge, deviceNotFound, connection, incompatibleDevice, verifyFailed
-            case protocolError, timeout, bluetoothUnavailable, permission, interrupted, internalError
+            case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
         }
 
         private let wrapped: Wrapped
@@ -38,6 +38,8 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var bluetoothUnavailable: Self { Self(.bluetoothUnavailable) }
         /// D-Bus permission denied, or the device wants pairing.
         public static var permission: Self { Self(.permission) }
+        /// Pairing was refused: a wrong passkey, an unconfirmed comparison, a device that rejects it.
+        public static var pairingFailed: Self { Self(.pairingFailed) }
         /// SIGINT/SIGTERM; the transfer can resume.
         public static var interrupted: Self { Self(.interrupted) }
         public static var internalError: Self { Self(.internalError) }
@@ -89,12 +91,15 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
 
     /// Maps a transport error to the failure class a user acts on; the transport error is the cause.
     public static func from(_ error: GATTError, device: String) -> OTAError {
-        switch error.code {
+        if error.wantsPairing {
+            return OTAError(.permission, "\(device) refused access: \(error.message)",
+                            hint: "pass --pair to pair with it first (add --passkey when it shows or expects one)", cause: error)
+        }
+        return switch error.code {
         case .serviceNotFound, .characteristicNotFound, .notPermitted:
             OTAError(.incompatibleDevice, "\(error.message); is \(device) running an OTA-capable firmware?", cause: error)
-        case .notAuthorized:
-            OTAError(.permission, "\(device) refused access: \(error.message)",
-                     hint: "pair it first (`bluetoothctl pair \(device)`), then retry", cause: error)
+        case .authenticationFailed:
+            OTAError(.pairingFailed, error.message, cause: error)
         case .permissionDenied:
             OTAError(.permission, "\(error.message)", cause: error)
         case .deviceNotFound:

@@ -131,6 +131,9 @@ public protocol PeripheralModel: Sendable {
     /// The ATT MTU of the link a central connected over (or that its writes report): a device
     /// whose answers are longer than one notification splits them at MTU − 3.
     mutating func mtuChanged(_ mtu: Int)
+    /// Whether the link the device serves is encrypted with a bond: a device that serves some
+    /// requests only to a bonded central (Nordic's buttonless DFU with bonds) decides on it.
+    mutating func linkEncrypted(_ encrypted: Bool)
 }
 
 extension PeripheralModel {
@@ -140,6 +143,7 @@ extension PeripheralModel {
     public var advertisedName: String? { nil }
     public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
     public mutating func mtuChanged(_ mtu: Int) {}
+    public mutating func linkEncrypted(_ encrypted: Bool) {}
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device

@@ -177,13 +177,20 @@ extension Flash {
 
     /// Flashes every target and reports; throws the batch's exit code unless all succeeded.
     func runBatch(_ targets: [BatchTarget], plan: FlashPlan, printer: EventPrinter) async throws {
+        // Each device pairs with its own passkey when the file lists it.
+        let passkeys = try pairing.answers.passkeys()
+        let targets = targets.map {
+            BatchTarget(address: $0.address, adapter: $0.adapter, central: $0.central,
+                        credentials: pairing.answers.credentials(for: $0.address, file: passkeys))
+        }
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
         let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
                                    timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                    registry: .cli, protocolName: protocolName,
-                                   journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory))
+                                   journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory),
+                                   pairing: pairing.policy)
         let logs = batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }
         printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
                                        adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
@@ -198,6 +205,9 @@ extension Flash {
                     logs?.record(event)
                 case .prepared(let device, _, let entry?):
                     printer.note("\(device): moved into \(entry.mode); it answers at \(entry.address)")
+                case .pairing(let device, let note):
+                    printer.note(note)
+                    printer.json(FlashEvents.Note(device: device, message: note))
                 case .prepared, .image:
                     break
                 }

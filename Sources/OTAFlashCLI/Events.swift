@@ -477,6 +477,7 @@ public enum EventCatalog {
                                                  otaProtocol: "1", otaState: "idle", otaSlotSize: "1048576",
                                                  otaFirmwareVersion: "1.0.0", otaReceived: "0")),
                ("otaflash info", InfoEvents.Done()),
+               ("otaflash pair and unpair", { var done = PairEvents.Done(); done.device = device; done.bonded = true; return done }()),
                ("otaflash image", ImageEvents.Slot(device: device, image: 0, slot: 0, version: "1.0.0", hash: String(repeating: "ab", count: 32),
                                                    bootable: true, pending: false, confirmed: true, active: true, permanent: false)),
                ("otaflash image", ImageEvents.Echo(device: device, text: "hello")),

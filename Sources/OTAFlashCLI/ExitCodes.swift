@@ -17,6 +17,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case timeout = 10
     case bluetoothUnavailable = 11
     case permission = 12
+    case pairingFailed = 13
     case someFailed = 14
     case allFailed = 15
     case outputFailed = 16
@@ -42,7 +43,8 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .protocolError: "the device refused a command (busy, bad state; an SMP device's MCUmgr error, e.g. no free slot while a test image waits or runs unconfirmed) or broke the protocol"
         case .timeout: "a phase timed out (connect, discovery, a reply, verify, activate)"
         case .bluetoothUnavailable: "bluetoothd is not running, or there is no powered adapter"
-        case .permission: "D-Bus permission denied, or the device requires pairing"
+        case .permission: "D-Bus permission denied, or the device requires pairing (pass --pair)"
+        case .pairingFailed: "pairing was refused: a wrong passkey, a numeric comparison not confirmed (--confirm-pairing), a device that rejects Just Works"
         case .someFailed: "batch: some devices failed, the others succeeded"
         case .allFailed: "batch: every device failed"
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
@@ -80,6 +82,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .timeout: self = .timeout
         case .bluetoothUnavailable: self = .bluetoothUnavailable
         case .permission: self = .permission
+        case .pairingFailed: self = .pairingFailed
         case .interrupted: self = .interrupted
         default: self = .internalError
         }

@@ -123,6 +123,8 @@ struct Flash: AsyncParsableCommand {
     @OptionGroup var output: OutputOptions
     @OptionGroup(title: "Several devices") var batch: BatchCLIOptions
 
+    @OptionGroup(title: "Pairing") var pairing: PairingOptions
+
     @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
@@ -241,6 +243,8 @@ struct Flash: AsyncParsableCommand {
             return
         }
         let address = try target.address()
+        var pairingPolicy = pairing.policy
+        pairingPolicy.credentials = pairing.answers.credentials(for: address, file: try pairing.answers.passkeys())
         printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
         for warning in plan.warnings { printer.note("warning: \(warning)") }
         let central: any GATTCentral
@@ -265,13 +269,14 @@ struct Flash: AsyncParsableCommand {
                                     timeouts: sessionTimeouts,
                                     reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                     journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
-                                    logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation)
+                                    logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation,
+                                    pairing: pairingPolicy)
         let (image, simulator) = (image, target.simulator.enabled)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
         let (size, crc32, protocolUsed) = (plan.size, plan.crc32, plan.profile.name)
         let started = central.clock.now
         let work = Task { () async -> DeviceUpdater.Outcome in
-            await updater.run(central: central, address: address) { event in
+            let events = { @Sendable (event: DeviceUpdater.Event) in
                 switch event {
                 case .prepared(_, let reason, let entry):
                     printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
@@ -285,8 +290,15 @@ struct Flash: AsyncParsableCommand {
                     printer.note("image \(index + 1) of \(count): \(labels[index])")
                 case .session(let event):
                     printer.session(event)
+                case .pairing(let device, let note):
+                    printer.note(note)
+                    printer.json(FlashEvents.Note(device: device, message: note))
                 }
             }
+            let outcome = await updater.run(central: central, address: address, events: events)
+            // Whatever the update's result, and even when it was interrupted.
+            await updater.removeBonds(central: central, address: address, updateModeAddress: outcome.progress.entry?.address, events: events)
+            return outcome
         }
         let interrupts = InterruptHandler { _ in
             printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import GATT
 import NordicDFU
 import OTA
 
@@ -165,16 +166,20 @@ enum Ranges {
     static let sdReq = fwid("--sd-req")
     static let simSoftDevice = fwid("--sim-softdevice")
     static let sdAfterUpdate = fwid("--sd-after-update")
+    /// The Security Manager's passkey is six decimal digits (Core Spec Vol 3, Part H, 2.3.5.3).
+    static let passkey = Bounds("--passkey", 0...Int(PairingCredentials.maxPasskey))
+    static let simPasskey = Bounds("--sim-passkey", passkey.range)
+    static let pairTimeout = timeout("--pair-timeout")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
         let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
                                    simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
-                                   smpBufferCount, smpRefuseUpload, smpBusyAbove, simDeviceVersion, deviceVersion]
+                                   smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
-                                         lostNotificationRate, slowFlash]
+                                         lostNotificationRate, slowFlash, pairTimeout]
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]
         for b in ints { texts[b.option] = "a whole number " + b.text }
         for b in doubles { texts[b.option] = "a number " + b.text }

@@ -103,6 +103,13 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
 
+    @Option(name: .long, help: ArgumentHelp("What the device's characteristics require of the link: none; encrypt (a bond, Just Works will do); authenticate (a bond made with --passkey, else by a confirmed numeric comparison). The device runs its own pairing agent.", valueName: "none|encrypt|authenticate"),
+            completion: .list(LinkSecurity.allCases.map(\.rawValue)))
+    var security: String = "none"
+
+    @Option(name: .long, parsing: .unconditional, help: Ranges.passkey.help("With --security authenticate: the passkey the device expects a central to enter", valueName: "n"))
+    var passkey: Int?
+
     @OptionGroup(title: "Faults")
     var faults: FaultOptions
 
@@ -112,6 +119,11 @@ struct Simulate: AsyncParsableCommand {
 
     mutating func validate() throws {
         try Ranges.slotSize.check(slotSize)
+        guard let level = LinkSecurity(rawValue: security) else {
+            throw ValidationError("--security must be none, encrypt or authenticate, got '\(security)'")
+        }
+        try Ranges.passkey.check(passkey)
+        if passkey != nil, level != .authenticate { throw ValidationError("--passkey is what an authenticated pairing expects; add --security authenticate") }
         guard Self.protocols.contains(protocolName) else {
             throw ValidationError("--protocol must be \(Self.protocols.joined(separator: " or ")), got '\(protocolName)'")
         }
@@ -225,7 +237,8 @@ struct Simulate: AsyncParsableCommand {
         let name = device.name
         // The device's address changes (`--buttonless`), for the task that moves the bootloader's advertising.
         let moves = AsyncStream.makeStream(of: DeviceAddress?.self)
-        let peripheral = OTAPeripheral(model: device.model, storeDirectory: store, trace: trace, events: { event in
+        let security = LinkSecurity(rawValue: security) ?? .none
+        let peripheral = OTAPeripheral(model: device.model, storeDirectory: store, trace: trace, security: security, events: { event in
             if case .moved(let address) = event { moves.continuation.yield(address) }
             Self.print(event, printer)
         })
@@ -243,9 +256,23 @@ struct Simulate: AsyncParsableCommand {
                 connection: hosts[1].connection, root: Self.applicationRoot, services: peripheral.services(for: table)))
         }
         var mover: Task<Void, Never>?
+        // The device's own agent, bluetoothd's default, answers the pairings centrals start.
+        let agent = security == .none ? nil : BlueZAgent(
+            bus: host.connection, path: Self.applicationRoot + "/agent",
+            policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: passkey.map { UInt32($0) },
+                                                                confirmsComparison: security == .authenticate && passkey == nil),
+                                      servesPeripheral: true),
+            logger: output.logger("otaflash.agent"))
 
         var failure: CLIFailure?
         do {
+            if let agent {
+                do {
+                    try await agent.register()
+                } catch {
+                    throw CLIFailure(.bluetoothUnavailable, "\(error.message)")
+                }
+            }
             try await application.export()
             try await advertisement.export()
             if let bootloader {
@@ -306,6 +333,7 @@ struct Simulate: AsyncParsableCommand {
             printer.note("serving \(device.what) \"\(name)\" on \(host.adapter)\((applicationAddress ?? host.address).map { " (\($0))" } ?? ""): "
                          + "slot \(formatBytes(slotSize)), firmware \(device.firmwareVersion)"
                          + (bootloader.map { "; its bootloader on \($0.host.adapter)\(device.bootloaderAddress.map { " (\($0))" } ?? "")" } ?? "")
+                         + (security == .none ? "" : "; requires an \(security == .encrypt ? "encrypted" : "authenticated") link\(passkey.map { " (passkey \(PairingCredentials.text(UInt32($0))))" } ?? "")")
                          + "; Ctrl-C to stop")
             switch await stop.wait() {
             case .signal(let number):
@@ -335,6 +363,7 @@ struct Simulate: AsyncParsableCommand {
             try? await bootloader.application.unregister()
             await bootloader.application.unexport()
         }
+        await agent?.unregister()
         for host in hosts { await host.close() }
         if await peripheral.runsCLibrary {
             if let divergence = await peripheral.lockstepDivergence {

@@ -43,9 +43,39 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     var version2: OTATarget.Version2? { deviceVersion == 2 ? OTATarget.Version2() : nil }
 }
 
+/// What the simulated device requires of the link (`flash`, `pair`, `unpair`; not `scan`/`info`).
+public struct SimulatedSecurityOptions: ParsableArguments {
+    @Option(name: .customLong("sim-security"), help: ArgumentHelp("What the device requires of the link: none; encrypt (a bond, Just Works will do); authenticate (a passkey bond: --sim-passkey, else a numeric comparison).", valueName: "none|encrypt|authenticate"),
+            completion: .list(LinkSecurity.allCases.map(\.rawValue)))
+    public var security: String = "none"
+
+    @Option(name: .customLong("sim-passkey"), parsing: .unconditional, help: Ranges.simPasskey.help("With --sim-security authenticate: the passkey the device expects", valueName: "n"))
+    public var passkey: Int?
+
+    public init() {}
+
+    public func validate() throws {
+        guard let level = LinkSecurity(rawValue: security) else {
+            throw ValidationError("--sim-security must be none, encrypt or authenticate, got '\(security)'")
+        }
+        try Ranges.simPasskey.check(passkey)
+        if passkey != nil, level != .authenticate { throw ValidationError("--sim-passkey needs --sim-security authenticate") }
+    }
+
+    /// `config` with the device's security.
+    func apply(to config: SimulatedDeviceConfig) -> SimulatedDeviceConfig {
+        var config = config
+        config.security = LinkSecurity(rawValue: security) ?? .none
+        config.passkey = passkey.map { UInt32($0) }
+        return config
+    }
+}
+
 /// Options of the built-in simulated peripheral: the device, its link model and the faults it injects.
 public struct SimulatorOptions: ParsableArguments {
     @OptionGroup public var device: SimulatedDeviceOptions
+
+    @OptionGroup public var security: SimulatedSecurityOptions
 
     @OptionGroup(title: "Simulated faults")
     public var faultOptions: FaultOptions
@@ -110,7 +140,7 @@ public struct SimulatorOptions: ParsableArguments {
 
     /// The simulated device at `address`.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
-        var config = device.deviceConfig(address: address)
+        var config = security.apply(to: device.deviceConfig(address: address))
         config.link = link
         config.faults = faults
         config.dataProperties = dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse]

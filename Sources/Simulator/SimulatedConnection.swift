@@ -27,7 +27,24 @@ public final class SimulatedConnection: GATTConnection {
         }
         self.clock = clock
         self.model = device.config.link
-        self.link = Mutex(Link(anchor: clock.now, model: device.config.link))
+        var link = Link(anchor: clock.now, model: device.config.link)
+        // A central that holds a bond encrypts the link with it as soon as the device asks
+        // (BlueZ raises the security level on an ATT insufficient-encryption error).
+        link.encryption = device.state.withLock { s in
+            s.model.linkEncrypted(s.bond > .none)
+            return s.bond
+        }
+        self.link = Mutex(link)
+    }
+
+    /// The device's ATT refusal of an attribute on a link weaker than it requires: insufficient
+    /// authentication (0x05) without a bond that reaches it (Core Spec Vol 3, Part F, 4).
+    private func requireSecurity(_ l: Link, _ operation: @autoclosure () -> String) throws(GATTError) {
+        let required = device.config.security
+        guard l.encryption < required else { return }
+        let want = required == .authenticate ? "an authenticated (passkey or numeric comparison) bond" : "an encrypted link (a bond)"
+        throw GATTError(.notAuthorized, "\(operation()) on \(peer) was refused (ATT insufficient authentication): the device requires \(want)",
+                        attError: .insufficientAuthentication)
     }
 
     /// One transmit queue carries requests and commands alike, in the order they were written.
@@ -45,6 +62,7 @@ public final class SimulatedConnection: GATTConnection {
 
     public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
         try await roundTrips(1)
+        try link.withLock { l throws(GATTError) in try requireSecurity(l, "reading \(characteristic.uuid)") }
         guard let uuid = services.characteristic(id: characteristic.id)?.uuid,
               let value = device.state.withLock({ $0.model.read(uuid) }) else {
             throw .att(.readNotPermitted, "reading \(characteristic.uuid)")
@@ -54,6 +72,7 @@ public final class SimulatedConnection: GATTConnection {
 
     public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
         try await roundTrips(1)
+        try link.withLock { l throws(GATTError) in try requireSecurity(l, "enabling notifications on \(characteristic.uuid)") }
         link.withLock { l in
             l.notifying[characteristic.uuid] = enabled ? characteristic.id : nil
         }
@@ -67,6 +86,7 @@ public final class SimulatedConnection: GATTConnection {
         case .withoutResponse:
             try await waitUntil { l, now throws(GATTError) in
                 try l.requireUp(at: now)
+                try requireSecurity(l, "writing \(characteristic.uuid)")
                 guard l.model.timed else {
                     l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
                     return .done
@@ -97,6 +117,7 @@ public final class SimulatedConnection: GATTConnection {
             let now = clock.now
             l.run(until: now, device: device)
             try l.requireUp(at: now)
+            try requireSecurity(l, "writing \(characteristic.uuid)")
             guard !l.model.timed || l.forward.count - l.forwardHead < l.model.txQueueDepth else { return false }
             l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
             return true
@@ -111,6 +132,7 @@ public final class SimulatedConnection: GATTConnection {
         let now = clock.now
         l.run(until: now, device: device)
         try l.requireUp(at: now)
+        try requireSecurity(l, "writing \(c.uuid)")
         l.nextTicket += 1
         let ticket = WriteTicket(l.nextTicket)
         l.outstanding.insert(ticket)
@@ -232,6 +254,8 @@ struct Link {
     var outstanding: Set<WriteTicket> = []
     var blocking: Set<WriteTicket> = []
     var blockingResults: [WriteTicket: GATTError?] = [:]
+    /// How the link is encrypted: by pairing, or by the central re-encrypting with its bond.
+    var encryption: LinkSecurity = .none
 
     enum Forward {
         /// A write without response to the characteristic with this UUID.
@@ -520,5 +544,54 @@ struct Link {
             d.connected = false
             d.model.linkDropped(central: nil)
         }
+    }
+}
+
+extension SimulatedConnection: GATTPairing {
+    public func isBonded() async throws(GATTError) -> Bool {
+        device.state.withLock { $0.bond > .none }
+    }
+
+    /// The Security Manager's exchange in a few round trips: a device that requires
+    /// authentication takes only the passkey it expects (or, without one, a confirmed numeric
+    /// comparison); anything else bonds Just Works, unauthenticated.
+    public func pair(_ credentials: PairingCredentials, timeout: Duration) async throws(GATTError) {
+        try await roundTrips(4)
+        let config = device.config
+        let reached: LinkSecurity
+        if config.security == .authenticate {
+            if let expected = config.passkey {
+                guard let given = credentials.passkey else {
+                    throw GATTError(.authenticationFailed, "pairing with \(peer) failed (AuthenticationFailed): it asked for a passkey; pass --passkey with the one it shows or expects")
+                }
+                guard given == expected else {
+                    throw GATTError(.authenticationFailed, "pairing with \(peer) failed (AuthenticationFailed): the passkey \(PairingCredentials.text(given)) was not accepted; check the passkey the device expects")
+                }
+            } else if !credentials.confirmsComparison {
+                throw GATTError(.authenticationFailed, "pairing with \(peer) failed (AuthenticationFailed): it asked to confirm a numeric comparison; pass --confirm-pairing to accept it")
+            }
+            reached = .authenticate
+        } else {
+            // A device with no input and no output: Just Works whatever the central can do.
+            reached = .encrypt
+        }
+        device.state.withLock { s in
+            s.bond = reached
+            s.model.linkEncrypted(true)
+        }
+        link.withLock { $0.encryption = reached }
+    }
+}
+
+extension SimulatedCentral: GATTBondStore {
+    public func removeBond(_ address: DeviceAddress) async throws(GATTError) {
+        for device in devices where device.address == address {
+            device.state.withLock { $0.bond = .none }
+        }
+    }
+
+    /// True when the central holds a bond with `address`.
+    public func isBonded(_ address: DeviceAddress) -> Bool {
+        devices.contains { $0.address == address && $0.state.withLock { $0.bond > .none } }
     }
 }

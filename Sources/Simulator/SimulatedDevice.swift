@@ -27,6 +27,11 @@ public struct SimulatedDeviceConfig: Sendable {
     /// With `version2`: the C device library runs in lockstep with the Swift model and must answer
     /// alike (`OTATarget.runCLibraryInLockstep`; the divergence is in `target?.lockstepDivergence`).
     public var runsCLibrary: Bool
+    /// What the device requires of the link before it serves its characteristics.
+    public var security: LinkSecurity = .none
+    /// With `security` `.authenticate`: the passkey the device expects (passkey entry); nil:
+    /// the device pairs by numeric comparison, which the central must confirm.
+    public var passkey: UInt32?
 
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
@@ -74,6 +79,8 @@ public final class SimulatedDevice: Sendable {
         var model: any PeripheralModel
         var connections = 0
         var connected = false
+        /// The bond the central holds with the device: what re-encrypting with it reaches.
+        var bond: LinkSecurity = .none
         /// The model's GATT table, and that table with attribute handles as characteristic ids.
         var tableSource: [PeripheralService]
         var table: [GATTService]

@@ -60,7 +60,7 @@ struct ButtonlessFlashTests {
 
     @Test(arguments: [
         ("refusing", 9, "\(application) refused Enter Bootloader: operation failed: the application could not enter the bootloader"),
-        ("bonded", 12, "\(application) enters its bootloader only for a bonded central (buttonless DFU with bonds, 8EC90004), and otaflash does not pair yet"),
+        ("bonded", 12, "\(application) enters its bootloader only for a bonded central (buttonless DFU with bonds, 8EC90004); pass --pair to bond with it first"),
         ("lost", 6, "connecting to \(bootloader) failed: no answer within 20.0 s; nor did a device advertising 'DFU-C0FFEE000001' appear"),
     ])
     func aDeviceThatCannotBeMovedIntoItsBootloaderGetsOneLineAndItsExitCode(kind: String, status: Int32, says: String) async throws {

@@ -28,6 +28,7 @@ KEEP=0
 VERBOSE=0
 BTD_DEBUG=0
 GATT_CHANNELS=
+KERNEL_META=linux-image-amd64
 BTMON=0
 MEMORY=1024
 CPUS=2
@@ -53,6 +54,8 @@ Options:
   --gatt-channels N      bluetoothd's [GATT] Channels (1-5; default: BlueZ's, EATT on): 1 is
                          one ATT bearer per link, as an nRF5 SDK device has
   --btmon                record HCI traffic to DIR/logs/btmon.snoop (read with btmon -r)
+  --kernel PACKAGE       the Debian kernel meta package to boot (default linux-image-amd64,
+                         Debian 12's 6.1; linux-image-6.12-amd64 is 6.12 from bookworm-security)
   --keep                 keep the per-run folder (guest config) under work/
   --verbose              stream the guest console (and scenario output) to stdout
   --memory MIB           guest memory (default 1024)
@@ -102,6 +105,7 @@ while [ $# -gt 0 ]; do
 	--bluetoothd-debug) BTD_DEBUG=1; shift ;;
 	--gatt-channels) need_arg "$@"; need_int "$1" "$2"; [ "$2" -le 5 ] || die_usage "option $1 takes 1-5, got '$2'"; GATT_CHANNELS=$2; shift 2 ;;
 	--btmon) BTMON=1; shift ;;
+	--kernel) need_arg "$@"; [[ $2 =~ ^linux-image-[a-z0-9.+-]+$ ]] || die_usage "option $1 takes a linux-image-* package, got '$2'"; KERNEL_META=$2; shift 2 ;;
 	--keep) KEEP=1; shift ;;
 	--verbose | -v) VERBOSE=1; shift ;;
 	-h | --help) usage; exit "$EXIT_OK" ;;
@@ -268,18 +272,18 @@ check_tools() {
 		harness_fail "bluetoothd is missing (package bluez)"
 }
 
-# Resolves linux-image-amd64 to the real image package, downloads and unpacks
+# Resolves the kernel meta package (--kernel, linux-image-amd64) to the real image package, downloads and unpacks
 # it into work/kernel/<package>_<version>/root (cached), runs depmod there.
 prepare_kernel() {
 	local dep ver dir tmp deb
 	resolve() {
-		dep=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n 1)
+		dep=$(apt-cache depends "$KERNEL_META" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n 1)
 		[ -n "$dep" ] && ver=$(apt-cache show --no-all-versions "$dep" 2>/dev/null | sed -n 's/^Version: //p' | head -n 1)
 		[ -n "$dep" ] && [ -n "$ver" ]
 	}
 	if ! resolve; then
 		apt_update_once || harness_fail "kernel: apt-get update failed (see $APT_LOG)"
-		resolve || harness_fail "kernel: cannot resolve linux-image-amd64 to an image package with apt-cache"
+		resolve || harness_fail "kernel: cannot resolve $KERNEL_META to an image package with apt-cache"
 	fi
 	KPKG=${dep}_$ver
 	dir=$WORK/kernel/$KPKG
@@ -308,9 +312,12 @@ prepare_kernel() {
 		echo "$KVER" >"$tmp/root/.kver"
 		mv "$tmp/root" "$dir"
 		rm -rf -- "$tmp"
+		echo "$KERNEL_META" >"$dir/.meta"
 		touch "$dir/.ready"
-		# Older kernels are no longer needed.
-		find "$WORK/kernel" -mindepth 1 -maxdepth 1 -type d ! -name "$KPKG" ! -name download -exec rm -rf -- {} +
+		# Older kernels of the same meta package are no longer needed.
+		for old in "$WORK"/kernel/*/.meta; do
+			[ -f "$old" ] && [ "$(cat "$old")" = "$KERNEL_META" ] && [ "$(dirname "$old")" != "$dir" ] && rm -rf -- "$(dirname "$old")"
+		done
 	fi
 	KDIR=$dir
 	KVER=$(cat "$dir/.kver")

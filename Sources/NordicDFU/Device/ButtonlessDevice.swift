@@ -24,6 +24,8 @@ public struct NordicButtonlessDevice: PeripheralModel {
     /// True: the bootloader never comes up after Enter Bootloader (a device stuck in its reset).
     public var bootloaderNeverAppears: Bool
     private var awayUntil = Duration.zero
+    /// The central's link is encrypted with a bond (what the bonded variant requires).
+    private var encrypted = false
 
     /// Where a device that never comes back is available: far past any deadline.
     static let never = Duration.seconds(365 * 86_400)
@@ -39,6 +41,8 @@ public struct NordicButtonlessDevice: PeripheralModel {
         self.bootloaderNeverAppears = bootloaderNeverAppears
         self.resetDuration = resetDuration
     }
+
+    public mutating func linkEncrypted(_ encrypted: Bool) { self.encrypted = encrypted }
 
     /// The address the bootloader answers at.
     public var bootloaderAddress: DeviceAddress {
@@ -95,7 +99,7 @@ public struct NordicButtonlessDevice: PeripheralModel {
         guard characteristic == app.characteristicUUID, withResponse else {
             return PeripheralWriteResult(reply: .failure(.writeNotPermitted, "writing \(characteristic)"), outputs: [])
         }
-        switch app.handleWrite(bytes) {
+        switch app.handleWrite(bytes, encrypted: encrypted) {
         case .refuse(let error):
             return PeripheralWriteResult(reply: .failure(error, "writing the buttonless characteristic"), outputs: [])
         case .indicate(let indication):

@@ -44,7 +44,7 @@ extension NordicDFUProfile {
         let named = try await entry.send(.setAdvertisingName(name)) == .success
         let result = try await entry.send(.enterBootloader)
         guard result == .success else {
-            if result == .notBonded { throw entry.bondRequired }
+            if result == .notBonded { throw entry.bondRequired(GATTError(.notAuthorized, "\(device) answered Enter Bootloader with \"not bonded\"")) }
             throw OTAError(.protocolError, "\(device) refused Enter Bootloader: \(result)")
         }
         await entry.awaitDisconnect(within: limits.disconnect)
@@ -62,15 +62,15 @@ private struct ButtonlessEntry {
     let bonded: Bool
     let reply: Duration
 
-    var bondRequired: OTAError {
-        OTAError(.permission, "\(device) enters its bootloader only for a bonded central (buttonless DFU with bonds, 8EC90004), and otaflash does not pair yet",
-                 hint: "bond it first (`bluetoothctl pair \(device)`), or start its bootloader another way and flash that address")
+    func bondRequired(_ cause: GATTError) -> OTAError {
+        OTAError(.permission, "\(device) enters its bootloader only for a bonded central (buttonless DFU with bonds, 8EC90004)",
+                 hint: "pass --pair to bond with it first (add --passkey when it expects one)", cause: cause)
     }
 
     /// A transport failure as one line; an ATT refusal for want of a bond is `bondRequired`.
     func failure(_ error: GATTError) -> OTAError {
         let insecure: Set<ATTError> = [.insufficientAuthentication, .insufficientEncryption]
-        if error.code == .notAuthorized || error.attError.map(insecure.contains) == true { return bondRequired }
+        if error.code == .notAuthorized || error.attError.map(insecure.contains) == true { return bondRequired(error) }
         return OTAError.from(error, device: device.description)
     }
 

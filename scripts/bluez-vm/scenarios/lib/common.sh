@@ -96,7 +96,8 @@ stamped() {
 
 # start_sim TAG ADAPTER STORE [extra args...]: serves the OTA target on ADAPTER
 # (extra args: --verbose, fault options);
-# sets SIM_PID and SIM_OUT (TAG.jsonl); fails unless it reports serving in 30 s.
+# sets SIM_PID and SIM_OUT (TAG.jsonl); fails unless it reports serving in
+# $SIM_START_TIMEOUT seconds (30 by default).
 start_sim() {
 	local tag=$1 adapter=$2 store=$3
 	shift 3
@@ -108,10 +109,10 @@ start_sim() {
 		>"$SIM_OUT" 2>"$RESULTS_DIR/$tag.stderr" &
 	SIM_PID=$!
 	BG+=("$SIM_PID")
-	if ! wait_for_line "$SIM_OUT" '"event":"serving"' 30; then
+	if ! wait_for_line "$SIM_OUT" '"event":"serving"' "${SIM_START_TIMEOUT:-30}"; then
 		kill -0 "$SIM_PID" 2>/dev/null || { wait "$SIM_PID" || step "otaflash simulate exited with $?"; }
 		tail -n 5 "$RESULTS_DIR/$tag.stderr" "$SIM_OUT" || true
-		fail "otaflash simulate on $adapter did not report serving within 30 s"
+		fail "otaflash simulate on $adapter did not report serving within ${SIM_START_TIMEOUT:-30} s"
 	fi
 	step "$tag on $adapter: $(grep -m1 '"event":"serving"' "$SIM_OUT")"
 }

@@ -1,0 +1,102 @@
+#!/bin/bash
+# Pairing through the real stack, Just Works, against `otaflash simulate --security encrypt`
+# (its characteristics carry BlueZ's encrypt-read/encrypt-write flags; it runs its own agent):
+#   1. --pair --unpair-after pairs (Just Works), flashes blinky-cortex-m4.bin (byte-identical)
+#      and leaves no bond (`bluetoothctl devices Bonded` on the central is empty);
+#   2. --pair with a forced disconnect mid-transfer (`btmgmt disconnect` at ~60000 bytes of seeded-256k.bin):
+#      the supervisor reconnects, the link is encrypted again with the bond (the writes that
+#      follow need it) and the transfer resumes to done/ok; then `otaflash unpair` removes the bond.
+# A flash without --pair is not part of it: bluetoothd on the central answers the device's ATT
+# insufficient-encryption refusal by pairing Just Works on its own (src/shared/att.c raises the
+# security level), so the refusal otaflash reports is pair-passkey.sh's (an authenticated link).
+# Leaves no bonds behind on either side.
+set -euo pipefail
+# shellcheck source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
+
+# A debug binary on a loaded host takes longer than 30 s to come up under TCG.
+SIM_START_TIMEOUT=${SIM_START_TIMEOUT:-120}
+# A small image where only pairing is measured; replies get time on a slow, encrypting VM (a
+# reply timeout there means a reconnect, and tearing the link down mid-stream has oopsed the
+# guest kernel: scripts/bluez-vm/README.md, "Two links on one central controller").
+SMALL=$PROJECT_DIR/firmware-samples/blinky-cortex-m4.bin
+SLOW=(--reply-timeout 30)
+
+DISCONNECT_AT=${PAIR_DISCONNECT_AT:-60000}
+: "${CENTRAL_INDEX:?}" "${CENTRAL_ADDR:?}"
+CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR" "$PERIPHERAL_HCI $CENTRAL_ADDR")
+step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
+
+# bonded_on HCI-ADDRESS: the addresses `bluetoothctl devices Bonded` lists on that controller.
+# no_bond LABEL: `bluetoothctl devices Bonded` on the central lists nothing. bluetoothctl lists
+# nothing either when bluetoothd does not answer: that is a failure, not "no bond".
+no_bond() {
+	local out rc=0 left
+	out=$(timeout 10 bluetoothctl list 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl did not answer within 10 s (exit $rc; bluetoothd hung?)"
+	grep -q "$CENTRAL_ADDR.*\[default\]" <<<"$out" || fail "$1: the central $CENTRAL_ADDR is not bluetoothctl's default controller: $out"
+	out=$(timeout 10 bluetoothctl devices Bonded 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl devices Bonded did not answer within 10 s (exit $rc)"
+	left=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' <<<"$out" | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true)
+	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
+	step "$1: bluetoothctl devices Bonded on the central: (none)"
+}
+
+start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security encrypt
+SIM=$SIM_PID
+scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"
+no_bond "before"
+
+# ------------------------------------------------------------------ 1. --pair --unpair-after
+f=$RESULTS_DIR/flash-pair.stamped
+rc=0
+stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$SMALL" --json --restart "${SLOW[@]}" \
+	--pair --unpair-after || rc=$?
+done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
+[ "$rc" -eq 0 ] || fail "--pair --unpair-after exited $rc: $(tail -n 3 "$f.stderr") ${done_line}"
+grep -q 'paired (Just Works)' "$f" "$f.stderr" || fail "no 'paired (Just Works)' note: $(grep note "$f" | tail -n 5)"
+grep -q 'bond removed' "$f" "$f.stderr" || fail "no 'bond removed' note"
+step "paired: $done_line"
+check_stored "$SIM_OUT" "$SMALL"
+no_bond "after --unpair-after"
+remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
+
+# ------------------------------------------------------------------ 2. forced disconnect, resume encrypted
+before=$(grep -c '"event":"activated"' "$SIM_OUT" || true)
+f=$RESULTS_DIR/flash-resume.stamped
+stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$IMAGE" --json --restart \
+	--write-path write-value --reconnect-window 60 "${SLOW[@]}" --pair &
+flash_pid=$!
+BG+=("$flash_pid")
+sent_so_far() { grep '"event":"progress"' "$f" 2>/dev/null | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
+deadline=$((SECONDS + 150))
+until [ "$(sent_so_far)" -ge "$DISCONNECT_AT" ] 2>/dev/null; do
+	kill -0 "$flash_pid" 2>/dev/null || break
+	((SECONDS < deadline)) || fail "the central did not reach $DISCONNECT_AT bytes within 150 s"
+	sleep 0.1
+done
+at=$(sent_so_far)
+out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
+step "forced disconnect at ${at:-?} bytes sent: $(tr '\n' ' ' <<<"$out")"
+rc=0
+wait "$flash_pid" || rc=$?
+done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
+[ "$rc" -eq 0 ] || fail "the paired flash with a forced disconnect exited $rc: $(tail -n 3 "$f.stderr") $done_line"
+reconnects=$(grep -c '"event":"reconnect"' "$f" || true)
+((reconnects >= 1)) || fail "no reconnect event: the link loss was not recovered by a reconnect"
+wait_for_line "$SIM_OUT" '"event":"activated"' 15 || true
+[ "$(grep -c '"event":"activated"' "$SIM_OUT")" -gt "$before" ] || fail "no new activation after the resumed transfer"
+check_stored "$SIM_OUT" "$IMAGE"
+paired=$(timeout 10 dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$CENTRAL_HCI/dev_${PERIPHERAL_ADDR//:/_}" \
+	org.freedesktop.DBus.Properties.Get string:org.bluez.Device1 string:Paired 2>/dev/null | grep -o 'boolean [a-z]*' || true)
+step "resumed over the re-encrypted link: $reconnects reconnect(s), Paired: ${paired:-?}; $done_line"
+step "FIGURES resume: bytes_sent $(jfield "$done_line" bytes_sent) for $IMAGE_SIZE, reconnects $reconnects, $(jfield "$done_line" seconds) s"
+
+rc=0
+out=$(timeout 60 "$OTAFLASH" unpair --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" 2>&1) || rc=$?
+step "otaflash unpair: exit $rc: $out"
+[ "$rc" -eq 0 ] || fail "otaflash unpair exited $rc"
+no_bond "after otaflash unpair"
+
+stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
+step "PASS"

@@ -1,0 +1,95 @@
+#!/bin/bash
+# Passkey pairing through the real stack, against `otaflash simulate --security authenticate
+# --passkey 123456` (encrypt-authenticated-* flags; its agent enters that passkey):
+#   0. a flash without --pair fails (exit 12, or 6 when the stack's own pairing attempt drops
+#      the link), nothing activated;
+#   1. --pair --passkey 111111 (wrong): exit 13 (pairing_failed), one line naming the passkey;
+#      no bond left;
+#   2. --pair --passkey 123456 --unpair-after: pairs (passkey entry), flashes blinky-cortex-m4.bin (the stored
+#      image is byte-identical) and leaves no bond (`bluetoothctl devices Bonded` on the central is empty).
+# Leaves no bonds behind on either side.
+set -euo pipefail
+# shellcheck source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
+
+# A debug binary on a loaded host takes longer than 30 s to come up under TCG.
+SIM_START_TIMEOUT=${SIM_START_TIMEOUT:-120}
+# A small image where only pairing is measured; replies get time on a slow, encrypting VM (a
+# reply timeout there means a reconnect, and tearing the link down mid-stream has oopsed the
+# guest kernel: scripts/bluez-vm/README.md, "Two links on one central controller").
+SMALL=$PROJECT_DIR/firmware-samples/blinky-cortex-m4.bin
+SLOW=(--reply-timeout 30)
+
+PASSKEY=123456
+: "${CENTRAL_ADDR:?}"
+CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR" "$PERIPHERAL_HCI $CENTRAL_ADDR")
+step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
+
+# no_bond LABEL: `bluetoothctl devices Bonded` on the central lists nothing. bluetoothctl lists
+# nothing either when bluetoothd does not answer: that is a failure, not "no bond".
+no_bond() {
+	local out rc=0 left
+	out=$(timeout 10 bluetoothctl list 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl did not answer within 10 s (exit $rc; bluetoothd hung?)"
+	grep -q "$CENTRAL_ADDR.*\[default\]" <<<"$out" || fail "$1: the central $CENTRAL_ADDR is not bluetoothctl's default controller: $out"
+	out=$(timeout 10 bluetoothctl devices Bonded 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl devices Bonded did not answer within 10 s (exit $rc)"
+	left=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' <<<"$out" | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true)
+	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
+	step "$1: bluetoothctl devices Bonded on the central: (none)"
+}
+
+# refused LABEL EXPECTED-PATTERN ARGS...: the flash must exit 13 with one error line matching the pattern.
+refused() {
+	local label=$1 pattern=$2 f=$RESULTS_DIR/flash-$1.stamped rc=0 line
+	shift 2
+	stamped "$f" 180 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$SMALL" --json --restart "${SLOW[@]}" "$@" || rc=$?
+	line=$(grep 'otaflash: error' "$f.stderr" | tail -n 1 || true)
+	step "$label: exit $rc: $line"
+	[ "$rc" -eq 13 ] || fail "$label: exited $rc, expected 13 (pairing_failed): $(tail -n 3 "$f.stderr")"
+	[ "$(grep -c 'otaflash: error' "$f.stderr")" -eq 1 ] || fail "$label: not one error line: $(cat "$f.stderr")"
+	grep -Eq -- "$pattern" <<<"$line" || fail "$label: the line does not say '$pattern': $line"
+	grep -q '"exit_code":13' "$f" || fail "$label: the done event does not carry exit code 13"
+	! grep -q '"event":"activated"' "$SIM_OUT" || fail "$label: the device activated an image"
+	remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"
+	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
+	no_bond "after $label"
+}
+
+start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security authenticate --passkey "$PASSKEY"
+SIM=$SIM_PID
+scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"
+no_bond "before"
+
+# Without --pair: refused, nothing activated. bluetoothd answers the device's ATT refusal by
+# trying to pair on its own; with no agent of the central's to enter a passkey that pairing is
+# cancelled and the kernel drops the link, so otaflash sees the link lost (exit 6) rather than the
+# refusal itself (exit 12, which the simulator's tests cover).
+f=$RESULTS_DIR/flash-unpaired.stamped
+rc=0
+stamped "$f" 180 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$SMALL" --json --restart --reconnect-window 0 "${SLOW[@]}" || rc=$?
+line=$(grep 'otaflash: error' "$f.stderr" | tail -n 1 || true)
+step "unpaired: exit $rc: $line"
+[ "$rc" -eq 12 ] || [ "$rc" -eq 6 ] || fail "a flash without --pair exited $rc, expected 12 (permission) or 6 (link dropped by the failed pairing): $(tail -n 3 "$f.stderr")"
+[ "$(grep -c 'otaflash: error' "$f.stderr")" -eq 1 ] || fail "not one error line: $(cat "$f.stderr")"
+! grep -q '"event":"activated"' "$SIM_OUT" || fail "the device activated an image written over an unauthenticated link"
+step "unpaired: the peripheral's agent was asked: $(grep -o 'request=[a-z ]*' "$RESULTS_DIR/sim.stderr" | tr '\n' ' ')"
+remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"
+remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
+no_bond "after the refusal"
+
+refused wrong-passkey 'passkey 111111 was not accepted' --pair --passkey 111111
+
+f=$RESULTS_DIR/flash-passkey.stamped
+rc=0
+stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$SMALL" --json --restart "${SLOW[@]}" \
+	--pair --passkey "$PASSKEY" --unpair-after || rc=$?
+done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
+[ "$rc" -eq 0 ] || fail "--pair --passkey $PASSKEY exited $rc: $(tail -n 3 "$f.stderr") $done_line"
+grep -q 'paired (passkey entry)' "$f" "$f.stderr" || fail "no 'paired (passkey entry)' note"
+step "right passkey: $done_line"
+check_stored "$SIM_OUT" "$SMALL"
+no_bond "after --unpair-after"
+
+stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
+step "PASS"
