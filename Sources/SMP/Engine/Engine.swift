@@ -520,6 +520,7 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
+        let afterBusy = waitingOutBusy
         waitingOutBusy = false
         retries += 1
         if let busy = busyRefusal, retries > config.commandRetries { return fail(refusal(busy)) }
@@ -533,9 +534,10 @@ public struct SMPEngine: TransferEngine {
             command = nil
             return send(request)
         }
-        // Upload answers went missing: ask again from the last offset the server confirmed.
+        // Upload answers went missing, or a busy server was waited out: ask again from the last
+        // offset the server confirmed (only the former is a rewind: nothing was lost).
         if awaitingFirst { return sendChunk(at: 0) }
-        stats.rewinds += 1
+        if !afterBusy { stats.rewinds += 1 }
         return rewind(to: acked)
     }
 
