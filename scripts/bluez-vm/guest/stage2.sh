@@ -244,17 +244,22 @@ adapter_prop() {
 		org.freedesktop.DBus.Properties.Get string:org.bluez.Adapter1 "string:$2" 2>/dev/null |
 		sed -n 's/.*variant *[a-z0-9]* *//p' | tr -d '"' || true
 }
-all_powered() {
-	local a
+# Powers on every adapter not yet on. bluetoothd may be powering one itself (AutoEnable) and
+# answers org.bluez.Error.Busy meanwhile: that one is asked again on the next round.
+power_on_all() {
+	local a on=0
 	for a in "${ADAPTERS[@]}"; do
-		[ "$(adapter_prop "$a" Powered)" = true ] || return 1
+		if [ "$(adapter_prop "$a" Powered)" = true ]; then
+			on=$((on + 1))
+		else
+			dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$a" \
+				org.freedesktop.DBus.Properties.Set string:org.bluez.Adapter1 string:Powered variant:boolean:true \
+				>/dev/null 2>&1 || true
+		fi
 	done
+	((on == ${#ADAPTERS[@]}))
 }
-for a in "${ADAPTERS[@]}"; do
-	dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$a" \
-		org.freedesktop.DBus.Properties.Set string:org.bluez.Adapter1 string:Powered variant:boolean:true >/dev/null
-done
-wait_for "$STEP_TIMEOUT" "the adapters to power on" all_powered
+wait_for "$STEP_TIMEOUT" "the adapters to power on" power_on_all
 
 # ---------------------------------------------------------------- scenario env
 export OTAFLASH_VM=1 PROJECT_DIR
