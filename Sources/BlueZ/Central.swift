@@ -136,13 +136,15 @@ public struct BlueZCentral: GATTCentral {
 
         try await discover(bus, adapterPath: adapterPath, uuids: filter.serviceUUIDs) { () async throws(GATTError) in
             let end = clock.now + timeout
+            var round = 0
             while clock.now < end {
                 do {
                     try await clock.sleep(until: min(end, clock.now + Self.rediscoverEvery))
                 } catch {
                     throw GATTError(.failed, "scanning on \(adapterName) was cancelled")
                 }
-                if clock.now < end { await restartDiscovery(bus, adapterPath: adapterPath, uuids: filter.serviceUUIDs) }
+                if clock.now < end { await restartDiscovery(bus, adapterPath: adapterPath, uuids: filter.serviceUUIDs, round: round) }
+                round += 1
             }
         }
         // Properties as they stand now (RSSI and names that arrived last).
@@ -186,27 +188,50 @@ public struct BlueZCentral: GATTCentral {
         return filter
     }
 
-    /// How often discovery is stopped and started again while a scan goes on. The kernel asks the
-    /// controller to filter duplicate advertising reports, so an advertiser is reported once per
-    /// scan enable; a report that arrives just before the kernel marks discovery active is
-    /// dropped, and that device would stay unseen for the rest of the scan (seen with btvirt's
-    /// controllers, scripts/bluez-vm/README.md "Pitfalls"). Enabling the scan again has it
-    /// reported again.
+    /// How often the scan is restarted while a scan goes on. The kernel asks the controller to
+    /// filter duplicate advertising reports, so an advertiser is reported once per scan enable;
+    /// a report that arrives before the kernel marks discovery active, or before bluetoothd has
+    /// the answer to its start command (src/adapter.c drops reports while its `discovering` is
+    /// false), is lost, and that device would stay unseen for the rest of the scan (seen with
+    /// btvirt's controllers, which report at once, scripts/bluez-vm/README.md "Pitfalls").
+    /// Enabling the scan again has it reported again.
     public static let rediscoverEvery: Duration = .seconds(2)
 
-    /// StopDiscovery, then the filter again (bluetoothd drops a client's filter with its
-    /// discovery) and StartDiscovery; failures only logged (the scan goes on with what it has).
-    private func restartDiscovery(_ bus: DBusConnection, adapterPath: String, uuids: [BluetoothUUID]) async {
-        let calls: [(String, [DBusValue])] = [("StopDiscovery", []), ("SetDiscoveryFilter", [.vardict(Self.discoveryFilter(uuids))]),
-                                              ("StartDiscovery", [])]
-        for (member, arguments) in calls {
+    /// Restarts the scan, two ways in turn (`round` counts the restarts):
+    /// - even rounds: a second client of ours starts and stops a discovery of its own with
+    ///   `Transport` "auto". Each changes the filter bluetoothd merges from its clients, and
+    ///   bluetoothd restarts the scan for it while its own discovery stays on, so the report that
+    ///   comes at once after the restart is kept (src/adapter.c, `update_discovery_filter`,
+    ///   `start_discovery_timeout`). An adapter without BR/EDR merges the same filter, and nothing
+    ///   is restarted;
+    /// - odd rounds: StopDiscovery, the filter again (bluetoothd drops a client's filter with its
+    ///   discovery) and StartDiscovery, which restarts any adapter but ends bluetoothd's
+    ///   discovery in between.
+    /// Failures are only logged (the scan goes on with what it has).
+    private func restartDiscovery(_ bus: DBusConnection, adapterPath: String, uuids: [BluetoothUUID], round: Int) async {
+        let adapterName = BlueZ.adapterName(adapterPath)
+        func call(_ bus: DBusConnection, _ member: String, _ arguments: [DBusValue] = []) async -> Bool {
             do {
                 _ = try await bus.call(destination: BlueZ.service, path: adapterPath, interface: BlueZ.adapter,
                                        member: member, arguments: arguments, timeout: .seconds(5))
+                return true
             } catch {
-                logger.debug("restarting discovery: \(member) failed", metadata: ["adapter": "\(BlueZ.adapterName(adapterPath))", "error": "\(error)"])
+                logger.debug("restarting discovery: \(member) failed", metadata: ["adapter": "\(adapterName)", "error": "\(error)"])
+                return false
             }
         }
+        if round % 2 == 0, let second = try? await openBus() {
+            var filter = Self.discoveryFilter(uuids)
+            filter["Transport"] = .string("auto")
+            if await call(second, "SetDiscoveryFilter", [.vardict(filter)]), await call(second, "StartDiscovery") {
+                _ = await call(second, "StopDiscovery")
+            }
+            await second.close()
+            return
+        }
+        _ = await call(bus, "StopDiscovery")
+        _ = await call(bus, "SetDiscoveryFilter", [.vardict(Self.discoveryFilter(uuids))])
+        _ = await call(bus, "StartDiscovery")
     }
 
     /// Runs `body` with discovery on: SetDiscoveryFilter(Transport le, UUIDs, DuplicateData
@@ -296,9 +321,11 @@ public struct BlueZCentral: GATTCentral {
         if objects[devicePath]?[BlueZ.device] == nil {
             logger.debug("device unknown to BlueZ; scanning for it", metadata: ["device": "\(address)"])
             try await discover(bus, adapterPath: link.adapterPath, uuids: []) { () async throws(GATTError) in
+                var round = 0
                 while remaining(deadline) > .zero {
                     if await link.state.wait(timeout: min(remaining(deadline), Self.rediscoverEvery), until: { $0.deviceKnown }) { return }
-                    if remaining(deadline) > .zero { await restartDiscovery(bus, adapterPath: link.adapterPath, uuids: []) }
+                    if remaining(deadline) > .zero { await restartDiscovery(bus, adapterPath: link.adapterPath, uuids: [], round: round) }
+                    round += 1
                 }
             }
             objects = try await Self.managedObjects(bus)

@@ -6,7 +6,7 @@ import GATT
 /// doc/advertising-api.txt).
 ///
 /// The object exports `org.bluez.LEAdvertisement1` with `Type` "peripheral" (connectable),
-/// `ServiceUUIDs` and `LocalName`, and a `Release` method that bluetoothd calls when it drops the
+/// `Discoverable`, `ServiceUUIDs` and `LocalName`, and a `Release` method that bluetoothd calls when it drops the
 /// advertisement on its own (for instance when the adapter powers off). BlueZ builds the
 /// advertising data itself: a 128-bit service UUID takes 18 of the 31 bytes, so the name goes into
 /// the scan response when it does not fit (src/advertising.c, `generate_scan_rsp`).
@@ -36,6 +36,13 @@ public actor PeripheralAdvertisement {
         var properties: [String: DBusValue] = [
             "Type": .string("peripheral"),
             "ServiceUUIDs": .strings(serviceUUIDs.map(\.description)),
+            // The LE General Discoverable flag, as a device waiting for an update advertises.
+            // Without it BlueZ sets no flags on an adapter that is not discoverable, and
+            // bluetoothd makes no device object for a report of an unknown advertiser without
+            // them that arrives before its own discovery start has completed
+            // (src/adapter.c, update_found_devices); a controller reporting once per scan start
+            // then hides the device (scripts/bluez-vm/README.md, "Pitfalls").
+            "Discoverable": .bool(true),
         ]
         if let localName { properties["LocalName"] = .string(localName) }
         try await connection.export(path: path, interfaces: [

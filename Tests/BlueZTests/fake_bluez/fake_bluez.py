@@ -206,7 +206,9 @@ class FakeBlueZ:
         self.objects = {}  # path -> {interface: {property: Variant}}
         self.ota = OTADevice(args.slot_size, args.firmware_version, args.image_out)
         self.firmware_revision = args.firmware_revision
-        self.discovering = False
+        # The clients (bus names) whose discovery is on, as bluetoothd keeps them: the adapter
+        # discovers while any is; one joining or leaving restarts the scan.
+        self.discovery_clients = set()
         self.data_bytes = 0
         self.disconnect_done = False
         self.socket_packets = 0
@@ -374,13 +376,20 @@ class FakeBlueZ:
                                                    ",".join(uuids.value) if uuids else ""))
         return Message.new_method_return(msg)
 
+    @property
+    def discovering(self):
+        return bool(self.discovery_clients)
+
     def start_discovery(self, msg):
         props = self.objects[msg.path][ADAPTER]
         if not props["Powered"].value:
             raise bluez_error("NotReady", "Resource Not Ready")
         if msg.path == self.adapter:
-            self.discovering = True
+            if msg.sender in self.discovery_clients:
+                raise bluez_error("InProgress", "Operation already in progress")
+            self.discovery_clients.add(msg.sender)
             self.set_props(msg.path, ADAPTER, {"Discovering": Variant("b", True)})
+            # The scan (re)starts: a controller that filters duplicates reports again.
             asyncio.get_running_loop().call_later(0.1, self.advertise)
         return Message.new_method_return(msg)
 
@@ -393,10 +402,13 @@ class FakeBlueZ:
             self.set_props(self.device, DEVICE, {"RSSI": Variant("n", -42)})
 
     def stop_discovery(self, msg):
-        if msg.path != self.adapter or not self.discovering:
+        if msg.path != self.adapter or msg.sender not in self.discovery_clients:
             raise bluez_error("Failed", "No discovery started")
-        self.discovering = False
-        self.set_props(msg.path, ADAPTER, {"Discovering": Variant("b", False)})
+        self.discovery_clients.discard(msg.sender)
+        if self.discovering:
+            asyncio.get_running_loop().call_later(0.1, self.advertise)
+        else:
+            self.set_props(msg.path, ADAPTER, {"Discovering": Variant("b", False)})
         return Message.new_method_return(msg)
 
     # ---- Device1 ----
