@@ -114,7 +114,8 @@ private let socketSend = Musl.send
 #endif
 
 #if canImport(Glibc)
-private let closeDescriptor = Glibc.close
+/// `close(2)` (a name of its own: the sockets' classes have a `close()` method).
+let closeDescriptor = Glibc.close
 #elseif canImport(Musl)
-private let closeDescriptor = Musl.close
+let closeDescriptor = Musl.close
 #endif

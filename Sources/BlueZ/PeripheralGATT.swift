@@ -103,14 +103,19 @@ public struct PeripheralCharacteristic: Sendable {
     public var write: WriteHandler?
     /// Called on `StartNotify` (true) and `StopNotify` (false).
     public var notifyChanged: NotifyHandler?
+    /// Writes come through a socket bluetoothd acquires (`AcquireWrite`, `WriteAcquired`) rather
+    /// than one `WriteValue` call each: for a characteristic that takes write commands only
+    /// (``PeripheralWriteSocket`` says why). `WriteValue` is still answered.
+    public var acquiresWrites: Bool
 
     public init(uuid: BluetoothUUID, flags: [String], read: ReadHandler? = nil, write: WriteHandler? = nil,
-                notifyChanged: NotifyHandler? = nil) {
+                notifyChanged: NotifyHandler? = nil, acquiresWrites: Bool = false) {
         self.uuid = uuid
         self.flags = flags
         self.read = read
         self.write = write
         self.notifyChanged = notifyChanged
+        self.acquiresWrites = acquiresWrites
     }
 }
 
@@ -149,6 +154,14 @@ public actor PeripheralApplication {
     private var exported: [String] = []
     private var notifying: [String: Bool] = [:]
     private var registeredOn: String?
+    /// The write sockets bluetoothd acquired, by characteristic path and central.
+    private var acquired: [String: Acquisition] = [:]
+
+    private struct Acquisition {
+        let socket: PeripheralWriteSocket
+        let request: GATTServerRequest
+        let write: PeripheralCharacteristic.WriteHandler
+    }
 
     public init(connection: DBusConnection, root: String, services: [PeripheralService]) {
         self.connection = connection
@@ -218,6 +231,14 @@ public actor PeripheralApplication {
                 return []
             }
         }
+        if c.acquiresWrites, let write = c.write {
+            // AcquireWrite(a{sv} options) -> (h fd, q mtu)
+            methods["AcquireWrite"] = { [weak self] call in
+                let request = try GATTServerRequest(options: call.arguments.first)
+                guard let self else { throw GATTServerError.failed("the application is gone") }
+                return try await self.acquireWrite(path: path, request: request, write: write)
+            }
+        }
         if c.flags.contains("notify") || c.flags.contains("indicate") {
             let changed = c.notifyChanged
             methods["StartNotify"] = { [weak self] _ in
@@ -236,11 +257,74 @@ public actor PeripheralApplication {
             "Service": .objectPath(service),
             "Flags": .strings(c.flags),
         ]
+        if c.acquiresWrites && c.write != nil {
+            // Its presence is what tells bluetoothd to call AcquireWrite (src/gatt-database.c, chrc_write_cb).
+            properties["WriteAcquired"] = .bool(false)
+        }
         if c.flags.contains("notify") || c.flags.contains("indicate") {
             properties["Notifying"] = .bool(false)
             properties["Value"] = .bytes([])
         }
+        // Writes waiting in an acquired socket were made before this call reached us: they go first.
+        for (name, handler) in methods {
+            methods[name] = { [weak self] call in
+                await self?.readAcquired()
+                return try await handler(call)
+            }
+        }
         return DBusInterface(name: Self.characteristicInterface, methods: methods, properties: properties)
+    }
+
+    /// Answers `AcquireWrite`: a new socket pair whose other end goes to bluetoothd in the reply.
+    private func acquireWrite(path: String, request: GATTServerRequest,
+                              write: @escaping PeripheralCharacteristic.WriteHandler) async throws -> [DBusValue] {
+        let key = path + " " + (request.device ?? "")
+        if let previous = acquired.removeValue(forKey: key) {
+            // bluetoothd asks again when it lost the socket: what it sent there before comes first.
+            await deliver(previous.socket.read(), of: previous)
+            previous.socket.close()
+        }
+        let socket: PeripheralWriteSocket
+        switch PeripheralWriteSocket.make() {
+        case .success(let made): socket = made
+        case .failure(let error): throw GATTServerError.failed(error.message)
+        }
+        acquired[key] = Acquisition(socket: socket, request: request, write: write)
+        let (connection, root) = (connection, root)
+        socket.start { [weak self] in
+            Task { [weak self] in
+                await connection.enqueue(inGroup: root) { [weak self] in await self?.readAcquired() }
+            }
+        }
+        // libdbus duplicates the descriptor into the reply; ours closes once the reply is out.
+        await connection.enqueue(inGroup: root) { socket.closePeerEnd() }
+        return [.unixFD(socket.peerEnd), .uint16(UInt16(clamping: request.mtu ?? 23))]
+    }
+
+    /// Hands every write waiting in an acquired socket to its handler, in the order they came.
+    /// Runs in the application's chain of calls (a handler's first step, or queued by the socket).
+    func readAcquired() async {
+        for (key, acquisition) in acquired.sorted(by: { $0.key < $1.key }) {
+            let reading = await acquisition.socket.read()
+            await deliver(reading, of: acquisition)
+            if reading.hungUp {
+                acquired[key] = nil
+                acquisition.socket.close()
+            } else {
+                acquisition.socket.resume()
+            }
+        }
+    }
+
+    private func deliver(_ reading: PeripheralWriteSocket.Reading, of acquisition: Acquisition) async {
+        // A write command has no reply to carry an error back.
+        for value in reading.values { try? await acquisition.write(value, acquisition.request) }
+    }
+
+    /// Closes every acquired socket; bluetoothd acquires again on the next write.
+    private func releaseAcquired() {
+        for acquisition in acquired.values { acquisition.socket.close() }
+        acquired = [:]
     }
 
     private func setNotifying(_ path: String, _ on: Bool) async {
@@ -283,6 +367,7 @@ public actor PeripheralApplication {
 
     /// Removes the exported objects.
     public func unexport() async {
+        releaseAcquired()
         for path in exported.reversed() { await connection.unexport(path: path) }
         exported = []
     }

@@ -302,10 +302,12 @@ public actor OTAPeripheral {
             read = { [self] request in try await self.read(uuid, request) }
         }
         var write: PeripheralCharacteristic.WriteHandler?
+        var acquiresWrites = false
         if !properties.isDisjoint(with: [.write, .reliableWrite]) {
             write = { [self] bytes, request in try await self.command(bytes, to: uuid, request) }
         } else if properties.contains(.writeWithoutResponse) {
             write = { [self] bytes, request in await self.data(bytes, to: uuid, request) }
+            acquiresWrites = true
         }
         var notifyChanged: PeripheralCharacteristic.NotifyHandler?
         if !properties.isDisjoint(with: [.notify, .indicate]) {
@@ -313,7 +315,7 @@ public actor OTAPeripheral {
         }
         return PeripheralCharacteristic(uuid: uuid, flags: properties.bluezFlagNames + Self.securityFlags(security, properties),
                                         read: read, write: write,
-                                        notifyChanged: notifyChanged)
+                                        notifyChanged: notifyChanged, acquiresWrites: acquiresWrites)
     }
 
     /// BlueZ's flags that make bluetoothd refuse a read or write on a weaker link with ATT

@@ -323,6 +323,19 @@ extension DBusConnection {
         if let chain { callTails[chain] = task }
     }
 
+    /// Runs `work` as one more link of the chain of calls to the objects exported with
+    /// `.serialGroup(group)`: after the handlers queued before it (and their replies), before
+    /// the calls that arrive later. For work that must keep its place among those calls, such
+    /// as data a GATT application reads from a socket rather than from a method call.
+    public func enqueue(inGroup group: String, _ work: @escaping @Sendable () async -> Void) {
+        guard let chain = Self.chain(.serialGroup(group), path: "") else { return }
+        let previous = callTails[chain]
+        callTails[chain] = Task {
+            await previous?.value
+            await work()
+        }
+    }
+
     private func finishIncoming(_ id: UInt64, _ result: Result<[DBusValue], any Error>) {
         guard let call = incomingCalls.removeValue(forKey: id) else { return }
         defer { dbus_message_unref(call.message) }

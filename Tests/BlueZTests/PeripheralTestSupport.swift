@@ -150,6 +150,19 @@ final class FakeBlueZPeripheralSide: Sendable {
             arguments: [.bytes(value), GATTServerRequest(device: device, mtu: mtu, link: "LE").options], timeout: .seconds(5))
     }
 
+    /// `AcquireWrite(options)` on the application's characteristic, as bluetoothd calls it on the
+    /// first write: the socket it then sends each write's value to, and the MTU the server gave.
+    func acquireWrite(_ uuid: BluetoothUUID, device: String?, mtu: Int = 247) async throws -> (fd: Int32, mtu: Int) {
+        guard let owner = applicationOwner, let path = characteristicPath(uuid) else { throw HarnessError("no application") }
+        let reply = try await connection.call(
+            destination: owner, path: path, interface: "org.bluez.GattCharacteristic1", member: "AcquireWrite",
+            arguments: [GATTServerRequest(device: device, mtu: mtu, link: "LE").options], timeout: .seconds(5))
+        guard reply.count == 2, let fd = reply[0].unixFD, let given = reply[1].integer else {
+            throw HarnessError("AcquireWrite replied \(reply)")
+        }
+        return (fd, given)
+    }
+
     /// `ReadValue(options)` on the application's characteristic.
     func read(_ uuid: BluetoothUUID, device: String?) async throws -> [UInt8] {
         guard let owner = applicationOwner, let path = characteristicPath(uuid) else { throw HarnessError("no application") }

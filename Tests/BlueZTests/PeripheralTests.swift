@@ -129,12 +129,16 @@ struct PeripheralTests {
             let cp = tree[fake.characteristicPath(OTAProtocol.controlPointUUID)!]?["org.bluez.GattCharacteristic1"]
             #expect(cp?["Notifying"]?.bool == false)
             #expect(cp?["Value"]?.bytes == [])
+            // Only the data characteristic, which takes write commands only, has its writes acquired.
+            let acquiring = tree.compactMap { $0.value["org.bluez.GattCharacteristic1"] }.filter { $0["WriteAcquired"] != nil }
+            #expect(acquiring.map { $0["UUID"]?.string } == [OTAProtocol.dataUUID.description])
 
             // The advertisement as bluetoothd read it.
             let ad = fake.state.withLock { $0.advertisement }
             #expect(ad["Type"]?.string == "peripheral")
             #expect(ad["ServiceUUIDs"]?.strings == [OTAProtocol.serviceUUID.description])
             #expect(ad["LocalName"]?.string == "tree-test")
+            #expect(ad["Discoverable"]?.bool == true)
 
             // Reads answer as docs/PROTOCOL.md says.
             let info = try DeviceInfo(decoding: try await fake.read(OTAProtocol.infoUUID, device: Self.centralA))
@@ -421,6 +425,114 @@ extension ProcessBusSuites.PeripheralTests {
             #expect(process.terminationStatus == 0)
             try await served.events.waitFor(.progress(central: Self.centralA, received: 4, total: 16))
             #expect(await served.peripheral.device?.target.received == 4)
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
+}
+
+/// Writes through the socket bluetoothd acquires (`AcquireWrite`), as bluetoothd sends them.
+extension ProcessBusSuites.PeripheralTests {
+    static func send(_ fd: Int32, _ datagram: [UInt8]) throws {
+        let sent = datagram.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        guard sent == datagram.count else { throw HarnessError("send on the acquired socket: \(String(cString: strerror(errno)))") }
+    }
+
+    /// Streams `image[from..<to]` as data packets into the socket.
+    static func sendPackets(_ fd: Int32, _ image: [UInt8], from: Int, to: Int, mtu: Int = 247) throws {
+        let chunk = OTAProtocol.chunkSize(mtu: mtu)
+        var offset = from
+        while offset < to {
+            let end = min(offset + chunk, to)
+            try send(fd, DataPacket.encode(offset: UInt32(offset), payload: image[offset..<end]))
+            offset = end
+        }
+    }
+
+    /// A served native device with a transfer of `image` begun by `centralA`, and its control
+    /// point's notifications.
+    static func begun(_ bus: PeripheralTestBus, _ image: [UInt8]) async throws
+        -> (fake: FakeBlueZPeripheralSide, served: Served, notifications: AsyncStream<[UInt8]>) {
+        let fake = try await FakeBlueZPeripheralSide.start(on: bus, devices: [Self.centralA])
+        let served = try await Self.serve(bus, config: OTAPeripheralConfig())
+        let notifications = try await fake.startNotify(OTAProtocol.controlPointUUID)
+        try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.begin(.init(
+            imageSize: UInt32(image.count), imageCRC: CRC32.checksum(image), version: FirmwareVersion(packed: 0), restart: false)).encoded,
+            device: Self.centralA)
+        _ = try Self.response(try await peripheralNext(notifications))
+        return (fake, served, notifications)
+    }
+
+    /// bluetoothd handles each ATT PDU in order: the data it put into the socket before it called
+    /// WriteValue for a CHECKPOINT reaches the device before the CHECKPOINT, although the socket
+    /// is read by another path than the call.
+    @Test func dataThroughTheAcquiredSocketComesBeforeALaterCheckpoint() async throws {
+        try await Self.withBus { bus in
+            let image = Self.testImage(8192)
+            let (fake, served, notifications) = try await Self.begun(bus, image)
+            let (fd, mtu) = try await fake.acquireWrite(OTAProtocol.dataUUID, device: Self.centralA, mtu: 247)
+            defer { close(fd) }
+            #expect(mtu == 247)
+            // Three windows, each followed at once by its CHECKPOINT: every one is answered at its
+            // own offset, none "gap".
+            var sent = 0
+            for end in [2048, 6000, 8192] {
+                try Self.sendPackets(fd, image, from: sent, to: end)
+                sent = end
+                let part = CRC32.checksum(image[0..<end])
+                try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.checkpoint(offset: UInt32(end), crc: part).encoded,
+                                     device: Self.centralA)
+                #expect(try Self.response(try await peripheralNext(notifications))
+                        == ControlResponse(opcode: .checkpoint, status: .success, payload: .position(offset: UInt32(end), crc: part)))
+            }
+            #expect(await served.peripheral.device?.target.received == 8192)
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
+
+    /// bluetoothd holds the writes that arrive while it acquires, and sends them into the socket
+    /// once it has the reply, while a CHECKPOINT it handled meanwhile may already be waiting as a
+    /// call: the held writes still come first.
+    @Test func writesHeldWhileAcquiringComeBeforeTheCallMadeMeanwhile() async throws {
+        try await Self.withBus { bus in
+            let image = Self.testImage(4096)
+            let crc = CRC32.checksum(image)
+            let (fake, served, notifications) = try await Self.begun(bus, image)
+            let (fd, _) = try await fake.acquireWrite(OTAProtocol.dataUUID, device: Self.centralA)
+            defer { close(fd) }
+            // The STATUS call goes first (a device answers it at once, with what it holds); the
+            // held data follows 200 ms later.
+            let late = Task {
+                try await Task.sleep(for: .milliseconds(200))
+                try Self.sendPackets(fd, image, from: 0, to: image.count)
+            }
+            try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
+            try await late.value
+            let status = try Self.response(try await peripheralNext(notifications))
+            #expect(status.payload == .status(.init(state: .receiving, offset: UInt32(image.count), crc: crc,
+                                                    imageSize: UInt32(image.count), imageCRC: crc)))
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
+
+    /// Writes that come on their own, with no call after them, reach the device too; when
+    /// bluetoothd hangs up, the next write acquires a new socket and goes on from there.
+    @Test func aHungUpSocketIsAcquiredAgain() async throws {
+        try await Self.withBus { bus in
+            let image = Self.testImage(4096)
+            let (fake, served, _) = try await Self.begun(bus, image)
+            let first = try await fake.acquireWrite(OTAProtocol.dataUUID, device: Self.centralA)
+            // Progress is reported every 5 % (204 bytes): 1920 is the end of a 240-byte packet.
+            try Self.sendPackets(first.fd, image, from: 0, to: 1920)
+            try await served.events.waitFor(.progress(central: Self.centralA, received: 1920, total: 4096))
+            close(first.fd)
+            let second = try await fake.acquireWrite(OTAProtocol.dataUUID, device: Self.centralA)
+            defer { close(second.fd) }
+            try Self.sendPackets(second.fd, image, from: 1920, to: 4096)
+            try await served.events.waitFor(.progress(central: Self.centralA, received: 4096, total: 4096))
+            #expect(await served.peripheral.device?.target.received == 4096)
             await served.host.close()
             await fake.connection.close()
         }
