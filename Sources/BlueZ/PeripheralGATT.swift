@@ -104,8 +104,9 @@ public struct PeripheralCharacteristic: Sendable {
     /// Called on `StartNotify` (true) and `StopNotify` (false).
     public var notifyChanged: NotifyHandler?
     /// Writes come through a socket bluetoothd acquires (`AcquireWrite`, `WriteAcquired`) rather
-    /// than one `WriteValue` call each: for a characteristic that takes write commands only
-    /// (``PeripheralWriteSocket`` says why). `WriteValue` is still answered.
+    /// than one `WriteValue` call each: for a characteristic that takes write commands only, of a
+    /// protocol whose writes carry their place (``PeripheralWriteSocket`` says why, and why only
+    /// then). `WriteValue` is still answered.
     public var acquiresWrites: Bool
 
     public init(uuid: BluetoothUUID, flags: [String], read: ReadHandler? = nil, write: WriteHandler? = nil,
@@ -265,10 +266,14 @@ public actor PeripheralApplication {
             properties["Notifying"] = .bool(false)
             properties["Value"] = .bytes([])
         }
-        // Writes waiting in an acquired socket were made before this call reached us: they go first.
+        // Writes waiting in an acquired socket were made before this call reached us: they go
+        // first. Then the socket follows the central that called.
         for (name, handler) in methods {
+            let optionsAt = name == "WriteValue" ? 1 : 0
             methods[name] = { [weak self] call in
                 await self?.readAcquired()
+                let options = call.arguments.count > optionsAt ? call.arguments[optionsAt] : nil
+                if let device = (try? GATTServerRequest(options: options))?.device { await self?.follow(device) }
                 return try await handler(call)
             }
         }
@@ -319,6 +324,27 @@ public actor PeripheralApplication {
     private func deliver(_ reading: PeripheralWriteSocket.Reading, of acquisition: Acquisition) async {
         // A write command has no reply to carry an error back.
         for value in reading.values { try? await acquisition.write(value, acquisition.request) }
+    }
+
+    /// Closes the sockets acquired for another central than `device`. bluetoothd 5.66 keeps one
+    /// socket per characteristic for every central (the device it names in `AcquireWrite` is the
+    /// one whose write made it acquire), so a socket cannot tell whose writes it carries: it is
+    /// handed back when another central calls, and the next write acquires one for its own
+    /// central. (BlueZ 5.67 and later acquire per central.)
+    func follow(_ device: String) {
+        for (key, acquisition) in acquired where acquisition.request.device.map({ $0 != device }) ?? false {
+            acquisition.socket.close()
+            acquired[key] = nil
+        }
+    }
+
+    /// Closes the sockets acquired for `device`, whose link went down: what it sent after that is
+    /// lost with the link, and a central that connects next gets a socket of its own.
+    public func release(device: String) {
+        for (key, acquisition) in acquired where acquisition.request.device == device {
+            acquisition.socket.close()
+            acquired[key] = nil
+        }
     }
 
     /// Closes every acquired socket; bluetoothd acquires again on the next write.

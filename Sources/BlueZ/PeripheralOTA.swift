@@ -154,6 +154,11 @@ public actor OTAPeripheral {
     public private(set) var model: any PeripheralModel
     /// The model's GATT table when serving began.
     private nonisolated let table: [OTADevice.PeripheralService]
+    /// Write commands go through BlueZ's AcquireWrite (``PeripheralWriteSocket`` says why) when the
+    /// model's writes carry their place: BlueZ sends the writes it holds while it acquires from a
+    /// buffer the next ATT PDU has overwritten (src/gatt-database.c, `pending_write_new` keeps a
+    /// pointer, not a copy), and only such a protocol finds and resends them without more ado.
+    private nonisolated let acquiresDataWrites: Bool
     private let clock: any MonotonicClock
     private let events: @Sendable (OTAPeripheralEvent) -> Void
     private var link: (any PeripheralLinkControl)?
@@ -214,6 +219,7 @@ public actor OTAPeripheral {
         self.model = model
         self.security = security
         self.table = model.services
+        self.acquiresDataWrites = model.writesCarryTheirPlace
         self.servedAddress = model.currentAddress
         self.storeDirectory = storeDirectory
         self.trace = trace
@@ -246,14 +252,16 @@ public actor OTAPeripheral {
     /// Connects the device to the link operations and the notification path of its application;
     /// starts watching connections.
     public func attach(link: (any PeripheralLinkControl)?, application: PeripheralApplication) async throws {
-        try await attach(link: link) { [application] uuid, value in try await application.notify(uuid, value) }
+        try await attach(link: link, notify: { [application] uuid, value in try await application.notify(uuid, value) },
+                         disconnected: { [application] central in await application.release(device: central) })
     }
 
     /// Connects the device to the link operations and a notification path (one that picks the
     /// application holding the characteristic, when the device is served by several); starts
     /// watching connections.
     public func attach(link: (any PeripheralLinkControl)?,
-                       notify: @escaping @Sendable (BluetoothUUID, [UInt8]) async throws -> Void) async throws {
+                       notify: @escaping @Sendable (BluetoothUUID, [UInt8]) async throws -> Void,
+                       disconnected: (@Sendable (String) async -> Void)? = nil) async throws {
         self.link = link
         notifier = notify
         guard let link else { return }
@@ -266,6 +274,7 @@ public actor OTAPeripheral {
                     await self?.centralConnected(path)
                 } else {
                     await self?.centralDisconnected(path)
+                    await disconnected?(path)
                 }
             }
         }
@@ -307,7 +316,7 @@ public actor OTAPeripheral {
             write = { [self] bytes, request in try await self.command(bytes, to: uuid, request) }
         } else if properties.contains(.writeWithoutResponse) {
             write = { [self] bytes, request in await self.data(bytes, to: uuid, request) }
-            acquiresWrites = true
+            acquiresWrites = acquiresDataWrites
         }
         var notifyChanged: PeripheralCharacteristic.NotifyHandler?
         if !properties.isDisjoint(with: [.notify, .indicate]) {

@@ -17,7 +17,10 @@ import Musl
 /// an invalid D-Bus object path and libdbus aborts the whole daemon (src/gatt-database.c,
 /// `append_options`; seen on the 6.12 kernel, scripts/bluez-vm/README.md "Pitfalls"). Writes to an
 /// acquired characteristic go to the socket instead, and one that arrives after the link is gone
-/// is refused there without a D-Bus call.
+/// is refused there without a D-Bus call. The price: the writes bluetoothd holds while it waits
+/// for the reply reach the socket as copies of the ATT PDU it read last (`pending_write_new`
+/// keeps a pointer into its receive buffer), which only a protocol whose writes carry their
+/// place can take (the native one: a gap, answered and sent again).
 final class PeripheralWriteSocket: Sendable {
     /// The socket's end for bluetoothd; passed in the reply, then closed here (`closePeerEnd`).
     let peerEnd: Int32

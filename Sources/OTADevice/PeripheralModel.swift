@@ -134,6 +134,12 @@ public protocol PeripheralModel: Sendable {
     /// Whether the link the device serves is encrypted with a bond: a device that serves some
     /// requests only to a bonded central (Nordic's buttonless DFU with bonds) decides on it.
     mutating func linkEncrypted(_ encrypted: Bool)
+    /// True when each write command to the device says where its bytes go (the native
+    /// protocol's packets carry their offset), so one write lost, or replaced by a copy of
+    /// another, is found by the protocol and sent again without starting anything over. Peripheral
+    /// mode serves such a device's write-command characteristics through BlueZ's AcquireWrite,
+    /// whose first writes may arrive as copies of a later one (scripts/bluez-vm/README.md, "Pitfalls").
+    var writesCarryTheirPlace: Bool { get }
 }
 
 extension PeripheralModel {
@@ -144,6 +150,7 @@ extension PeripheralModel {
     public mutating func notificationsChanged(_ enabled: Bool, for characteristic: BluetoothUUID) {}
     public mutating func mtuChanged(_ mtu: Int) {}
     public mutating func linkEncrypted(_ encrypted: Bool) {}
+    public var writesCarryTheirPlace: Bool { false }
 }
 
 /// The native OTA device (`DeviceModel`) with its GATT table: the OTA service and the Device
@@ -156,6 +163,8 @@ public struct NativePeripheral: PeripheralModel {
     public var hasOTAService: Bool
     /// Properties of the data characteristic; remove `.writeWithoutResponse` to model a broken table.
     public var dataProperties: CharacteristicProperties
+    /// Each data packet carries its offset (docs/PROTOCOL.md, "Data characteristic").
+    public var writesCarryTheirPlace: Bool { true }
 
     public init(model: DeviceModel, manufacturer: String, modelNumber: String, hasOTAService: Bool = true,
                 dataProperties: CharacteristicProperties = [.writeWithoutResponse]) {

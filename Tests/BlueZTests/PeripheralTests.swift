@@ -537,6 +537,31 @@ extension ProcessBusSuites.PeripheralTests {
             await fake.connection.close()
         }
     }
+
+    /// bluetoothd 5.66 keeps one socket per characteristic for every central: when another
+    /// central calls, the socket acquired for the first is handed back (it hangs up), so the
+    /// writes that follow are acquired again under the central that made them.
+    @Test func anotherCentralsCallHandsTheSocketBack() async throws {
+        try await Self.withBus { bus in
+            let image = Self.testImage(4096)
+            let (fake, served, _) = try await Self.begun(bus, image)
+            let first = try await fake.acquireWrite(OTAProtocol.dataUUID, device: Self.centralA)
+            defer { close(first.fd) }
+            try Self.sendPackets(first.fd, image, from: 0, to: 960)
+            try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralA)
+            var pfd = pollfd(fd: first.fd, events: Int16(POLLIN), revents: 0)
+            #expect(poll(&pfd, 1, 0) == 0, "the socket was handed back on its own central's call")
+            #expect(await served.peripheral.device?.target.received == 960)
+
+            try await fake.write(OTAProtocol.controlPointUUID, ControlRequest.status.encoded, device: Self.centralB)
+            pfd.revents = 0
+            #expect(poll(&pfd, 1, 2000) == 1 && pfd.revents & Int16(POLLHUP) != 0, "revents \(pfd.revents)")
+            var byte: UInt8 = 0
+            #expect(recv(first.fd, &byte, 1, Int32(MSG_DONTWAIT)) == 0, "end of file: the application closed its end")
+            await served.host.close()
+            await fake.connection.close()
+        }
+    }
 }
 
 /// One device model, one behaviour: each scenario runs through the simulator and through peripheral
