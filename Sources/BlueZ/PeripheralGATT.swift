@@ -152,6 +152,8 @@ public actor PeripheralApplication {
     public let services: [PeripheralService]
     /// Object path of each characteristic, by UUID.
     public nonisolated let characteristicPaths: [BluetoothUUID: String]
+    /// Some characteristic has its writes acquired (`PeripheralCharacteristic.acquiresWrites`).
+    private nonisolated let acquiresAny: Bool
     private var exported: [String] = []
     private var notifying: [String: Bool] = [:]
     private var registeredOn: String?
@@ -175,6 +177,7 @@ public actor PeripheralApplication {
             }
         }
         characteristicPaths = paths
+        acquiresAny = services.contains { $0.characteristics.contains { $0.acquiresWrites && $0.write != nil } }
     }
 
     /// Exports the object manager, the services and the characteristics.
@@ -267,7 +270,11 @@ public actor PeripheralApplication {
             properties["Value"] = .bytes([])
         }
         // Writes waiting in an acquired socket were made before this call reached us: they go
-        // first. Then the socket follows the central that called.
+        // first. Then the socket follows the central that called. (Nothing to do, per packet
+        // either, in an application that acquires none.)
+        guard acquiresAny else {
+            return DBusInterface(name: Self.characteristicInterface, methods: methods, properties: properties)
+        }
         for (name, handler) in methods {
             let optionsAt = name == "WriteValue" ? 1 : 0
             methods[name] = { [weak self] call in

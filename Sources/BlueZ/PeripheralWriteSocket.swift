@@ -105,9 +105,10 @@ final class PeripheralWriteSocket: Sendable {
     /// Every datagram waiting now, without blocking; when bluetoothd acquired the socket for a
     /// pending write and none came yet, first waits for it, at most `firstWait` (bluetoothd sends
     /// the writes it held once it has the reply, while the call that follows them may already be
-    /// here), then reads until the socket has been quiet for `settle`, so that the writes it held
-    /// are all read.
-    func read(firstWait: Duration = .seconds(1), settle: Duration = .milliseconds(5)) async -> Reading {
+    /// here), then reads until the socket has been quiet for `settle` (at most `settleLimit`
+    /// in all: a central streaming on keeps it busy), so that the writes it held are all read.
+    func read(firstWait: Duration = .seconds(1), settle: Duration = .milliseconds(5),
+              settleLimit: Duration = .milliseconds(100)) async -> Reading {
         var reading = Reading()
         let owed = state.withLock { state -> Bool in
             defer { state.firstOwed = false }
@@ -118,7 +119,9 @@ final class PeripheralWriteSocket: Sendable {
         }
         drain(into: &reading)
         if owed && !reading.values.isEmpty {
-            while !reading.hungUp, await waitReadable(timeout: settle) { drain(into: &reading) }
+            let clock = ContinuousClock()
+            let end = clock.now + settleLimit
+            while !reading.hungUp, clock.now < end, await waitReadable(timeout: settle) { drain(into: &reading) }
         }
         return reading
     }

@@ -247,6 +247,17 @@ public final class EventPrinter: Sendable {
         sink.out(event.line + "\n")
     }
 
+    /// Runs a command's work; a `CLIFailure` it throws ends the command's JSON output with its
+    /// `done` event (`Done(failure:)`) and is thrown on, to print its one line and exit with its code.
+    func endingWith<Done: CommandDone>(_: Done.Type, _ work: () async throws -> Void) async throws {
+        do {
+            try await work()
+        } catch let failure as CLIFailure {
+            json(Done(failure: failure))
+            throw failure
+        }
+    }
+
     /// A line for people (human mode only), on stderr so stdout stays clean for results.
     public func note(_ text: String) {
         guard mode == .human else { return }

@@ -27,7 +27,7 @@ struct Pair: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
-        do {
+        try await printer.endingWith(PairEvents.Done.self) {
             let address = try target.address(simulator: simulator.enabled)
             let central: any GATTCentral = simulator.enabled
                 ? SimulatedCentral(devices: [SimulatedDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)))], clock: SystemClock())
@@ -35,7 +35,7 @@ struct Pair: AsyncParsableCommand {
             let policy = PairingPolicy(pair: true, credentials: answers.credentials(for: address, file: try answers.passkeys()),
                                        timeout: answers.timeout)
             let connection: any GATTConnection
-            do {
+            do throws(GATTError) {
                 connection = try await central.connect(to: address, timeout: Ranges.connectTimeout.duration(target.connectTimeout))
             } catch {
                 throw CLIFailure(OTAError.from(error, device: address.description))
@@ -49,13 +49,7 @@ struct Pair: AsyncParsableCommand {
             }
             await connection.disconnect()
             printer.result(paired ? "\(address): paired and bonded (\(policy.method))" : "\(address): already bonded; nothing to do")
-            var done = PairEvents.Done()
-            done.device = address.description
-            done.bonded = true
-            printer.json(done)
-        } catch let failure as CLIFailure {
-            printer.json(PairEvents.Done(failure: failure))
-            throw failure
+            printer.json(PairEvents.Done(device: address, bonded: true))
         }
     }
 }
@@ -76,25 +70,19 @@ struct Unpair: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
-        do {
+        try await printer.endingWith(PairEvents.Done.self) {
             let address = try target.address(simulator: simulator.enabled)
             let central = simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
             guard let store = central as? any GATTBondStore else {
                 throw CLIFailure(.internalError, "this transport keeps no bonds")
             }
-            do {
+            do throws(GATTError) {
                 try await store.removeBond(address)
             } catch {
                 throw CLIFailure(OTAError.from(error, device: address.description))
             }
             printer.result("\(address): no bond left")
-            var done = PairEvents.Done()
-            done.device = address.description
-            done.bonded = false
-            printer.json(done)
-        } catch let failure as CLIFailure {
-            printer.json(PairEvents.Done(failure: failure))
-            throw failure
+            printer.json(PairEvents.Done(device: address, bonded: false))
         }
     }
 }
@@ -111,5 +99,11 @@ public enum PairEvents {
         public var message: String?
 
         public init() {}
+
+        /// How a command that succeeded ended: `device` is bonded or not now.
+        init(device: DeviceAddress, bonded: Bool) {
+            self.device = device.description
+            self.bonded = bonded
+        }
     }
 }

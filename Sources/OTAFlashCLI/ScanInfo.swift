@@ -38,12 +38,7 @@ struct Scan: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
-        do {
-            try await scan(printer)
-        } catch let failure as CLIFailure {
-            printer.json(ScanEvents.Done(failure: failure))
-            throw failure
-        }
+        try await printer.endingWith(ScanEvents.Done.self) { try await scan(printer) }
     }
 
     private func scan(_ printer: EventPrinter) async throws {
@@ -83,12 +78,7 @@ struct Info: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
-        do {
-            try await info(printer)
-        } catch let failure as CLIFailure {
-            printer.json(InfoEvents.Done(failure: failure))
-            throw failure
-        }
+        try await printer.endingWith(InfoEvents.Done.self) { try await info(printer) }
         printer.json(InfoEvents.Done())
     }
 

@@ -195,12 +195,7 @@ struct Simulate: AsyncParsableCommand {
 
     func run() async throws {
         let printer = EventPrinter(mode: output.mode)
-        do {
-            try await serve(printer)
-        } catch let failure as CLIFailure {
-            printer.json(SimulateEvents.Done(failure: failure))
-            throw failure
-        }
+        try await printer.endingWith(SimulateEvents.Done.self) { try await serve(printer) }
     }
 
     static let applicationRoot = "/org/otaflash/simulate"

@@ -474,7 +474,8 @@ extension ProcessBusSuites.PeripheralTests {
             defer { close(fd) }
             #expect(mtu == 247)
             // Three windows, each followed at once by its CHECKPOINT: every one is answered at its
-            // own offset, none "gap".
+            // own offset. (An early CHECKPOINT would be held until its data came; the order itself
+            // is what the next test checks.)
             var sent = 0
             for end in [2048, 6000, 8192] {
                 try Self.sendPackets(fd, image, from: sent, to: end)
@@ -492,8 +493,9 @@ extension ProcessBusSuites.PeripheralTests {
     }
 
     /// bluetoothd holds the writes that arrive while it acquires, and sends them into the socket
-    /// once it has the reply, while a CHECKPOINT it handled meanwhile may already be waiting as a
-    /// call: the held writes still come first.
+    /// once it has the reply, while a command it handled meanwhile may already be waiting as a
+    /// call (a STATUS here, which a device answers at once with what it holds): the held writes
+    /// still come first.
     @Test func writesHeldWhileAcquiringComeBeforeTheCallMadeMeanwhile() async throws {
         try await Self.withBus { bus in
             let image = Self.testImage(4096)

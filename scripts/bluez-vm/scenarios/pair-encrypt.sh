@@ -27,21 +27,6 @@ DISCONNECT_AT=${PAIR_DISCONNECT_AT:-60000}
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR" "$PERIPHERAL_HCI $CENTRAL_ADDR")
 step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
 
-# bonded_on HCI-ADDRESS: the addresses `bluetoothctl devices Bonded` lists on that controller.
-# no_bond LABEL: `bluetoothctl devices Bonded` on the central lists nothing. bluetoothctl lists
-# nothing either when bluetoothd does not answer: that is a failure, not "no bond".
-no_bond() {
-	local out rc=0 left
-	out=$(timeout 10 bluetoothctl list 2>&1) || rc=$?
-	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl did not answer within 10 s (exit $rc; bluetoothd hung?)"
-	grep -q "$CENTRAL_ADDR.*\[default\]" <<<"$out" || fail "$1: the central $CENTRAL_ADDR is not bluetoothctl's default controller: $out"
-	out=$(timeout 10 bluetoothctl devices Bonded 2>&1) || rc=$?
-	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl devices Bonded did not answer within 10 s (exit $rc)"
-	left=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' <<<"$out" | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true)
-	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
-	step "$1: bluetoothctl devices Bonded on the central: (none)"
-}
-
 start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security encrypt
 SIM=$SIM_PID
 scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"

@@ -211,3 +211,18 @@ sim_order_report() {
 			printf "\n"
 		}' "$1"
 }
+
+# no_bond LABEL: `bluetoothctl devices Bonded` on the central ($CENTRAL_ADDR, bluetoothctl's
+# default controller) lists nothing. bluetoothctl lists nothing either when bluetoothd does not
+# answer: that is a failure, not "no bond".
+no_bond() {
+	local out rc=0 left
+	out=$(timeout 10 bluetoothctl list 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl did not answer within 10 s (exit $rc; bluetoothd hung?)"
+	grep -q "$CENTRAL_ADDR.*\[default\]" <<<"$out" || fail "$1: the central $CENTRAL_ADDR is not bluetoothctl's default controller: $out"
+	out=$(timeout 10 bluetoothctl devices Bonded 2>&1) || rc=$?
+	[ "$rc" -eq 0 ] || fail "$1: bluetoothctl devices Bonded did not answer within 10 s (exit $rc)"
+	left=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' <<<"$out" | grep -o '^Device [0-9A-F:]\{17\}' | cut -d' ' -f2 || true)
+	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
+	step "$1: bluetoothctl devices Bonded on the central: (none)"
+}
