@@ -297,18 +297,26 @@ public enum ScanEvents {
         public var rssi: Int?
         public var ota: Bool
         public var `protocol`: String?
+        /// True when `--probe` connected to learn the protocol (the device advertised none of ours).
+        public var probed = false
     }
 
     public struct Done: CommandDone {
         public static let name = "done"
         public var result = EventResult.ok
         public var count: Int?
+        /// With `--ota-only` and no `--probe`: devices left out because they advertise no service
+        /// otaflash updates over, which a device may host all the same.
+        public var unclassified: Int?
         public var exitCode = 0
         public var error: String?
         public var message: String?
 
         public init() {}
-        public init(count: Int) { self.count = count }
+        public init(count: Int, unclassified: Int? = nil) {
+            self.count = count
+            self.unclassified = unclassified
+        }
     }
 }
 

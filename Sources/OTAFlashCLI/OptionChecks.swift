@@ -107,6 +107,7 @@ enum Ranges {
     static let stallTimeout = timeout("--stall-timeout")
     static let scanWindow = timeout("--scan-window")
     static let scanTimeout = timeout("--timeout")
+    static let probeTimeout = Bounds("--probe-timeout", 0.001...120, unit: " seconds")
     static let checkpointInterval = Bounds("--checkpoint-interval", 256...(16 << 20), unit: " bytes")
     /// Bluetooth Core 5.x, Vol 4, Part E, 7.7.65.2: an advertising report's RSSI is -127 to +20 dBm.
     static let minRSSI = Bounds("--min-rssi", -127...20, unit: " dBm")
@@ -178,7 +179,7 @@ enum Ranges {
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
                                    smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
-                                         scanWindow, scanTimeout, interval, dropRate, corruptRate, gattErrorRate,
+                                         scanWindow, scanTimeout, probeTimeout, interval, dropRate, corruptRate, gattErrorRate,
                                          lostNotificationRate, slowFlash, pairTimeout]
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]
         for b in ints { texts[b.option] = "a whole number " + b.text }

@@ -5,11 +5,16 @@ import OTAWire
 
 struct Scan: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List nearby devices: address, name, RSSI, and whether they advertise the OTA service.",
+        abstract: "List nearby devices: address, name, RSSI, and the update protocol each advertises.",
         discussion: """
+            A device shows the protocol it speaks when its advertisement carries that protocol's
+            service UUID. Some advertise none (mcumgr's Mynewt smp_svr sample advertises only its
+            name): --ota-only leaves them out and counts them, --probe connects to each and looks.
+
             Examples:
               otaflash scan --timeout 5
               otaflash scan --ota-only --name-prefix Sensor --min-rssi -70 --json
+              otaflash scan --ota-only --probe --name-prefix smp
             """
     )
 
@@ -22,8 +27,14 @@ struct Scan: AsyncParsableCommand {
     @Option(name: .long, parsing: .unconditional, help: Ranges.scanTimeout.help("Seconds to scan", valueName: "seconds"))
     var timeout: Double = 5
 
-    @Flag(name: .customLong("ota-only"), help: "Only devices advertising a service otaflash updates over: the OTA service, or Secure DFU (0xFE59).")
+    @Flag(name: .customLong("ota-only"), help: "Only devices that speak a protocol otaflash updates over (native, Secure DFU, SMP); those whose advertisement names no service are counted, not listed (see --probe).")
     var otaOnly = false
+
+    @Flag(name: .customLong("probe"), help: "Connect to each device whose advertisement names no protocol of otaflash's, and look at its services (one at a time, --probe-timeout each).")
+    var probe = false
+
+    @Option(name: .customLong("probe-timeout"), parsing: .unconditional, help: Ranges.probeTimeout.help("Seconds to connect to and discover one device with --probe", valueName: "seconds"))
+    var probeTimeout: Double = 10
 
     @Option(name: .customLong("name-prefix"), help: "Only devices whose name starts with this.")
     var namePrefix: String?
@@ -33,6 +44,7 @@ struct Scan: AsyncParsableCommand {
 
     mutating func validate() throws {
         try Ranges.scanTimeout.check(timeout)
+        try Ranges.probeTimeout.check(probeTimeout)
         try Ranges.minRSSI.check(minRSSI)
     }
 
@@ -43,23 +55,67 @@ struct Scan: AsyncParsableCommand {
 
     private func scan(_ printer: EventPrinter) async throws {
         let central = simulator.enabled ? simulator.central(address: SimulatorOptions.defaultAddress) : bluezCentral(adapter: adapter)
-        let updatable = ProtocolRegistry.cli.profiles.map(\.serviceUUID)
-        let filter = ScanFilter(serviceUUIDs: otaOnly ? updatable : [], namePrefix: namePrefix, minimumRSSI: minRSSI)
+        // Scanned without a service filter: a device may host a protocol it does not advertise.
+        let filter = ScanFilter(namePrefix: namePrefix, minimumRSSI: minRSSI)
         let found: [Advertisement]
         do {
             found = try await central.scan(filter: filter, timeout: Ranges.scanTimeout.duration(timeout))
         } catch {
             throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
         }
+        var listed = 0
+        var unclassified = 0
         for ad in found {
-            let spoken = ProtocolRegistry.cli.profiles.first { ad.serviceUUIDs.contains($0.serviceUUID) }?.name
+            var spoken = Self.protocolName(serving: ad.serviceUUIDs)
+            var probed = false
+            if spoken == nil, probe {
+                spoken = await probeProtocol(of: ad.address, on: central, printer)
+                probed = true
+            }
+            if otaOnly, spoken == nil {
+                if !probed { unclassified += 1 }
+                continue
+            }
+            listed += 1
             printer.json(ScanEvents.Device(address: ad.address.description, name: ad.name, rssi: ad.rssi,
-                                           ota: spoken != nil, protocol: spoken))
+                                           ota: spoken != nil, protocol: spoken, probed: probed))
             let column = (spoken ?? "").padding(toLength: 10, withPad: " ", startingAt: 0)
             printer.result("\(ad.address)  \(ad.rssi.map { String(format: "%4d dBm", $0) } ?? "   ? dBm")  \(column)  \(ad.name ?? "")")
         }
-        printer.json(ScanEvents.Done(count: found.count))
+        printer.json(ScanEvents.Done(count: listed, unclassified: otaOnly && !probe ? unclassified : nil))
         if found.isEmpty { printer.note("no devices found in \(timeout) s") }
+        if unclassified > 0 {
+            printer.note("\(unclassified) device\(unclassified == 1 ? "" : "s") left out: \(unclassified == 1 ? "it advertises" : "they advertise") no service otaflash updates over, "
+                + "yet may host one (mcumgr's smp_svr sample advertises none); --probe connects to each and looks")
+        }
+    }
+
+    /// The registered protocol whose service is among `uuids`, by name.
+    static func protocolName(serving uuids: [BluetoothUUID]) -> String? {
+        ProtocolRegistry.cli.profiles.first { uuids.contains($0.serviceUUID) }?.name
+    }
+
+    /// Connects to `address`, discovers its services and names the protocol it serves; nil when it
+    /// serves none or cannot be reached within `--probe-timeout` (a note says which).
+    private func probeProtocol(of address: DeviceAddress, on central: any GATTCentral, _ printer: EventPrinter) async -> String? {
+        let limit = Ranges.probeTimeout.duration(probeTimeout)
+        do {
+            let connection = try await central.connect(to: address, timeout: limit)
+            let discovered: Result<[GATTService], GATTError>
+            do throws(GATTError) {
+                discovered = .success(try await withTimeout(limit, clock: connection.clock, "discovering \(address)'s services") {
+                    () async throws(GATTError) -> [GATTService] in try await connection.discoverServices()
+                })
+            } catch {
+                discovered = .failure(error)
+            }
+            await connection.disconnect()
+            let services = try discovered.get()
+            return Self.protocolName(serving: services.map(\.uuid))
+        } catch {
+            printer.note("\(address): not probed: \(OTAError.from(error, device: address.description).message)")
+            return nil
+        }
     }
 }
 

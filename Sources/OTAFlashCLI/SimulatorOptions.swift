@@ -20,6 +20,9 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
     public var noOTAService = false
 
+    @Flag(name: .customLong("sim-advertise-no-uuid"), help: "The device advertises no service UUID, as mcumgr's Mynewt smp_svr sample does: `scan --ota-only` cannot tell what it speaks, `scan --probe` connects and looks.")
+    public var advertisesNoUUID = false
+
     @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("The OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep, and a difference between the two is exit 1", valueName: "n"))
     public var deviceVersion: Int = 1
 
@@ -174,9 +177,11 @@ public struct SimulatorOptions: ParsableArguments {
 extension SimulatedDeviceOptions {
     /// The simulated device at `address`, with the default link and no faults.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
-        SimulatedDeviceConfig(address: address, slotSize: slotSize,
-                              firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
-                              hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
+        var config = SimulatedDeviceConfig(address: address, slotSize: slotSize,
+                                           firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
+                                           hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
+        config.advertisesServices = !advertisesNoUUID
+        return config
     }
 
     /// A central that reaches the simulated device at `address` on the real clock.

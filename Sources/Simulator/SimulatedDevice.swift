@@ -32,6 +32,9 @@ public struct SimulatedDeviceConfig: Sendable {
     /// With `security` `.authenticate`: the passkey the device expects (passkey entry); nil:
     /// the device pairs by numeric comparison, which the central must confirm.
     public var passkey: UInt32?
+    /// False: the device's advertisement carries no service UUID (mcumgr's Mynewt `smp_svr`
+    /// sample advertises only its name), so a scan cannot tell what it speaks without connecting.
+    public var advertisesServices: Bool = true
 
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
@@ -170,7 +173,7 @@ public final class SimulatedDevice: Sendable {
         let (address, name, services) = state.withLock { s in
             (s.model.currentAddress ?? config.address, s.model.advertisedName ?? config.name, s.model.advertisedServices)
         }
-        return Advertisement(address: address, name: name, rssi: config.rssi, serviceUUIDs: services)
+        return Advertisement(address: address, name: name, rssi: config.rssi, serviceUUIDs: config.advertisesServices ? services : [])
     }
 
     /// Whether a scan at `now` hears the device: not while it is away (rebooting).

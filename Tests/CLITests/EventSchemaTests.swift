@@ -286,6 +286,36 @@ struct EventSchemaTests {
         #expect(read.first?["ota_state"] == .string("idle"))
     }
 
+    /// A device that advertises no service UUID (mcumgr's Mynewt smp_svr sample): `--ota-only`
+    /// leaves it out and counts it; `--probe` connects, finds the service and lists it.
+    @Test func scanCountsWhatItCannotClassifyAndProbeClassifiesIt() async {
+        let hidden = ["scan", "--simulator", "--sim-advertise-no-uuid", "--json", "--timeout", "0.2", "--ota-only"]
+        let counted = await otaflash(hidden)
+        #expect(counted.code == 0, "\(counted.stderr)")
+        let left = expectDocumentedLines(counted.stdoutLines, section: "otaflash scan")
+        #expect(left.map { $0["event"]?.string } == ["done"])
+        #expect(left.last?["count"] == .int(0))
+        #expect(left.last?["unclassified"] == .int(1))
+        let human = await otaflash(hidden.filter { $0 != "--json" })
+        #expect(human.code == 0 && human.stdout.isEmpty, "\(human.stdout)")
+        #expect(human.stderr.contains("1 device left out") && human.stderr.contains("--probe"), "\(human.stderr)")
+
+        let probed = await otaflash(hidden + ["--probe", "--probe-timeout", "5"])
+        #expect(probed.code == 0, "\(probed.stderr)")
+        let found = expectDocumentedLines(probed.stdoutLines, section: "otaflash scan")
+        #expect(found.map { $0["event"]?.string } == ["device", "done"])
+        #expect(found.first?["protocol"] == .string("native"))
+        #expect(found.first?["probed"] == .bool(true))
+        #expect(found.last?["unclassified"] == .null)
+
+        // Without --ota-only the device is listed, with no protocol, and nothing is counted.
+        let all = await otaflash(["scan", "--simulator", "--sim-advertise-no-uuid", "--json", "--timeout", "0.2"])
+        let listed = expectDocumentedLines(all.stdoutLines, section: "otaflash scan")
+        #expect(listed.first?["protocol"] == .null)
+        #expect(listed.first?["ota"] == .bool(false))
+        #expect(listed.last?["unclassified"] == .null)
+    }
+
     @Test func infoOnADeviceWithoutTheOTAServiceHasNullOTAKeys() async {
         let info = await otaflash(["info", "--simulator", "--sim-no-ota-service", "--json"])
         #expect(info.code == 0, "\(info.stderr)")

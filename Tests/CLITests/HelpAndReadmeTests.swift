@@ -106,7 +106,7 @@ struct HelpAndReadmeTests {
         let run = await otaflash([command, "--help"])
         #expect(run.code == 0)
         let simOptions = Set(run.stdout.matches(of: /--sim[-a-z]*/).map { String($0.output) })
-        #expect(simOptions == ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service", "--sim-device-version"], "\(simOptions.sorted())")
+        #expect(simOptions == ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service", "--sim-advertise-no-uuid", "--sim-device-version"], "\(simOptions.sorted())")
         for option in ["--checkpoint-interval", "--write-path", "--parallel"] {
             #expect(!run.stdout.contains(option), "\(command) --help lists \(option)")
         }
@@ -161,7 +161,7 @@ struct HelpAndReadmeTests {
         ("otaflash --write-path ", ["acquire-write", "write-value"]),
         ("otaflash --simulator --sim-time ", ["real", "virtual", "unlimited"]),
         ("otaflash --simulator --sim-state ", ["images"]),
-        ("otaflash scan --sim", ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service", "--sim-device-version"]),
+        ("otaflash scan --sim", ["--simulator", "--sim-slot-size", "--sim-firmware-version", "--sim-no-ota-service", "--sim-advertise-no-uuid", "--sim-device-version"]),
     ])
     func bashCompletesTheDefaultCommand(line: String, expected: [String]) async throws {
         let scratch = try Scratch()
