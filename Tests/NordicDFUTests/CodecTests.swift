@@ -89,10 +89,34 @@ let nrfutilAppDat: [UInt8] = [
 
     @Test(arguments: [
         [] as [UInt8], [0x60, 0x06], [0x61, 0x06, 0x01], [0x60, 0x06, 0x01, 0x00],
-        [0x60, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0], [0x60, 0x04, 0x0B], [0x60, 0x04, 0x0B, 0x01, 0x02], [0x60, 0x01, 0x08, 0x00],
+        [0x60, 0x06, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0x60, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0],
     ])
-    func malformedResponsesAreErrors(bytes: [UInt8]) {
+    func responsesCutShortAreErrors(bytes: [UInt8]) {
         #expect(throws: DFUWireError.self) { try DFUResponse(decoding: bytes) }
+    }
+
+    /// Bytes after what a response defines are ignored, as Nordic's Android and iOS libraries
+    /// ignore them; before, each of these was dropped and the engine waited for its reply timeout.
+    @Test(arguments: [
+        ([0x60, 0x06, 0x01, 0x00, 0x10, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0xAA, 0xBB] as [UInt8],
+         DFUResponse(request: .select, result: .success, payload: .select(maxSize: 4096, offset: 512, crc: 0x1234_5678))),
+        ([0x60, 0x03, 0x01, 0x00, 0x10, 0x00, 0x00, 0xEF, 0xBE, 0xAD, 0xDE, 0x00],
+         DFUResponse.checksum(offset: 4096, crc: 0xDEAD_BEEF)),
+        ([0x60, 0x04, 0x0B, 0x05, 0x00, 0x00], DFUResponse.extended(.execute, .firmwareVersionFailure)),
+        ([0x60, 0x01, 0x08, 0x00], DFUResponse(request: .create, result: .operationNotPermitted)),
+        ([0x60, 0x01, 0x04, 0x01, 0x02, 0x03], DFUResponse(request: .create, result: .insufficientResources)),
+    ])
+    func bytesBeyondAResponseAreIgnored(bytes: [UInt8], response: DFUResponse) throws {
+        #expect(try DFUResponse(decoding: bytes) == response)
+    }
+
+    /// No SDK bootloader omits an extended error's byte; one that did still refused the request,
+    /// which the central reports instead of waiting for a reply it already has.
+    @Test func extendedErrorWithoutItsByteIsStillARefusal() throws {
+        let r = try DFUResponse(decoding: [0x60, 0x04, 0x0B])
+        #expect(r.result == .extendedError)
+        #expect(r.payload == .none)
+        #expect(r.reason.contains("without its code byte"))
     }
 
     @Test func everyKnownCodeHasAnActionableLine() {
@@ -201,6 +225,10 @@ let nrfutilAppDat: [UInt8] = [
         #expect(ButtonlessRequest.setAdvertisingName("DfuTarg").encoded == [0x02, 0x07] + Array("DfuTarg".utf8))
         #expect(try ButtonlessRequest(decoding: [0x02, 0x03, 0x41, 0x42, 0x43]) == .setAdvertisingName("ABC"))
         #expect(try ButtonlessResponse(decoding: [0x20, 0x01, 0x01]) == ButtonlessResponse(opcode: 1, result: .success))
+        // Longer indications are taken as Nordic's DFU libraries take them: the extra bytes ignored.
+        #expect(try ButtonlessResponse(decoding: [0x20, 0x01, 0x01, 0x00, 0x07]) == ButtonlessResponse(opcode: 1, result: .success))
+        #expect(throws: DFUWireError.self) { try ButtonlessResponse(decoding: [0x20, 0x01]) }
+        #expect(throws: DFUWireError.self) { try ButtonlessResponse(decoding: [0x21, 0x01, 0x01]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x02, 0x05, 0x41]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x02, 0x00]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x03]) }
