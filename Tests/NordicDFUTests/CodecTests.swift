@@ -176,6 +176,61 @@ let nrfutilAppDat: [UInt8] = [
         #expect(c.softDeviceRequirements == [0xAF, 0xB6])
     }
 
+    /// What another protobuf encoder may write: every message's fields in reverse order, unknown
+    /// fields of each wire type (varint, 64-bit, length-delimited, 32-bit) at every level, and
+    /// `is_debug` as a varint other than 1 (protobuf and nanopb read any non-zero value as true;
+    /// before, 2 was refused).
+    @Test func fieldsInAnyOrderUnknownFieldsAndAnyTrueDecode() throws {
+        func unknowns(_ w: inout ProtobufWriter) {
+            w.varint(15, 7)
+            w.rawVarint(16 << 3 | 1); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+            w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+            w.bytes(17, [1, 2, 3])
+            w.rawVarint(18 << 3 | 5); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+        }
+        let fw: [UInt8] = [9, 8, 7, 6]
+        var hash = ProtobufWriter()
+        unknowns(&hash)
+        hash.bytes(2, DFUInitCommand.hashField(for: fw))
+        hash.varint(1, 3)
+        var validation = ProtobufWriter()
+        validation.bytes(2, [])
+        unknowns(&validation)
+        validation.varint(1, 1)
+        var initCommand = ProtobufWriter()
+        initCommand.bytes(10, validation.bytes)
+        initCommand.varint(9, 2)
+        unknowns(&initCommand)
+        initCommand.bytes(8, hash.bytes)
+        initCommand.varint(7, UInt64(fw.count))
+        initCommand.varint(6, 0)
+        initCommand.varint(5, 0)
+        initCommand.varint(4, 0)
+        initCommand.varint(3, 0xAF)
+        initCommand.varint(2, 52)
+        initCommand.varint(1, 4)
+        var command = ProtobufWriter()
+        command.bytes(2, initCommand.bytes)
+        unknowns(&command)
+        command.varint(1, 1)
+        var signed = ProtobufWriter()
+        signed.bytes(3, [UInt8](repeating: 0x5A, count: 64))
+        unknowns(&signed)
+        signed.varint(2, 0)
+        signed.bytes(1, command.bytes)
+        var packet = ProtobufWriter()
+        unknowns(&packet)
+        packet.bytes(2, signed.bytes)
+
+        let p = try DFUInitPacket(decoding: packet.bytes)
+        var expected = DFUInitCommand.application(firmware: fw, version: 4, softDeviceRequirements: [0xAF], isDebug: true)
+        expected.bootValidation = [.init(type: 1, bytes: [])]
+        #expect(p.command == expected)
+        #expect(p.commandBytes == initCommand.bytes)
+        #expect(p.signature == .init(type: 0, bytes: [UInt8](repeating: 0x5A, count: 64)))
+        #expect(p.opCode == 1)
+    }
+
     @Test(arguments: [
         ([] as [UInt8], "holds no command"),
         ([0x12, 0x8a, 0x01, 0x0a], "claims"),                      // signed_command longer than the bytes
