@@ -353,6 +353,23 @@ struct MCUbootImageTests {
         try image.verifySignature(with: key, keyName: keyFile)
     }
 
+    /// `imgtool sign --pad-sig` appends zeros to the DER signature, up to 72 bytes; MCUboot reads
+    /// the SEQUENCE and ignores them. Before, such an image failed verification as corrupt.
+    @Test(arguments: [1, 2, 6])
+    func aZeroPaddedECDSASignatureVerifies(padding: Int) throws {
+        var bytes = try MCUbootSamples.bytes(MCUbootSamples.ecdsa)
+        let layout = try MCUbootImage.Layout(parsing: bytes)
+        let signature = try #require(layout.tlvs.first { $0.type == .ecdsaSignature })
+        let info = Int(layout.header.headerSize) + Int(layout.header.imageSize) + Int(layout.header.protectedTLVSize)
+        bytes.insert(contentsOf: [UInt8](repeating: 0, count: padding), at: signature.offset + signature.value.count)
+        le16(signature.value.count + padding, into: &bytes, at: signature.offset - 2)
+        le16(layout.tlvAreaEnd - info + padding, into: &bytes, at: info + 2)
+        let image = try MCUbootImage(bytes: bytes, source: "padded.bin")
+        #expect(image.signature?.value.count == signature.value.count + padding)
+        let key = try MCUbootImage.PublicKey(pem: String(decoding: MCUbootSamples.bytes("ec256-public.pem"), as: UTF8.self))
+        try image.verifySignature(with: key)
+    }
+
     @Test(arguments: [
         (MCUbootSamples.ecdsa, "ed25519-public.pem", "was signed with another key: its KEYHASH is"),
         (MCUbootSamples.ed25519, "ec256-public.pem", "was signed with another key: its KEYHASH is"),
