@@ -283,15 +283,21 @@ public enum IntelHex {
         private var segments: [(address: UInt32, bytes: [UInt8])] = []
         private var upper: UInt32 = 0  // from type 02 or 04 records
         private var sawEOF = false
+        /// The last chunk ended in CR: an LF starting the next one ends the same line.
+        private var afterCR = false
         private var lineNumber = 0
         private var low = UInt64.max
         private var high: UInt64 = 0
 
         public init(source: String) { self.source = source }
 
+        /// Lines end in LF, CRLF or a lone CR (classic Mac OS tools); a CRLF split across two
+        /// chunks is one line end.
         public mutating func feed(_ chunk: ArraySlice<UInt8>) throws(ImageError) {
             var start = chunk.startIndex
-            while let end = chunk[start...].firstIndex(of: 0x0A) {
+            if afterCR, chunk.first == 0x0A { start += 1 }
+            if !chunk.isEmpty { afterCR = false }
+            while let end = chunk[start...].firstIndex(where: { $0 == 0x0A || $0 == 0x0D }) {
                 if partial.isEmpty {
                     try decodeLine(chunk[start..<end])
                 } else {
@@ -301,6 +307,13 @@ public enum IntelHex {
                     try decodeLine(line)
                 }
                 start = end + 1
+                if chunk[end] == 0x0D {
+                    if start == chunk.endIndex {
+                        afterCR = true
+                    } else if chunk[start] == 0x0A {
+                        start += 1
+                    }
+                }
             }
             partial += chunk[start...]
             guard partial.count <= IntelHex.maximumLineLength else { throw longLine(lineNumber + 1) }

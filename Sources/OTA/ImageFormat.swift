@@ -71,7 +71,7 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         }
         if starts([0x50, 0x4B, 0x03, 0x04]) || starts([0x50, 0x4B, 0x05, 0x06]) {
             let names = zipEntryNames(head: head, tail: tail)
-            if names.contains("manifest.json") {
+            if names.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }) {
                 return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names)
             }
             return ImageFormat(.zip, names.isEmpty && starts([0x50, 0x4B, 0x05, 0x06]) ? "an empty zip archive" : "a zip archive",

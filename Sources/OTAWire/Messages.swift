@@ -204,8 +204,10 @@ public struct ControlResponse: Hashable, Sendable {
         status = OTAStatus(rawValue: st)
         // A payload shorter than its command's is malformed; a longer one comes from a later minor
         // revision and its extra bytes are ignored (docs/PROTOCOL.md, "Byte order and versions").
+        // So are bytes after a status that carries no payload in this version: a later revision
+        // may add one there too.
         let malformed = WireError("\(opcode) reply has a malformed payload: \(hexDump(bytes[...]))")
-        if r.remaining == 0 {
+        guard r.remaining > 0, Self.carriesPayload(opcode: opcode, status: status) else {
             payload = .none
             return
         }
@@ -222,6 +224,18 @@ public struct ControlResponse: Hashable, Sendable {
             payload = .computedCRC(crc)
         default:
             payload = .none
+        }
+    }
+
+    /// The statuses whose reply carries a payload (docs/PROTOCOL.md, "Notifications"); other
+    /// statuses, unknown ones included, carry none.
+    static func carriesPayload(opcode: OTAOpcode, status: OTAStatus) -> Bool {
+        switch opcode {
+        case .begin: status == .success
+        case .checkpoint: [.success, .gap, .crcMismatch].contains(status)
+        case .status: true
+        case .verify: [.success, .crcMismatch, .incomplete].contains(status)
+        default: false
         }
     }
 }
@@ -250,7 +264,8 @@ public enum DeviceEvent: Hashable, Sendable {
         }
         switch code {
         case Self.gapCode:
-            guard r.remaining == 8, let off = r.u32(), let crc = r.u32() else {
+            // Longer from a later minor revision: the extra bytes are ignored, as in a reply.
+            guard let off = r.u32(), let crc = r.u32() else {
                 throw WireError("GAP event has a malformed payload: \(hexDump(bytes[...]))")
             }
             self = .gap(expectedOffset: off, crc: crc)

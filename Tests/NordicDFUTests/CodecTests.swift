@@ -89,10 +89,34 @@ let nrfutilAppDat: [UInt8] = [
 
     @Test(arguments: [
         [] as [UInt8], [0x60, 0x06], [0x61, 0x06, 0x01], [0x60, 0x06, 0x01, 0x00],
-        [0x60, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0], [0x60, 0x04, 0x0B], [0x60, 0x04, 0x0B, 0x01, 0x02], [0x60, 0x01, 0x08, 0x00],
+        [0x60, 0x06, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0x60, 0x03, 0x01, 0, 0, 0, 0, 0, 0, 0],
     ])
-    func malformedResponsesAreErrors(bytes: [UInt8]) {
+    func responsesCutShortAreErrors(bytes: [UInt8]) {
         #expect(throws: DFUWireError.self) { try DFUResponse(decoding: bytes) }
+    }
+
+    /// Bytes after what a response defines are ignored, as Nordic's Android and iOS libraries
+    /// ignore them; before, each of these was dropped and the engine waited for its reply timeout.
+    @Test(arguments: [
+        ([0x60, 0x06, 0x01, 0x00, 0x10, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12, 0xAA, 0xBB] as [UInt8],
+         DFUResponse(request: .select, result: .success, payload: .select(maxSize: 4096, offset: 512, crc: 0x1234_5678))),
+        ([0x60, 0x03, 0x01, 0x00, 0x10, 0x00, 0x00, 0xEF, 0xBE, 0xAD, 0xDE, 0x00],
+         DFUResponse.checksum(offset: 4096, crc: 0xDEAD_BEEF)),
+        ([0x60, 0x04, 0x0B, 0x05, 0x00, 0x00], DFUResponse.extended(.execute, .firmwareVersionFailure)),
+        ([0x60, 0x01, 0x08, 0x00], DFUResponse(request: .create, result: .operationNotPermitted)),
+        ([0x60, 0x01, 0x04, 0x01, 0x02, 0x03], DFUResponse(request: .create, result: .insufficientResources)),
+    ])
+    func bytesBeyondAResponseAreIgnored(bytes: [UInt8], response: DFUResponse) throws {
+        #expect(try DFUResponse(decoding: bytes) == response)
+    }
+
+    /// No SDK bootloader omits an extended error's byte; one that did still refused the request,
+    /// which the central reports instead of waiting for a reply it already has.
+    @Test func extendedErrorWithoutItsByteIsStillARefusal() throws {
+        let r = try DFUResponse(decoding: [0x60, 0x04, 0x0B])
+        #expect(r.result == .extendedError)
+        #expect(r.payload == .none)
+        #expect(r.reason.contains("without its code byte"))
     }
 
     @Test func everyKnownCodeHasAnActionableLine() {
@@ -152,6 +176,61 @@ let nrfutilAppDat: [UInt8] = [
         #expect(c.softDeviceRequirements == [0xAF, 0xB6])
     }
 
+    /// What another protobuf encoder may write: every message's fields in reverse order, unknown
+    /// fields of each wire type (varint, 64-bit, length-delimited, 32-bit) at every level, and
+    /// `is_debug` as a varint other than 1 (protobuf and nanopb read any non-zero value as true;
+    /// before, 2 was refused).
+    @Test func fieldsInAnyOrderUnknownFieldsAndAnyTrueDecode() throws {
+        func unknowns(_ w: inout ProtobufWriter) {
+            w.varint(15, 7)
+            w.rawVarint(16 << 3 | 1); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+            w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+            w.bytes(17, [1, 2, 3])
+            w.rawVarint(18 << 3 | 5); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0); w.rawVarint(0)
+        }
+        let fw: [UInt8] = [9, 8, 7, 6]
+        var hash = ProtobufWriter()
+        unknowns(&hash)
+        hash.bytes(2, DFUInitCommand.hashField(for: fw))
+        hash.varint(1, 3)
+        var validation = ProtobufWriter()
+        validation.bytes(2, [])
+        unknowns(&validation)
+        validation.varint(1, 1)
+        var initCommand = ProtobufWriter()
+        initCommand.bytes(10, validation.bytes)
+        initCommand.varint(9, 2)
+        unknowns(&initCommand)
+        initCommand.bytes(8, hash.bytes)
+        initCommand.varint(7, UInt64(fw.count))
+        initCommand.varint(6, 0)
+        initCommand.varint(5, 0)
+        initCommand.varint(4, 0)
+        initCommand.varint(3, 0xAF)
+        initCommand.varint(2, 52)
+        initCommand.varint(1, 4)
+        var command = ProtobufWriter()
+        command.bytes(2, initCommand.bytes)
+        unknowns(&command)
+        command.varint(1, 1)
+        var signed = ProtobufWriter()
+        signed.bytes(3, [UInt8](repeating: 0x5A, count: 64))
+        unknowns(&signed)
+        signed.varint(2, 0)
+        signed.bytes(1, command.bytes)
+        var packet = ProtobufWriter()
+        unknowns(&packet)
+        packet.bytes(2, signed.bytes)
+
+        let p = try DFUInitPacket(decoding: packet.bytes)
+        var expected = DFUInitCommand.application(firmware: fw, version: 4, softDeviceRequirements: [0xAF], isDebug: true)
+        expected.bootValidation = [.init(type: 1, bytes: [])]
+        #expect(p.command == expected)
+        #expect(p.commandBytes == initCommand.bytes)
+        #expect(p.signature == .init(type: 0, bytes: [UInt8](repeating: 0x5A, count: 64)))
+        #expect(p.opCode == 1)
+    }
+
     @Test(arguments: [
         ([] as [UInt8], "holds no command"),
         ([0x12, 0x8a, 0x01, 0x0a], "claims"),                      // signed_command longer than the bytes
@@ -201,6 +280,10 @@ let nrfutilAppDat: [UInt8] = [
         #expect(ButtonlessRequest.setAdvertisingName("DfuTarg").encoded == [0x02, 0x07] + Array("DfuTarg".utf8))
         #expect(try ButtonlessRequest(decoding: [0x02, 0x03, 0x41, 0x42, 0x43]) == .setAdvertisingName("ABC"))
         #expect(try ButtonlessResponse(decoding: [0x20, 0x01, 0x01]) == ButtonlessResponse(opcode: 1, result: .success))
+        // Longer indications are taken as Nordic's DFU libraries take them: the extra bytes ignored.
+        #expect(try ButtonlessResponse(decoding: [0x20, 0x01, 0x01, 0x00, 0x07]) == ButtonlessResponse(opcode: 1, result: .success))
+        #expect(throws: DFUWireError.self) { try ButtonlessResponse(decoding: [0x20, 0x01]) }
+        #expect(throws: DFUWireError.self) { try ButtonlessResponse(decoding: [0x21, 0x01, 0x01]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x02, 0x05, 0x41]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x02, 0x00]) }
         #expect(throws: ButtonlessError.self) { try ButtonlessRequest(decoding: [0x03]) }

@@ -1,5 +1,6 @@
 import Foundation
 import OTA
+import OTAWire
 import Testing
 import ZIPFoundation
 @testable import NordicDFU
@@ -254,5 +255,94 @@ func applicationPackage(firmware: [UInt8], version: UInt32 = 2, edit: (inout DFU
         #expect(p.images.count == 1)
         #expect(p.images[0].firmware.bytes == fw)
         #expect(p.warnings.isEmpty)
+    }
+}
+
+/// A zip written the way a streaming archiver writes it (APPNOTE.TXT 4.3.9): entries stored, the
+/// local headers with flag 3 set and no CRC or sizes, each entry's data followed by a data
+/// descriptor, with or without its optional signature.
+func streamedZip(_ files: [(String, [UInt8])], descriptorSignature: Bool) -> Data {
+    var out: [UInt8] = []
+    var directory: [UInt8] = []
+    func le16(_ v: Int, _ b: inout [UInt8]) { b += [UInt8(v & 0xFF), UInt8(v >> 8 & 0xFF)] }
+    func le32(_ v: Int, _ b: inout [UInt8]) { le16(v & 0xFFFF, &b); le16(v >> 16 & 0xFFFF, &b) }
+    for (name, bytes) in files {
+        let offset = out.count, crc = Int(CRC32.checksum(bytes)), nameBytes = Array(name.utf8)
+        out += [0x50, 0x4B, 0x03, 0x04]
+        le16(20, &out); le16(0x08, &out); le16(0, &out); le16(0, &out); le16(0x21, &out)
+        le32(0, &out); le32(0, &out); le32(0, &out); le16(nameBytes.count, &out); le16(0, &out)
+        out += nameBytes + bytes
+        if descriptorSignature { out += [0x50, 0x4B, 0x07, 0x08] }
+        le32(crc, &out); le32(bytes.count, &out); le32(bytes.count, &out)
+        directory += [0x50, 0x4B, 0x01, 0x02]
+        le16(20, &directory); le16(20, &directory); le16(0x08, &directory); le16(0, &directory); le16(0, &directory)
+        le16(0x21, &directory); le32(crc, &directory); le32(bytes.count, &directory); le32(bytes.count, &directory)
+        le16(nameBytes.count, &directory); le16(0, &directory); le16(0, &directory); le16(0, &directory); le16(0, &directory)
+        le32(0, &directory); le32(offset, &directory)
+        directory += nameBytes
+    }
+    let start = out.count
+    out += directory
+    out += [0x50, 0x4B, 0x05, 0x06]
+    le16(0, &out); le16(0, &out); le16(files.count, &out); le16(files.count, &out)
+    le32(directory.count, &out); le32(start, &out); le16(0, &out)
+    return Data(out)
+}
+
+/// Packages a generator other than nrfutil, or a user re-zipping one, may legally produce.
+@Suite struct PackageVariantTests {
+    static let fw = firmwareBytes(3000, seed: 4)
+    static let dat = DFUInitPacket(command: .application(firmware: fw, version: 3), signature: placeholderSignature).bytes
+
+    static func accepts(_ zip: Data) throws {
+        let p = try DFUPackage(zip: zip, source: "pkg.zip")
+        #expect(p.images.map(\.kind) == [.application])
+        #expect(p.images.first?.firmware.bytes == fw)
+        #expect(p.images.first?.initPacket.bytes == dat)
+    }
+
+    /// Keys in another order, whitespace and CRLF line ends, a byte-order mark, keys nrfutil does
+    /// not write (beside "manifest", inside an entry, and inside "manifest" when they name no
+    /// file), `info_read_only_metadata` on an application: Nordic's Android and iOS libraries read
+    /// all of these. Before, a key inside "manifest" that was not an image refused the package.
+    @Test(arguments: [
+        "{\"manifest\":{\"application\":{\"dat_file\":\"app.dat\",\"bin_file\":\"app.bin\"}}}",
+        "{\r\n    \"manifest\": {\r\n        \"application\": {\r\n            \"bin_file\": \"app.bin\",\r\n            \"dat_file\": \"app.dat\"\r\n        }\r\n    }\r\n}\r\n",
+        "\u{FEFF}{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\"}}}",
+        "{\"generator\": \"custom 1.0\", \"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\", \"sha256\": \"…\"}}}",
+        "{\"manifest\": {\"comment\": \"built by CI\", \"version\": 2, \"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\"}}}",
+        "{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\", \"info_read_only_metadata\": {\"bl_size\": 0, \"sd_size\": 0}}}}",
+    ])
+    func manifestVariantsAreRead(json: String) throws {
+        try Self.accepts(makeZip([("manifest.json", Array(json.utf8)), ("app.bin", Self.fw), ("app.dat", Self.dat)]))
+    }
+
+    /// A key of no known kind that names files is still refused: it is an image otaflash would
+    /// silently not send.
+    @Test func anUnknownKeyThatNamesFilesIsStillRefused() throws {
+        let json = "{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\"}, \"softdevice_application\": {\"bin_file\": \"x.bin\", \"dat_file\": \"x.dat\"}}}"
+        #expect {
+            try DFUPackage(zip: makeZip([("manifest.json", Array(json.utf8)), ("app.bin", Self.fw), ("app.dat", Self.dat)]), source: "pkg.zip")
+        } throws: { error in
+            "\(error)".contains("unknown entry \"softdevice_application\"")
+        }
+    }
+
+    /// A leading "./" on the archive's names, on the manifest's, or on both.
+    @Test(arguments: [("./", ""), ("", "./"), ("./", "./")])
+    func dotSlashPathsAreTheSameFiles(entryPrefix: String, manifestPrefix: String) throws {
+        let json = "{\"manifest\": {\"application\": {\"bin_file\": \"\(manifestPrefix)app.bin\", \"dat_file\": \"\(manifestPrefix)app.dat\"}}}"
+        let zip = try makeZip([(entryPrefix + "manifest.json", Array(json.utf8)), (entryPrefix + "app.bin", Self.fw), (entryPrefix + "app.dat", Self.dat)])
+        try Self.accepts(zip)
+        #expect(ImageFormat.detect([UInt8](zip)).kind == .nordicDFUPackage)
+    }
+
+    /// Entries whose CRC and sizes follow their data (flag 3), as streaming archivers write them.
+    @Test(arguments: [true, false])
+    func entriesWithDataDescriptorsAreRead(signature: Bool) throws {
+        let json = Array("{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\"}}}".utf8)
+        let zip = streamedZip([("manifest.json", json), ("app.dat", Self.dat), ("app.bin", Self.fw)], descriptorSignature: signature)
+        try Self.accepts(zip)
+        #expect(ImageFormat.detect([UInt8](zip)).kind == .nordicDFUPackage)
     }
 }

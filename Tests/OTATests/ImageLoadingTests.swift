@@ -107,6 +107,41 @@ struct ImageLoadingTests {
         #expect(decoded.baseAddress == 0x0100)
     }
 
+    /// Classic Mac OS tools end lines with a lone CR; each still counts as one line, and a CRLF
+    /// split across two chunks as one line end.
+    @Test(arguments: [1, 2, 5, 4096])
+    func loneCRLineEndsAreAccepted(chunk: Int) throws {
+        let good = Array(([hexRecord(0x00, address: 0x0100, [1, 2, 3, 4]), hexRecord(0x00, address: 0x0104, [5]), hexEOF]
+            .joined(separator: "\r") + "\r").utf8)
+        let bad = Array(("\r" + hexRecord(0, address: 0, [1]) + "\r\n\r:01000100ZZ00\r" + hexEOF + "\r").utf8)
+        func decode(_ text: [UInt8]) throws(ImageError) -> IntelHex.Decoded {
+            var decoder = IntelHex.Decoder(source: "cr.hex")
+            for start in stride(from: 0, to: text.count, by: chunk) {
+                try decoder.feed(text[start..<min(start + chunk, text.count)])
+            }
+            return try decoder.finish()
+        }
+        let decoded = try decode(good)
+        #expect(decoded.bytes == [1, 2, 3, 4, 5])
+        #expect(decoded.baseAddress == 0x0100)
+        #expect {
+            try decode(bad)
+        } throws: { error in
+            (error as? ImageError)?.line == 4
+        }
+    }
+
+    /// Lower-case digits, start address records (03 and 05, which are not image data, whatever
+    /// they carry) and blank lines after the end-of-file record are all legal Intel HEX.
+    @Test func lowerCaseStartAddressesAndTrailingBlankLinesAreAccepted() throws {
+        let text = [hexRecord(0x03, address: 0, [0x00, 0x00, 0x01, 0x00]), hexRecord(0x02, address: 0, [0x10, 0x00]),
+                    hexRecord(0x00, address: 0x0000, [0xAB, 0xCD]), hexRecord(0x05, address: 0, [0x00, 0x01, 0x00, 0x00]),
+                    hexEOF].joined(separator: "\n").lowercased() + "\n\n  \n\t\n"
+        let decoded = try IntelHex.parse(Array(text.utf8), source: "lower.hex")
+        #expect(decoded.bytes == [0xAB, 0xCD])
+        #expect(decoded.baseAddress == 0x10000)
+    }
+
     /// Type 02 (extended segment address): the value times 16 is added to each record's address.
     @Test func extendedSegmentAddressShiftsByFourBits() throws {
         let text = [hexRecord(0x02, address: 0, [0x12, 0x34]), hexRecord(0x00, address: 0x0010, [0xAA, 0xBB]), hexEOF]

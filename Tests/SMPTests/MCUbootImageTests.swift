@@ -294,6 +294,26 @@ struct MCUbootImageTests {
         #expect(refusal(bytes)?.code == .hashMismatch)
     }
 
+    /// imgtool hashes an image before it encrypts it, and adds the wrapped key as an ENC TLV: a
+    /// real `imgtool sign --encrypt` image fails the hash check, and was called corrupt. It is
+    /// refused as encrypted, which it is.
+    @Test(arguments: [(0x04, 0x31, "AES-128, flag 0x04"), (0x08, 0x32, "AES-256, flag 0x08"), (0x04, 0x34, "AES-128, flag 0x04")])
+    func anEncryptedImageIsCalledEncryptedNotCorrupt(flag: UInt8, keyTLV: Int, says: String) throws {
+        var bytes = try MCUbootSamples.bytes(MCUbootSamples.ecdsa)
+        bytes[16] = flag
+        bytes = try rehashed(bytes)
+        let layout = try MCUbootImage.Layout(parsing: bytes)
+        let h = layout.header
+        for i in Int(h.headerSize)..<(Int(h.headerSize) + Int(h.imageSize)) { bytes[i] ^= 0xA5 }  // "encrypted" after hashing
+        let info = Int(h.headerSize) + Int(h.imageSize) + Int(h.protectedTLVSize)
+        let tlv = [UInt8(keyTLV), 0, 24, 0] + [UInt8](repeating: 0x3C, count: 24)
+        bytes.insert(contentsOf: tlv, at: layout.tlvAreaEnd)
+        le16(layout.tlvAreaEnd - info + tlv.count, into: &bytes, at: info + 2)
+        let error = try #require(refusal(bytes))
+        #expect(error.code == .encrypted, "\(error)")
+        #expect(error.description.contains("is encrypted (\(says))"), "\(error)")
+    }
+
     @Test(arguments: [(898, false), (899, true), (0x20000, true)] as [(Int, Bool)])
     func anImageLargerThanTheSlotIsRefused(slotSize: Int, fits: Bool) throws {
         let path = MCUbootSamples.path(MCUbootSamples.ecdsa)
@@ -331,6 +351,23 @@ struct MCUbootImageTests {
         let key = try MCUbootImage.PublicKey(pem: String(decoding: MCUbootSamples.bytes(keyFile), as: UTF8.self), source: keyFile)
         #expect(image.keyHash == Array(SHA256.hash(data: key.subjectPublicKeyInfo)))
         try image.verifySignature(with: key, keyName: keyFile)
+    }
+
+    /// `imgtool sign --pad-sig` appends zeros to the DER signature, up to 72 bytes; MCUboot reads
+    /// the SEQUENCE and ignores them. Before, such an image failed verification as corrupt.
+    @Test(arguments: [1, 2, 6])
+    func aZeroPaddedECDSASignatureVerifies(padding: Int) throws {
+        var bytes = try MCUbootSamples.bytes(MCUbootSamples.ecdsa)
+        let layout = try MCUbootImage.Layout(parsing: bytes)
+        let signature = try #require(layout.tlvs.first { $0.type == .ecdsaSignature })
+        let info = Int(layout.header.headerSize) + Int(layout.header.imageSize) + Int(layout.header.protectedTLVSize)
+        bytes.insert(contentsOf: [UInt8](repeating: 0, count: padding), at: signature.offset + signature.value.count)
+        le16(signature.value.count + padding, into: &bytes, at: signature.offset - 2)
+        le16(layout.tlvAreaEnd - info + padding, into: &bytes, at: info + 2)
+        let image = try MCUbootImage(bytes: bytes, source: "padded.bin")
+        #expect(image.signature?.value.count == signature.value.count + padding)
+        let key = try MCUbootImage.PublicKey(pem: String(decoding: MCUbootSamples.bytes("ec256-public.pem"), as: UTF8.self))
+        try image.verifySignature(with: key)
     }
 
     @Test(arguments: [

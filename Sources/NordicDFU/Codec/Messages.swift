@@ -161,8 +161,10 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// Parses a notification. Success answers to SELECT (12 bytes) and CALCULATE CHECKSUM (8) must
-    /// have exactly their length; an extended error must carry its byte; other successes keep
-    /// their bytes raw; other refusals must carry nothing.
+    /// carry at least their fields; an extended error carries its byte; other successes keep their
+    /// bytes raw. Bytes beyond what a response defines are ignored, as Nordic's Android and iOS
+    /// DFU libraries ignore them (`SecureDfuImpl.java`, `SecureDFUControlPoint.swift`), and so is
+    /// the absence of an extended error's byte, which no SDK bootloader omits.
     public init(decoding bytes: [UInt8]) throws(DFUWireError) {
         guard bytes.count >= 3 else { throw DFUWireError("notification of \(bytes.count) bytes is shorter than a response (3)") }
         guard bytes[0] == DFUOpcode.response.rawValue else {
@@ -171,26 +173,24 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
         let request = DFUOpcode(rawValue: bytes[1])
         let result = DFUResultCode(rawValue: bytes[2])
         var r = ByteReader(bytes[3...])
-        func exact(_ n: Int) throws(DFUWireError) {
-            guard r.remaining == n else {
+        func atLeast(_ n: Int) throws(DFUWireError) {
+            guard r.remaining >= n else {
                 throw DFUWireError("\(request) response carries \(r.remaining) bytes after the result, expected \(n)")
             }
         }
         let payload: Payload
         switch (result, request) {
         case (.success, .select):
-            try exact(12)
+            try atLeast(12)
             payload = .select(maxSize: r.u32()!, offset: r.u32()!, crc: r.u32()!)
         case (.success, .calculateChecksum):
-            try exact(8)
+            try atLeast(8)
             payload = .checksum(offset: r.u32()!, crc: r.u32()!)
         case (.success, _):
             payload = r.remaining == 0 ? .none : .raw(Array(r.rest()))
         case (.extendedError, _):
-            try exact(1)
-            payload = .extendedError(DFUExtendedError(rawValue: r.u8()!))
+            payload = r.u8().map { .extendedError(DFUExtendedError(rawValue: $0)) } ?? .none
         default:
-            try exact(0)
             payload = .none
         }
         self.init(request: request, result: result, payload: payload)
@@ -199,6 +199,7 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
     /// The refusal in one line (result, or extended error when the result is 0x0B).
     public var reason: String {
         if case .extendedError(let e) = payload { return e.description }
+        if result == .extendedError { return "extended error (0x0B) without its code byte: the bootloader did not say what it refused" }
         return result.description
     }
 

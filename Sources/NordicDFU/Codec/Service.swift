@@ -106,8 +106,10 @@ public struct ButtonlessResponse: Hashable, Sendable {
     public var encoded: [UInt8] { [0x20, opcode, result.rawValue] }
 
     public init(decoding bytes: [UInt8]) throws(DFUWireError) {
-        guard bytes.count == 3, bytes[0] == 0x20 else {
-            throw DFUWireError("buttonless indication must be 3 bytes starting 0x20, got \(bytes.count) bytes")
+        // Longer indications are taken, their extra bytes ignored, as Nordic's DFU libraries do
+        // (Android `ButtonlessDfuImpl.getStatusCode`, iOS `ButtonlessDFUResponse`).
+        guard bytes.count >= 3, bytes[0] == 0x20 else {
+            throw DFUWireError("buttonless indication must be at least 3 bytes starting 0x20, got \(bytes.count) bytes")
         }
         opcode = bytes[1]
         result = ButtonlessResult(rawValue: bytes[2])

@@ -98,7 +98,8 @@ public struct DFUPackage: Sendable {
             throw DFUPackageError(.corruptArchive, source, "is not a readable zip archive; regenerate it with nrfutil pkg generate")
         }
         func read(_ name: String, limit: Int) throws(DFUPackageError) -> [UInt8] {
-            guard let entry = archive[name] else {
+            // Zip tools differ on a leading "./" in entry names, and so may a manifest's names.
+            guard let entry = archive[name] ?? archive.first(where: { ZipLayout.samePath($0.path, name) }) else {
                 throw DFUPackageError(.missingFile, source, "the manifest names \(name), which the archive lacks; regenerate the package with nrfutil pkg generate")
             }
             guard entry.type == .file else { throw DFUPackageError(.missingFile, source, "\(name) is not a file in the archive") }
@@ -178,8 +179,15 @@ public struct DFUPackage: Sendable {
             let version = (manifest["dfu_version"] ?? top["dfu_version"]).map { " (dfu_version \($0))" } ?? ""
             throw DFUPackageError(.legacyFormat, source, "is a legacy DFU package\(version) for SDK 11 or older bootloaders, which otaflash does not support; generate a Secure DFU package with nrfutil 6 (nrfutil pkg generate)")
         }
+        // A key of no known kind is refused when it names files: an image otaflash would not send.
+        // Other keys (metadata a generator adds) are ignored, as Nordic's Android and iOS DFU
+        // libraries ignore them.
         let known = Set(Kind.allCases.map(\.rawValue))
-        if let unknown = manifest.keys.sorted().first(where: { !known.contains($0) }) {
+        func namesFiles(_ value: Any?) -> Bool {
+            guard let entry = value as? [String: Any] else { return false }
+            return entry["bin_file"] != nil || entry["dat_file"] != nil
+        }
+        if let unknown = manifest.keys.sorted().first(where: { !known.contains($0) && namesFiles(manifest[$0]) }) {
             throw DFUPackageError(.badManifest, source, "manifest.json has an unknown entry \"\(unknown)\" (known: \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
         }
         var out: [(Kind, ManifestEntry)] = []

@@ -1,4 +1,4 @@
-/// A strict reader of the protobuf wire format, enough for the init packet (dfu-cc.proto):
+/// A bounds-checked reader of the protobuf wire format, enough for the init packet (dfu-cc.proto):
 /// varints, length-delimited fields, and skipping fixed32/fixed64 fields it does not know.
 ///
 /// Every read is bounds-checked and returns an error on bad bytes; nothing traps. Groups (wire
@@ -81,9 +81,11 @@ extension ProtobufReader.Field {
         return UInt32(v)
     }
 
+    /// Any non-zero varint is true, as protobuf and nanopb (the bootloader's decoder,
+    /// `pb_decode_bool`) read it.
     func bool() throws(ProtobufError) -> Bool {
-        guard case .varint(let v) = value, v <= 1 else { throw ProtobufError("field \(number) should be a bool") }
-        return v == 1
+        guard case .varint(let v) = value else { throw ProtobufError("field \(number) should be a bool") }
+        return v != 0
     }
 
     func message() throws(ProtobufError) -> ArraySlice<UInt8> {

@@ -52,4 +52,15 @@ enum ZipLayout {
         }
         return nil
     }
+
+    /// True when two entry names name the same file, ignoring leading "./" (`zip` strips it, other
+    /// archivers keep what they were given; APPNOTE.TXT 4.4.17 forbids only a leading "/").
+    static func samePath(_ a: String, _ b: String) -> Bool {
+        func trimmed(_ s: String) -> Substring {
+            var s = Substring(s)
+            while s.hasPrefix("./") { s = s.dropFirst(2) }
+            return s
+        }
+        return trimmed(a) == trimmed(b)
+    }
 }

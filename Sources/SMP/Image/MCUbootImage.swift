@@ -96,14 +96,22 @@ public struct MCUbootImage: Sendable {
         }
         let hashed = bytes[0..<(Int(header.headerSize) + Int(header.imageSize) + Int(header.protectedTLVSize))]
         let digest = algorithm.digest(hashed)
+        let encryption: String? = header.flags.contains(.encryptedAES256) ? "AES-256, flag 0x08"
+            : header.flags.contains(.encryptedAES128) ? "AES-128, flag 0x04" : nil
+        func encrypted(_ bits: String) -> MCUbootImageError {
+            MCUbootImageError(.encrypted, source, "is encrypted (\(bits)); otaflash uploads plain images only, sign it without `--encrypt`")
+        }
         guard digest == hash.value else {
+            // imgtool hashes an image before it encrypts it (`image.py`, `create`), so a real
+            // encrypted image, which carries its wrapped key in an ENC TLV (0x30–0x34), never
+            // matches here: say so, not that it is corrupt.
+            if let encryption, layout.tlvs.contains(where: { (0x30...0x34).contains($0.type.rawValue) }) {
+                throw encrypted(encryption)
+            }
             throw MCUbootImageError(.hashMismatch, source, "the \(algorithm) of its header, firmware and protected TLVs is \(Self.hexPrefix(digest)), but its hash TLV says \(Self.hexPrefix(hash.value)); the file is corrupt, download or sign it again")
         }
         // The flags are covered by the hash: checked once they are known to be the signer's.
-        if !header.flags.isDisjoint(with: [.encryptedAES128, .encryptedAES256]) {
-            let bits = header.flags.contains(.encryptedAES256) ? "AES-256, flag 0x08" : "AES-128, flag 0x04"
-            throw MCUbootImageError(.encrypted, source, "is encrypted (\(bits)); otaflash uploads plain images only, sign it without `--encrypt`")
-        }
+        if let encryption { throw encrypted(encryption) }
         if header.flags.contains(.nonBootable) {
             throw MCUbootImageError(.nonBootable, source, "is marked non-bootable (flag 0x10), so MCUboot would never run it; sign it without `--non-bootable`")
         }

@@ -83,7 +83,12 @@ extension MCUbootImage {
             guard signature.type == .ecdsaSignature, hashAlgorithm == .sha256 else {
                 throw fail("carries \(signature.type) with a \(hashAlgorithm) hash, not an ECDSA P-256 signature with SHA-256; give the key it was signed with")
             }
-            guard let parsed = try? P256.Signing.ECDSASignature(derRepresentation: signature.value) else {
+            // `imgtool sign --pad-sig` pads the DER signature with zeros to 72 bytes (for MCUboot
+            // before 1.5), and MCUboot reads the SEQUENCE and ignores what follows it
+            // (`bootutil_decode_sig`): so does this, as `imgtool verify` does.
+            var der = signature.value
+            if der.count > 2, der[0] == 0x30, der[1] < 0x80, Int(der[1]) + 2 < der.count { der = Array(der.prefix(Int(der[1]) + 2)) }
+            guard let parsed = try? P256.Signing.ECDSASignature(derRepresentation: der) else {
                 throw fail("its ECDSASIG TLV is not a DER-encoded ECDSA signature; the image is corrupt, sign it again")
             }
             valid = key.isValidSignature(parsed, for: hashed)
