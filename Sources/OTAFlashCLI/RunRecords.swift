@@ -136,8 +136,8 @@ final class RunRecords: Sendable {
         }
     }
 
-    /// The device is done: its record is committed, then its `done` line printed, its log
-    /// closed and its report row appended, in that order.
+    /// The device is done: its record is committed, its report row appended and its log closed,
+    /// then its `done` line printed, in that order.
     func finish(_ outcome: BatchOutcome) async {
         let done = FlashEvents.Done(outcome)
         let note = notes.withLock { $0.removeValue(forKey: outcome.device) } ?? Notes()
@@ -150,11 +150,12 @@ final class RunRecords: Sendable {
                 fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
             }
         }
-        printer.json(done)
-        logs?.finish(outcome.device, done.line)
         if let report, let problem = report.append(record) {
             fail(CLIFailure(.outputFailed, "cannot write the report row of \(outcome.device) to \(report.path): \(problem)"))
         }
+        logs?.finish(outcome.device, done.line)
+        // Last: a device reported done has its record, its report row and its log on disk.
+        printer.json(done)
     }
 
     /// Ends the run with the first record or row that could not be written, if any.
@@ -209,7 +210,11 @@ final class ReportFile: Sendable {
     init(path: String, printer: EventPrinter) throws(CLIFailure) {
         self.path = path
         try OutputPaths.checkFile(path, option: "--report")
-        let existing = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+        // Only a regular file has rows to keep (a device such as /dev/stdout is written as it is).
+        var info = stat()
+        let existing = stat(path, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG && info.st_size > 0
+            ? (FileHandle(forReadingAtPath: path).flatMap { try? $0.read(upToCount: 4096) }).map { String(decoding: $0, as: UTF8.self) } ?? ""
+            : ""
         if existing.isEmpty {
             if let problem = Self.appendBytes(path, Self.header) {
                 throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")
