@@ -18,7 +18,7 @@ public final class SQLiteLedger: LedgerStore {
             do {
                 try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
             } catch {
-                throw LedgerError(.cannotOpen, "cannot create the ledger's folder \(folder): \(error.localizedDescription); choose another with --ledger PATH, or --no-ledger")
+                throw LedgerError(.cannotOpen, "cannot create the ledger's folder \(folder): \(Self.reason(error)); choose another with --ledger PATH, or --no-ledger")
             }
         }
         var configuration = Configuration()
@@ -162,6 +162,15 @@ public final class SQLiteLedger: LedgerStore {
         try? queue.close()
     }
 
+    /// The POSIX reason of a Foundation file error ("Permission denied"), else its description.
+    static func reason(_ error: any Error) -> String {
+        let ns = error as NSError
+        if let underlying = ns.userInfo[NSUnderlyingErrorKey] as? NSError, underlying.domain == NSPOSIXErrorDomain {
+            return String(cString: strerror(Int32(underlying.code)))
+        }
+        return error.localizedDescription
+    }
+
     /// A database failure as one line, by what SQLite said.
     static func failure(_ error: any Error, path: String, doing: String) -> LedgerError {
         guard let db = error as? DatabaseError else {
@@ -174,6 +183,13 @@ public final class SQLiteLedger: LedgerStore {
         case .SQLITE_READONLY:
             return LedgerError(.readOnly, "the ledger \(path) cannot be written (read-only: \(what)); fix its permissions, or choose another with --ledger PATH")
         case .SQLITE_CANTOPEN, .SQLITE_PERM, .SQLITE_AUTH:
+            // SQLite says only "unable to open": the folder says why (a read-only filesystem, permissions).
+            let folder = (path as NSString).deletingLastPathComponent
+            if access(folder.isEmpty ? "." : folder, W_OK) != 0 {
+                let why = String(cString: strerror(errno))
+                return LedgerError(errno == EROFS ? .readOnly : .cannotOpen,
+                                   "the ledger \(path) cannot be created or written (\(folder.isEmpty ? "." : folder): \(why)); choose another with --ledger PATH, or --no-ledger")
+            }
             return LedgerError(.cannotOpen, "the ledger \(path) cannot be opened (\(what)); check the path and its permissions, or choose another with --ledger PATH")
         case .SQLITE_CORRUPT, .SQLITE_NOTADB:
             return LedgerError(.corrupt, "the ledger \(path) is not a usable ledger (\(what)); move it aside and run again (a new one is made), or choose another with --ledger PATH")

@@ -1,4 +1,5 @@
 import ArgumentParser
+import BlueZ
 import Foundation
 import GATT
 import OTA
@@ -81,14 +82,18 @@ public struct BatchCLIOptions: ParsableArguments {
     }
 }
 
-/// Reads `--devices-file`: one address per line, `#` comments, blank lines ignored.
+/// Reads `--devices-file`: one address per line, `#` comments, blank lines ignored; lines may end
+/// in LF or CRLF and the file may start with a UTF-8 byte order mark (a list saved on Windows).
 func readDevicesFile(_ path: String) throws -> [DeviceAddress] {
     guard let data = FileManager.default.contents(atPath: path) else {
         throw CLIFailure(.usage, "cannot read the devices file \(path)")
     }
+    var text = String(decoding: data, as: UTF8.self)
+    if text.hasPrefix("\u{FEFF}") { text.removeFirst() }
     var out: [DeviceAddress] = []
-    for (n, raw) in String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-        let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+    // "\r\n" is one Character in Swift: split on every line end, not on "\n" alone.
+    for (n, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
+        let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map { $0.trimmingCharacters(in: .whitespacesAndNewlines) } ?? ""
         if line.isEmpty { continue }
         guard let address = DeviceAddress(line) else {
             throw CLIFailure(.usage, "\(path):\(n + 1): '\(line)' is not a device address like AA:BB:CC:DD:EE:FF")
@@ -115,6 +120,15 @@ extension Flash {
         let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
             ? [(nil, target.bluezCentral(adapter: nil))]
             : adapters.map { ($0, target.bluezCentral(adapter: $0)) }
+        // bluetoothd down or an adapter off fails every device alike: say it once, exit 11.
+        for (adapter, central) in centrals {
+            guard let bluez = central as? BlueZCentral else { continue }
+            do {
+                try await bluez.checkAvailable()
+            } catch {
+                throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
+            }
+        }
         var targets: [BatchTarget] = []
         if batch.scan {
             // A device in its update mode, or running an application that moves it there, advertises
