@@ -18,6 +18,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
         .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -48,13 +49,16 @@ let package = Package(
         .target(name: "SMP", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", .product(name: "Crypto", package: "swift-crypto"),
         ]),
+        // The factory line's books: one record per device attempt, committed as it ends (SQLite
+        // through GRDB). Knows no protocol and no transport.
+        .target(name: "Ledger", dependencies: [.product(name: "GRDB", package: "GRDB.swift")]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -80,7 +84,8 @@ let package = Package(
         .testTarget(name: "SMPTests", dependencies: [
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
         ]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport"]),
+        .testTarget(name: "LedgerTests", dependencies: ["Ledger"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -106,6 +106,21 @@ public struct BlueZCentral: GATTCentral {
         return powered
     }
 
+    /// Checks that bluetoothd answers and the adapter is there and powered, without scanning or
+    /// connecting: a batch asks once before it starts, instead of failing every device alike.
+    public func checkAvailable() async throws(GATTError) {
+        let bus = try await openBus()
+        let objects: DBusManagedObjects
+        do {
+            objects = try await Self.managedObjects(bus)
+        } catch {
+            await bus.close()
+            throw error
+        }
+        await bus.close()
+        _ = try resolveAdapter(objects)
+    }
+
     // MARK: Scan
 
     /// Discovers LE devices for `timeout` (doc/org.bluez.Adapter.rst, "SetDiscoveryFilter",

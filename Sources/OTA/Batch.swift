@@ -42,6 +42,8 @@ public struct BatchOptions: Sendable {
     public var readBackVersion: Bool
     /// Pairing and unpairing, for each device on its own.
     public var pairing: PairingPolicy
+    /// Read each device's Device Information Service (`DeviceUpdater.readsIdentity`).
+    public var readsIdentity = false
 
     public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
                 profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
@@ -136,7 +138,14 @@ public struct BatchRunner: Sendable {
 
     /// Runs every target and returns their outcomes in the targets' order. Every event carries
     /// the address the target was given.
+    ///
+    /// `before` runs as a device's turn comes, before anything is sent to it: an error it returns
+    /// is that device's outcome, and nothing is sent (a record that could not be written).
+    /// `finished` runs as soon as a device's outcome is final, before the next device takes its
+    /// place: what is kept of it (a ledger record, a log, a report row) never waits for the batch.
     public func run(_ targets: [BatchTarget],
+                    before: @escaping @Sendable (BatchTarget) async -> OTAError? = { _ in nil },
+                    finished: @escaping @Sendable (BatchOutcome) async -> Void = { _ in },
                     events: @escaping @Sendable (DeviceUpdater.Event) -> Void = { _ in }) async -> [BatchOutcome] {
         let total = Limiter(options.parallel)
         var perAdapter: [String: Limiter] = [:]
@@ -148,7 +157,14 @@ public struct BatchRunner: Sendable {
                     let adapterLimit = adapterLimits[target.adapter ?? ""]!
                     await adapterLimit.acquire()
                     await total.acquire()
-                    let outcome = await flash(target, events: events)
+                    let outcome: BatchOutcome
+                    if let refusal = await before(target) {
+                        outcome = BatchOutcome(device: target.address.description, adapter: target.adapter, result: .failed(refusal),
+                                               attempts: 0, seconds: 0, firmwareBefore: nil, firmwareAfter: nil)
+                    } else {
+                        outcome = await flash(target, events: events)
+                    }
+                    await finished(outcome)
                     await total.release()
                     await adapterLimit.release()
                     return (index, outcome)
@@ -164,10 +180,11 @@ public struct BatchRunner: Sendable {
         let started = clock.now
         var pairing = options.pairing
         if let credentials = target.credentials { pairing.credentials = credentials }
-        let updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
+        var updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
                                     timeouts: options.timeouts, reconnect: options.reconnect, journal: options.journal,
                                     logger: logger, namesSessionsByDevice: true, readsBack: options.readBackVersion,
                                     pairing: pairing)
+        updater.readsIdentity = options.readsIdentity
         let outcome = await attempts(updater, target, started: started, events: events)
         await updater.removeBonds(central: target.central, address: target.address,
                                   updateModeAddress: outcome.updateModeAddress.flatMap(DeviceAddress.init), events: events)

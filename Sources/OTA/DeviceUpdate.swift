@@ -82,6 +82,9 @@ public struct DeviceUpdater: Sendable {
     public let readsBack: Bool
     /// Whether the device is paired before its update, and again when it refuses for want of it.
     public let pairing: PairingPolicy
+    /// Read the device's Device Information Service on the first connection (`Event.identity`):
+    /// what a ledger records of it.
+    public var readsIdentity = false
 
     public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
@@ -112,6 +115,8 @@ public struct DeviceUpdater: Sendable {
         case session(SessionEvent)
         /// Pairing news for a note line: paired, paired again after a refusal, bond removed.
         case pairing(device: String, note: String)
+        /// What the device said of itself on the first connection (`readsIdentity`).
+        case identity(device: String, DeviceIdentity)
     }
 
     /// Where a device stands between two attempts: an attempt after the first goes on from here.
@@ -322,6 +327,10 @@ public struct DeviceUpdater: Sendable {
         } catch {
             await connection.disconnect()
             return unread
+        }
+        if readsIdentity {
+            events(.identity(device: address.description,
+                             await DeviceIdentity.read(from: connection, services: services, timeout: config.replyTimeout)))
         }
         do throws(OTAError) {
             let resolution = try registry.resolve(protocolName, format: plan.format, services: Set(services.map(\.uuid)))

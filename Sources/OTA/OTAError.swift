@@ -13,6 +13,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Wrapped: String, Hashable, Sendable, CaseIterable {
             case image, imageTooLarge, deviceNotFound, connection, incompatibleDevice, verifyFailed
             case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
+            case ledgerFailed
         }
 
         private let wrapped: Wrapped
@@ -43,6 +44,8 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         /// SIGINT/SIGTERM; the transfer can resume.
         public static var interrupted: Self { Self(.interrupted) }
         public static var internalError: Self { Self(.internalError) }
+        /// The device's record could not be written where the run keeps its records; nothing was sent.
+        public static var ledgerFailed: Self { Self(.ledgerFailed) }
 
         /// Every code this version knows; later versions may add more.
         public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }

@@ -159,6 +159,8 @@ public struct NativePeripheral: PeripheralModel {
     public private(set) var model: DeviceModel
     public var manufacturer: String
     public var modelNumber: String
+    /// The Device Information Service's serial number, when the device has one.
+    public var serialNumber: String?
     /// False: the device does not expose the OTA service (e.g. it runs a firmware without it).
     public var hasOTAService: Bool
     /// Properties of the data characteristic; remove `.writeWithoutResponse` to model a broken table.
@@ -166,11 +168,12 @@ public struct NativePeripheral: PeripheralModel {
     /// Each data packet carries its offset (docs/PROTOCOL.md, "Data characteristic").
     public var writesCarryTheirPlace: Bool { true }
 
-    public init(model: DeviceModel, manufacturer: String, modelNumber: String, hasOTAService: Bool = true,
+    public init(model: DeviceModel, manufacturer: String, modelNumber: String, serialNumber: String? = nil, hasOTAService: Bool = true,
                 dataProperties: CharacteristicProperties = [.writeWithoutResponse]) {
         self.model = model
         self.manufacturer = manufacturer
         self.modelNumber = modelNumber
+        self.serialNumber = serialNumber
         self.hasOTAService = hasOTAService
         self.dataProperties = dataProperties
     }
@@ -188,7 +191,7 @@ public struct NativePeripheral: PeripheralModel {
             PeripheralCharacteristic(DeviceInformationService.manufacturerNameUUID, [.read]),
             PeripheralCharacteristic(DeviceInformationService.modelNumberUUID, [.read]),
             PeripheralCharacteristic(DeviceInformationService.firmwareRevisionUUID, [.read]),
-        ]))
+        ] + (serialNumber == nil ? [] : [PeripheralCharacteristic(DeviceInformationService.serialNumberUUID, [.read])])))
         return out
     }
 
@@ -205,6 +208,7 @@ public struct NativePeripheral: PeripheralModel {
         case DeviceInformationService.manufacturerNameUUID: Array(manufacturer.utf8)
         case DeviceInformationService.modelNumberUUID: Array(modelNumber.utf8)
         case DeviceInformationService.firmwareRevisionUUID: Array(model.target.firmwareVersion.description.utf8)
+        case DeviceInformationService.serialNumberUUID: serialNumber.map { Array($0.utf8) }
         default: nil
         }
     }

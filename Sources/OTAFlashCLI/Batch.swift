@@ -1,4 +1,5 @@
 import ArgumentParser
+import BlueZ
 import Foundation
 import GATT
 import OTA
@@ -81,14 +82,18 @@ public struct BatchCLIOptions: ParsableArguments {
     }
 }
 
-/// Reads `--devices-file`: one address per line, `#` comments, blank lines ignored.
+/// Reads `--devices-file`: one address per line, `#` comments, blank lines ignored; lines may end
+/// in LF or CRLF and the file may start with a UTF-8 byte order mark (a list saved on Windows).
 func readDevicesFile(_ path: String) throws -> [DeviceAddress] {
     guard let data = FileManager.default.contents(atPath: path) else {
         throw CLIFailure(.usage, "cannot read the devices file \(path)")
     }
+    var text = String(decoding: data, as: UTF8.self)
+    if text.hasPrefix("\u{FEFF}") { text.removeFirst() }
     var out: [DeviceAddress] = []
-    for (n, raw) in String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-        let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+    // "\r\n" is one Character in Swift: split on every line end, not on "\n" alone.
+    for (n, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
+        let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map { $0.trimmingCharacters(in: .whitespacesAndNewlines) } ?? ""
         if line.isEmpty { continue }
         guard let address = DeviceAddress(line) else {
             throw CLIFailure(.usage, "\(path):\(n + 1): '\(line)' is not a device address like AA:BB:CC:DD:EE:FF")
@@ -115,6 +120,15 @@ extension Flash {
         let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
             ? [(nil, target.bluezCentral(adapter: nil))]
             : adapters.map { ($0, target.bluezCentral(adapter: $0)) }
+        // bluetoothd down or an adapter off fails every device alike: say it once, exit 11.
+        for (adapter, central) in centrals {
+            guard let bluez = central as? BlueZCentral else { continue }
+            do {
+                try await bluez.checkAvailable()
+            } catch {
+                throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
+            }
+        }
         var targets: [BatchTarget] = []
         if batch.scan {
             // A device in its update mode, or running an application that moves it there, advertises
@@ -176,7 +190,7 @@ extension Flash {
     }
 
     /// Flashes every target and reports; throws the batch's exit code unless all succeeded.
-    func runBatch(_ targets: [BatchTarget], plan: FlashPlan, printer: EventPrinter) async throws {
+    func runBatch(_ targets: [BatchTarget], plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {
         // Each device pairs with its own passkey when the file lists it.
         let passkeys = try pairing.answers.passkeys()
         let targets = targets.map {
@@ -185,30 +199,30 @@ extension Flash {
         }
         // Simulated devices share no radio: only --parallel limits them.
         let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
-        let options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
+        var options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
                                    timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                    registry: .cli, protocolName: protocolName,
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory),
                                    pairing: pairing.policy)
-        let logs = batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }
+        options.readsIdentity = book.ledger != nil
         printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
                                        adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
         printer.note("flashing \(targets.count) devices, \(batch.parallel) at a time")
         let runner = BatchRunner(plan: plan.update, options: options, logger: output.logger("otaflash.batch"))
         printer.startLive(devices: targets.map(\.address.description))
         let work = Task {
-            await runner.run(targets) { event in
+            await runner.run(targets, before: { await book.begin($0.address.description) }, finished: { await book.finish($0) }) { event in
+                book.observe(event)
                 switch event {
                 case .session(let event):
                     printer.session(event)
-                    logs?.record(event)
                 case .prepared(let device, _, let entry?):
                     printer.note("\(device): moved into \(entry.mode); it answers at \(entry.address)")
                 case .pairing(let device, let note):
                     printer.note(note)
                     printer.json(FlashEvents.Note(device: device, message: note))
-                case .prepared, .image:
+                case .prepared, .image, .identity:
                     break
                 }
             }
@@ -227,22 +241,14 @@ extension Flash {
             case .failed(let e): (o.device, "FAILED: \(e.description)")
             }
         })
-        for outcome in outcomes {
-            let done = FlashEvents.Done(outcome)
-            printer.json(done)
-            logs?.finish(outcome.device, done.line)
-        }
         let ok = outcomes.filter { if case .ok = $0.result { true } else { false } }.count
         let skipped = outcomes.filter { if case .skipped = $0.result { true } else { false } }.count
         let failed = outcomes.count - ok - skipped
-        // The report is written before the summary, so the summary's exit code is the run's.
-        var reportFailure: CLIFailure?
-        if let path = batch.report {
-            do { try writeReport(outcomes, to: path) } catch let failure as CLIFailure { reportFailure = failure }
-        }
+        // Each device's record, done line, log and report row were written as it ended.
+        let recordFailure = book.failure.withLock { $0 }
         let code: ExitCode = if interrupts.signalled { .interrupted }
             else if CLIContext.output.failure != nil { .outputFailed }
-            else if let reportFailure { reportFailure.code }
+            else if let recordFailure { recordFailure.code }
             else if failed == 0 { .success }
             else { failed == outcomes.count ? .allFailed : .someFailed }
         printer.json(FlashEvents.Summary(devices: outcomes.count, ok: ok, skipped: skipped, failed: failed, exitCode: code,
@@ -251,7 +257,7 @@ extension Flash {
         for o in outcomes {
             if case .failed(let e) = o.result { printer.note("\(o.device) failed: \(e.description)") }
         }
-        if let reportFailure { throw reportFailure.markedReported() }
+        if let recordFailure { throw recordFailure.markedReported() }
         if code == .interrupted {
             throw CLIFailure(.interrupted, "interrupted: \(ok) of \(outcomes.count) devices done; run the same command again to resume the others").markedReported()
         }
@@ -276,24 +282,6 @@ extension Flash {
         // The bootloader column only when a device was moved into one.
         let rows = [["device", "bootloader", "adapter", "result", "attempts", "time", "throughput", "before", "after"]] + outcomes.map(summaryRow)
         return outcomes.contains { $0.updateModeAddress != nil } ? rows : rows.map { row in row.enumerated().filter { $0.offset != 1 }.map(\.element) }
-    }
-
-    private func writeReport(_ outcomes: [BatchOutcome], to path: String) throws {
-        func csv(_ s: String) -> String { s.contains(where: { ",\"\n".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s }
-        var text = "device,adapter,result,error,attempts,seconds,throughput_bytes_per_s,firmware_before,firmware_after,bootloader,otaflash_version,otaflash_commit\n"
-        for o in outcomes {
-            let (result, error, rate): (String, String, String) = switch o.result {
-            case .ok(let r): ("ok", "", String(format: "%.0f", r.throughput))
-            case .skipped: ("skipped", "", "")
-            case .failed(let e): ("error", e.description, "")
-            }
-            text += [o.device, o.adapter ?? "", result, error, "\(o.attempts)", String(format: "%.3f", o.seconds), rate,
-                     o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? "",
-                     o.updateModeAddress ?? "", OtaflashVersion.number, OtaflashVersion.commit ?? ""].map(csv).joined(separator: ",") + "\n"
-        }
-        if let problem = writeFile(path, Array(text.utf8)) {
-            throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")
-        }
     }
 }
 

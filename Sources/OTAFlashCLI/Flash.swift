@@ -125,6 +125,8 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup(title: "Pairing") var pairing: PairingOptions
 
+    @OptionGroup(title: "Records (docs/LEDGER.md)") var records: LedgerOptions
+
     @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
@@ -200,7 +202,6 @@ struct Flash: AsyncParsableCommand {
 
     /// Checks every path the run writes to, before any radio time.
     private func checkOutputPaths() throws {
-        if let report = batch.report { try OutputPaths.checkFile(report, option: "--report") }
         if let logDir = batch.logDir { try OutputPaths.prepareDirectory(logDir, option: "--log-dir") }
         if let state = target.simulator.stateDir { try OutputPaths.prepareDirectory(state, option: "--sim-state") }
         if let journalDir { try OutputPaths.prepareDirectory(journalDir, option: "--journal-dir") }
@@ -233,13 +234,19 @@ struct Flash: AsyncParsableCommand {
         if noActivate, !native, !(plan.profile is SMPProfile) {
             throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
         }
+        // What the run keeps of each device, checked and opened before any radio time.
+        let book = RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
+                              image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
+                              protocolName: plan.profile.name,
+                              report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
+                              logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer)
         if batch.isBatch(devices: target.device) {
             printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
             for warning in plan.warnings { printer.note("warning: \(warning)") }
             printer.json(FlashEvents.Start(device: nil, image: image, size: plan.size, crc32: plan.crc32,
                                            simulator: target.simulator.enabled, protocol: plan.profile.name))
             let targets = try await batchTargets(plan: plan, printer: printer)
-            try await runBatch(targets, plan: plan, printer: printer)
+            try await runBatch(targets, plan: plan, book: book, printer: printer)
             return
         }
         let address = try target.address()
@@ -263,21 +270,26 @@ struct Flash: AsyncParsableCommand {
         } else {
             central = target.bluezCentral()
         }
+        if let refusal = await book.begin(address.description) { throw CLIFailure(refusal) }
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
-        let updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: try engineConfig(for: plan),
+        var updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: try engineConfig(for: plan),
                                     timeouts: sessionTimeouts,
                                     reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                                     journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
                                     logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation,
                                     pairing: pairingPolicy)
+        updater.readsIdentity = book.ledger != nil
         let (image, simulator) = (image, target.simulator.enabled)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
         let (size, crc32, protocolUsed) = (plan.size, plan.crc32, plan.profile.name)
         let started = central.clock.now
         let work = Task { () async -> DeviceUpdater.Outcome in
             let events = { @Sendable (event: DeviceUpdater.Event) in
+                book.observe(event)
                 switch event {
+                case .identity:
+                    break
                 case .prepared(_, let reason, let entry):
                     printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
                                                    size: size, crc32: crc32, simulator: simulator, protocol: protocolUsed))
@@ -326,22 +338,23 @@ struct Flash: AsyncParsableCommand {
         case .success(let success):
             result = success
         case .failure(let error):
-            // The same `done` line a batch prints for a failed device.
-            printer.json(FlashEvents.Done(BatchOutcome(device: address.description, updateModeAddress: entered?.description,
-                                                       adapter: target.adapter, result: .failed(error), attempts: 1,
-                                                       seconds: (central.clock.now - started).seconds,
-                                                       firmwareBefore: nil, firmwareAfter: nil)))
+            // The same record and `done` line a batch keeps of a failed device.
+            await book.finish(BatchOutcome(device: address.description, updateModeAddress: entered?.description,
+                                           adapter: target.adapter, result: .failed(error), attempts: 1,
+                                           seconds: (central.clock.now - started).seconds, firmwareBefore: nil, firmwareAfter: nil))
             throw CLIFailure(error).markedReported()
         }
         // A single device is read back only where its protocol's activation is a reset (SMP); a batch always is.
         let after = outcome.after
-        printer.json(FlashEvents.Done(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
-                                                   attempts: 1, seconds: result.seconds, firmwareAfter: after?.firmwareVersion)))
+        await book.finish(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
+                                       attempts: 1, seconds: result.seconds, firmwareAfter: after?.firmwareVersion))
+
         // The device as given, and where its bootloader answered when it was moved there.
         let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {
             printer.result("\(device): skipped, it already runs \(result.firmwareBefore.map { "\($0)" } ?? "that version") "
                            + "(--skip-if-version); nothing sent")
+            try book.throwFirstFailure()
             return
         }
         let what = result.activated ? "verified and activated" : "verified (not activated)"
@@ -352,6 +365,7 @@ struct Flash: AsyncParsableCommand {
         } else if plan.profile.readsBackAfterActivation, result.activated {
             printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
         }
+        try book.throwFirstFailure()
     }
 }
 

@@ -108,6 +108,7 @@ enum Ranges {
     static let scanWindow = timeout("--scan-window")
     static let scanTimeout = timeout("--timeout")
     static let probeTimeout = Bounds("--probe-timeout", 0.001...120, unit: " seconds")
+    static let ledgerLimit = Bounds("--limit", 1...100_000_000)
     static let checkpointInterval = Bounds("--checkpoint-interval", 256...(16 << 20), unit: " bytes")
     /// Bluetooth Core 5.x, Vol 4, Part E, 7.7.65.2: an advertising report's RSSI is -127 to +20 dBm.
     static let minRSSI = Bounds("--min-rssi", -127...20, unit: " dBm")
@@ -174,7 +175,7 @@ enum Ranges {
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
-        let ints: [Bounds<Int>] = [checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
+        let ints: [Bounds<Int>] = [ledgerLimit, checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
                                    simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
                                    hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
                                    smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]

@@ -16,7 +16,7 @@ public struct Otaflash: AsyncParsableCommand {
             Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
             """,
         version: OtaflashVersion.line,
-        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self],
+        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self, LedgerCommand.self],
         defaultSubcommand: Flash.self
     )
 

@@ -381,7 +381,7 @@ final class LiveView: Sendable {
             switch event {
             case .connecting: row.phase = "connecting"
             case .connected(_, let mtu, _): row.phase = "connected, MTU \(mtu)"
-            case .deviceInfo(_, let info): row.phase = "firmware \(info.firmwareVersion)"
+            case .deviceInfo(_, let info): row.phase = "firmware \(info.firmwareVersion.map { "\($0)" } ?? "unknown")"
             case .transferStarted(_, let offset, let total):
                 row.phase = offset > 0 ? "resuming at \(formatBytes(offset)) of \(formatBytes(total))" : "sending"
             case .progress(let p):
@@ -482,7 +482,17 @@ final class LiveView: Sendable {
             }
             if !cells.isEmpty { lines[lines.count - 1] = "… \(cells.count) more devices" }
         }
-        return lines.map { $0.count > width ? String($0.prefix(width - 1)) + "…" : $0 }
+        return lines.map { Self.cut($0, to: width) }
+    }
+
+    /// `line` cut to `width` at a word's end (never inside a number such as "1024"), with "…".
+    static func cut(_ line: String, to width: Int) -> String {
+        guard line.count > width else { return line }
+        let head = line.prefix(width - 1)
+        guard let space = head.lastIndex(of: " "), head.distance(from: head.startIndex, to: space) > width / 2 else {
+            return String(head) + "…"
+        }
+        return String(head[..<space]) + " …"
     }
 
     private static func line(_ device: String, _ row: Row) -> String {

@@ -2,7 +2,7 @@ import Dispatch
 import Foundation
 import Synchronization
 
-/// Turns SIGINT/SIGTERM into task cancellation: the first signal asks the running work to stop
+/// Turns SIGINT/SIGTERM/SIGHUP (a closed SSH session) into task cancellation: the first signal asks the running work to stop
 /// cleanly (the current write finishes and the device stays resumable); a second one exits at
 /// once with the `interrupted` code.
 ///
@@ -12,14 +12,14 @@ final class InterruptHandler {
     private let sources: [any DispatchSourceSignal]
     private let count = ManagedCounter()
 
-    /// True once SIGINT or SIGTERM arrived: the run ends with the `interrupted` code.
+    /// True once SIGINT, SIGTERM or SIGHUP arrived: the run ends with the `interrupted` code.
     var signalled: Bool { count.value > 0 }
 
     /// - Parameter onFirst: called on the first signal (cancel the work, print a note).
     init(onFirst: @escaping @Sendable (Int32) -> Void) {
         let queue = DispatchQueue(label: "otaflash.signals")
         let count = self.count
-        sources = [SIGINT, SIGTERM].map { sig in
+        sources = [SIGINT, SIGTERM, SIGHUP].map { sig in
             signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
             source.setEventHandler {
@@ -40,6 +40,7 @@ final class InterruptHandler {
         for source in sources { source.cancel() }
         signal(SIGINT, SIG_DFL)
         signal(SIGTERM, SIG_DFL)
+        signal(SIGHUP, SIG_DFL)
     }
 }
 

@@ -39,6 +39,8 @@ public enum DeviceInformationService {
     public static let manufacturerNameUUID: BluetoothUUID = "2a29"
     public static let modelNumberUUID: BluetoothUUID = "2a24"
     public static let firmwareRevisionUUID: BluetoothUUID = "2a26"
+    public static let serialNumberUUID: BluetoothUUID = "2a25"
+    public static let hardwareRevisionUUID: BluetoothUUID = "2a27"
 }
 
 /// A reply status (docs/PROTOCOL.md, "Status codes"). Unknown codes still decode and print.

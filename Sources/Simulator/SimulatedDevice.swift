@@ -32,6 +32,9 @@ public struct SimulatedDeviceConfig: Sendable {
     /// With `security` `.authenticate`: the passkey the device expects (passkey entry); nil:
     /// the device pairs by numeric comparison, which the central must confirm.
     public var passkey: UInt32?
+
+    /// The serial number its Device Information Service reports: `SIM` and the address's digits.
+    public var serialNumber: String { "SIM" + address.description.filter { $0 != ":" } }
     /// False: the device's advertisement carries no service UUID (mcumgr's Mynewt `smp_svr`
     /// sample advertises only its name), so a scan cannot tell what it speaks without connecting.
     public var advertisesServices: Bool = true
@@ -119,7 +122,8 @@ public final class SimulatedDevice: Sendable {
     public convenience init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
         let model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: config.timing)
         self.init(config, model: NativePeripheral(model: model, manufacturer: config.manufacturer, modelNumber: config.model,
-                                                  hasOTAService: config.hasOTAService, dataProperties: config.dataProperties))
+                                                  serialNumber: config.serialNumber, hasOTAService: config.hasOTAService,
+                                                  dataProperties: config.dataProperties))
     }
 
     /// A device running `model`, another protocol's device among them. Of `config`, only the

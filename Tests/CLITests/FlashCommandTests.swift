@@ -258,13 +258,15 @@ struct OutputFailureTests {
         #expect(exit.stderr.contains("cannot write to stdout: No space left on device"), "\(exit.stderr)")
     }
 
-    @Test func aReportOnAFullDiskExits16AfterTheSummary() async throws {
+    /// The report's header is written before any radio time: a full disk stops the run there.
+    @Test func aReportOnAFullDiskExits16BeforeAnyRadioTime() async throws {
         let run = await otaflash(simulator + ["--count", "2", "--json", "--report", try fullDevice(), samplePath("seeded-4k.bin")])
         #expect(run.code == 16, "\(run.stderr)")
         #expect(run.errorLines == ["otaflash: error: cannot write the report /dev/full: No space left on device"])
-        let summary = try #require(run.jsonEvents.last)
-        #expect(summary["event"] as? String == "summary")
-        #expect(summary["exit_code"] as? Int == 16)
+        #expect(!run.jsonEvents.contains { $0["event"] as? String == "progress" })
+        let done = try #require(run.jsonEvents.last)
+        #expect(done["event"] as? String == "done")
+        #expect(done["exit_code"] as? Int == 16)
     }
 
     /// In process: the sink's stdout fails after its first line; the session is cancelled and the run exits 16.

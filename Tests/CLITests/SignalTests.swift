@@ -50,7 +50,8 @@ struct SignalTests {
         (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
     }
 
-    @Test(arguments: [SIGINT, SIGTERM])
+    /// SIGHUP is a closed SSH session: it stops the flash as cleanly as Ctrl-C, with a done line.
+    @Test(arguments: [SIGINT, SIGTERM, SIGHUP])
     func aSignalMidTransferExits130WithOneInterruptedLine(signal: Int32) throws {
         let ending = try interrupt(with: signal)
         print("signal \(signal): exit status \(ending.status >> 8) \(ending.milliseconds) ms after the signal")

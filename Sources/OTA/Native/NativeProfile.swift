@@ -58,9 +58,11 @@ public struct NativeProfile: OTAProfile {
                             peer: info, summary: Self.summary(info))
     }
 
-    /// The info value in the terms every protocol reports.
+    /// The info value in the terms every protocol reports; a firmware version of 0 is "unknown"
+    /// (docs/PROTOCOL.md, "Info value"), as a device flashed without `--image-version` reports.
     public static func summary(_ info: DeviceInfo) -> DeviceSummary {
-        DeviceSummary(protocolName: "native", protocolVersion: Int(info.protocolVersion), firmwareVersion: info.firmwareVersion,
+        DeviceSummary(protocolName: "native", protocolVersion: Int(info.protocolVersion),
+                      firmwareVersion: info.firmwareVersion.packed == 0 ? nil : info.firmwareVersion,
                       state: info.state.description, slotSize: Int(info.maxImageSize))
     }
 

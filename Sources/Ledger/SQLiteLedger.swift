@@ -1,0 +1,208 @@
+import Foundation
+import GRDB
+
+/// The embedded ledger: one SQLite file (WAL, `synchronous = FULL`: a committed record survives a
+/// power loss), shared safely by several otaflash processes on one station.
+public final class SQLiteLedger: LedgerStore {
+    public let location: String
+    private let queue: DatabaseQueue
+
+    /// How long a write waits for another process's lock before it fails as `locked`.
+    public static let busyTimeout: TimeInterval = 5
+
+    /// Opens (creating it and its folder when missing) and migrates the ledger at `path`.
+    public init(path: String) throws(LedgerError) {
+        location = path
+        let folder = (path as NSString).deletingLastPathComponent
+        if !folder.isEmpty, !FileManager.default.fileExists(atPath: folder) {
+            do {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            } catch {
+                throw LedgerError(.cannotOpen, "cannot create the ledger's folder \(folder): \(Self.reason(error)); choose another with --ledger PATH, or --no-ledger")
+            }
+        }
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(Self.busyTimeout)
+        configuration.label = "otaflash.ledger"
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        do {
+            queue = try DatabaseQueue(path: path, configuration: configuration)
+            try queue.writeWithoutTransaction { db in
+                if try String.fetchOne(db, sql: "PRAGMA journal_mode") != "wal" {
+                    try db.execute(sql: "PRAGMA journal_mode = WAL")
+                }
+            }
+            let migrator = Self.migrator
+            try queue.read { db in
+                if try migrator.hasBeenSuperseded(db) {
+                    throw LedgerError(.newerSchema, "the ledger \(path) was written by a newer otaflash (a schema newer than version \(Ledger.schemaVersion)); use that version, or another --ledger")
+                }
+            }
+            try migrator.migrate(queue)
+        } catch let error as LedgerError {
+            throw error
+        } catch {
+            throw Self.failure(error, path: path, doing: "opening")
+        }
+    }
+
+    /// The schema's migrations, in order; never changed once released (docs/LEDGER.md).
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "attempts") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("run_id", .text).notNull()
+                t.column("started_at", .text).notNull()
+                t.column("ended_at", .text).notNull()
+                t.column("station", .text).notNull()
+                t.column("operator", .text)
+                t.column("adapter", .text)
+                t.column("device", .text).notNull()
+                t.column("bootloader_address", .text)
+                t.column("manufacturer", .text)
+                t.column("model", .text)
+                t.column("serial_number", .text)
+                t.column("hardware_revision", .text)
+                t.column("firmware_before", .text)
+                t.column("protocol", .text).notNull()
+                t.column("image_name", .text).notNull()
+                t.column("image_size", .integer).notNull()
+                t.column("image_sha256", .text).notNull()
+                t.column("image_version", .text)
+                t.column("firmware_after", .text)
+                t.column("bytes_sent", .integer).notNull()
+                t.column("bytes_resent", .integer).notNull()
+                t.column("seconds", .double).notNull()
+                t.column("rate", .double).notNull()
+                t.column("attempts", .integer).notNull()
+                t.column("result", .text).notNull()
+                t.column("exit_code", .integer).notNull()
+                t.column("error_code", .text)
+                t.column("message", .text)
+                t.column("otaflash_version", .text).notNull()
+                t.column("otaflash_commit", .text).notNull()
+            }
+            try db.create(index: "attempts_device", on: "attempts", columns: ["device", "image_sha256"])
+            try db.create(index: "attempts_started_at", on: "attempts", columns: ["started_at"])
+            try db.create(index: "attempts_serial_number", on: "attempts", columns: ["serial_number"])
+            try db.create(table: "stations") { t in
+                t.primaryKey("name", .text)
+                t.column("last_seen", .text).notNull()
+            }
+        }
+        return migrator
+    }
+
+    public func prepare(station: String) async throws(LedgerError) {
+        let now = LedgerRecord.timestamp(Date())
+        do {
+            try await queue.write { db in
+                try db.execute(sql: "INSERT INTO stations (name, last_seen) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET last_seen = excluded.last_seen",
+                               arguments: [station, now])
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    @discardableResult
+    public func append(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
+        do {
+            return try await queue.write { db in
+                var row = record
+                row.id = nil
+                try row.insert(db)
+                return db.lastInsertedRowID
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func records(_ query: LedgerQuery) async throws(LedgerError) -> [LedgerRecord] {
+        var clauses: [String] = []
+        var arguments: StatementArguments = []
+        func add(_ clause: String, _ value: (any DatabaseValueConvertible)?) {
+            guard let value else { return }
+            clauses.append(clause)
+            arguments += [value]
+        }
+        add("started_at >= ?", query.since)
+        add("started_at <= ?", query.until)
+        add("device = ? COLLATE NOCASE", query.device)
+        add("serial_number = ?", query.serialNumber)
+        add("result = ?", query.result)
+        add("station = ?", query.station)
+        if let image = query.image {
+            if image.count >= 8, image.allSatisfy(\.isHexDigit) {
+                clauses.append("(image_name = ? OR image_sha256 LIKE ?)")
+                arguments += [image, image.lowercased() + "%"]
+            } else {
+                add("image_name = ?", image)
+            }
+        }
+        var sql = "SELECT * FROM attempts"
+        if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
+        if let limit = query.limit {
+            sql = "SELECT * FROM (\(sql) ORDER BY id DESC LIMIT \(max(0, limit))) ORDER BY id"
+        } else {
+            sql += " ORDER BY id"
+        }
+        do {
+            return try await queue.read { [sql, arguments] db in try LedgerRecord.fetchAll(db, sql: sql, arguments: arguments) }
+        } catch {
+            throw Self.failure(error, path: location, doing: "reading")
+        }
+    }
+
+    public func close() async {
+        try? queue.close()
+    }
+
+    /// The POSIX reason of a Foundation file error ("Permission denied"), else its description.
+    static func reason(_ error: any Error) -> String {
+        let ns = error as NSError
+        if let underlying = ns.userInfo[NSUnderlyingErrorKey] as? NSError, underlying.domain == NSPOSIXErrorDomain {
+            return String(cString: strerror(Int32(underlying.code)))
+        }
+        return error.localizedDescription
+    }
+
+    /// A database failure as one line, by what SQLite said.
+    static func failure(_ error: any Error, path: String, doing: String) -> LedgerError {
+        guard let db = error as? DatabaseError else {
+            return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(error.localizedDescription)")
+        }
+        let what = db.message ?? "\(db.resultCode)"
+        switch db.resultCode.primaryResultCode {
+        case .SQLITE_BUSY, .SQLITE_LOCKED:
+            return LedgerError(.locked, "the ledger \(path) is locked by another process (waited \(Int(busyTimeout)) s); let it finish, or use another --ledger")
+        case .SQLITE_READONLY:
+            return LedgerError(.readOnly, "the ledger \(path) cannot be written (read-only: \(what)); fix its permissions, or choose another with --ledger PATH")
+        case .SQLITE_CANTOPEN, .SQLITE_PERM, .SQLITE_AUTH:
+            // SQLite says only "unable to open": the folder says why (a read-only filesystem, permissions).
+            let folder = (path as NSString).deletingLastPathComponent
+            if access(folder.isEmpty ? "." : folder, W_OK) != 0 {
+                let why = String(cString: strerror(errno))
+                return LedgerError(errno == EROFS ? .readOnly : .cannotOpen,
+                                   "the ledger \(path) cannot be created or written (\(folder.isEmpty ? "." : folder): \(why)); choose another with --ledger PATH, or --no-ledger")
+            }
+            return LedgerError(.cannotOpen, "the ledger \(path) cannot be opened (\(what)); check the path and its permissions, or choose another with --ledger PATH")
+        case .SQLITE_CORRUPT, .SQLITE_NOTADB:
+            return LedgerError(.corrupt, "the ledger \(path) is not a usable ledger (\(what)); move it aside and run again (a new one is made), or choose another with --ledger PATH")
+        case .SQLITE_FULL:
+            return LedgerError(.full, "the ledger \(path) cannot take the record: the disk is full; free space, or choose another with --ledger PATH")
+        case .SQLITE_IOERR:
+            return LedgerError(.full, "\(doing) the ledger \(path) failed with an I/O error (\(what)): a full or failing disk; free space, or choose another with --ledger PATH")
+        default:
+            return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(what)")
+        }
+    }
+}
+
+extension LedgerRecord: FetchableRecord, PersistableRecord {
+    public static let databaseTableName = "attempts"
+}

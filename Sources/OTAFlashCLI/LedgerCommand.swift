@@ -1,0 +1,190 @@
+import ArgumentParser
+import Foundation
+import Ledger
+
+/// `otaflash ledger`: the records of past runs, filtered, exported, or summarised as a shift.
+struct LedgerCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ledger",
+        abstract: "Show, export or summarise the ledger: one record per device attempt (docs/LEDGER.md).",
+        discussion: """
+            Times are UTC, ISO 8601 (2026-11-26, 2026-11-26T06:00, 2026-11-26T06:00:00Z) or an age (30m, 8h, 7d).
+
+            Examples:
+              otaflash ledger --since 8h
+              otaflash ledger --since 8h --summary
+              otaflash ledger --result error --format csv > failures.csv
+              otaflash ledger --serial SN0042 --format json
+            """
+    )
+
+    enum Format: String, ExpressibleByArgument, CaseIterable {
+        case table, csv, json
+    }
+
+    @Option(name: .customLong("ledger"), help: ArgumentHelp("The ledger to read (default: $XDG_STATE_HOME/otaflash/ledger.sqlite).", valueName: "path"),
+            completion: .file(extensions: ["sqlite"]))
+    var ledger: String?
+
+    @Option(help: ArgumentHelp("Only attempts that started at or after this time.", valueName: "time"))
+    var since: String?
+
+    @Option(help: ArgumentHelp("Only attempts that started at or before this time.", valueName: "time"))
+    var until: String?
+
+    @Option(help: ArgumentHelp("Only this device address.", valueName: "address"))
+    var device: String?
+
+    @Option(help: ArgumentHelp("Only this serial number (as the device's Device Information Service reports it).", valueName: "serial"))
+    var serial: String?
+
+    @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "ok|skipped|error"))
+    var result: String?
+
+    @Option(help: ArgumentHelp("Only this image: its file name, or the first 8 or more hex digits of its SHA-256.", valueName: "name|sha256"))
+    var image: String?
+
+    @Option(help: ArgumentHelp("Only this station.", valueName: "name"))
+    var station: String?
+
+    @Option(parsing: .unconditional, help: Ranges.ledgerLimit.help("Only the newest this many records", valueName: "n"))
+    var limit: Int?
+
+    @Option(help: ArgumentHelp("How to print the records (or the summary): table, csv or json (JSON Lines; one object for --summary).", valueName: "table|csv|json"))
+    var format: Format = .table
+
+    @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
+    var summary = false
+
+    mutating func validate() throws {
+        try Ranges.ledgerLimit.check(limit)
+        if let result, !["ok", "skipped", "error"].contains(result) {
+            throw ValidationError("--result must be ok, skipped or error, got '\(result)'")
+        }
+        if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
+        for (option, value) in [("--since", since), ("--until", until)] {
+            if let value, Self.time(value, now: Date()) == nil {
+                throw ValidationError("\(option) must be a UTC time like 2026-11-26 or 2026-11-26T06:00:00Z, or an age like 30m, 8h or 7d; got '\(value)'")
+            }
+        }
+    }
+
+    func run() async throws {
+        let path = ledger ?? Ledger.defaultPath()
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw CLIFailure(.ledgerFailed, "no ledger at \(path): nothing was recorded there yet (flashing real devices records to it; --ledger PATH names another)")
+        }
+        let records: [LedgerRecord]
+        do throws(LedgerError) {
+            records = try await Self.read(path, LedgerQuery(since: since.flatMap { Self.time($0, now: Date()) },
+                                                            until: until.flatMap { Self.time($0, now: Date()) },
+                                                            device: device, serialNumber: serial, result: result, image: image,
+                                                            station: station, limit: limit))
+        } catch {
+            throw CLIFailure(.ledgerFailed, error.message)
+        }
+        let out = CLIContext.output
+        if summary {
+            out.out(Self.render(LedgerSummary(records), format: format))
+        } else {
+            out.out(Self.render(records, format: format))
+        }
+    }
+
+    static func read(_ path: String, _ query: LedgerQuery) async throws(LedgerError) -> [LedgerRecord] {
+        let store = try Ledger.open(path)
+        let records = try await store.records(query)
+        await store.close()
+        return records
+    }
+
+    /// A `--since`/`--until` value as a ledger timestamp: a UTC date or time, or an age before `now`.
+    static func time(_ text: String, now: Date) -> String? {
+        if let match = text.wholeMatch(of: /([0-9]{1,6})([smhd])/), let n = Double(match.1) {
+            let unit: Double = switch match.2 { case "s": 1; case "m": 60; case "h": 3600; default: 86_400 }
+            return LedgerRecord.timestamp(now.addingTimeInterval(-n * unit))
+        }
+        let iso = ISO8601DateFormatter()
+        iso.timeZone = TimeZone(identifier: "UTC")
+        for (format, suffix) in [(ISO8601DateFormatter.Options.withInternetDateTime, ""), (.withInternetDateTime, "Z"),
+                                 (.withInternetDateTime, ":00Z"), ([.withFullDate], "")] {
+            iso.formatOptions = format
+            if let date = iso.date(from: text + suffix) { return LedgerRecord.timestamp(date) }
+        }
+        iso.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return iso.date(from: text).map(LedgerRecord.timestamp)
+    }
+
+    static func csv(_ s: String?) -> String {
+        guard let s else { return "" }
+        return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
+    }
+
+    static func json<T: Encodable>(_ value: T) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.keyEncodingStrategy = .convertToSnakeCase
+        return (try? encoder.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    static func render(_ records: [LedgerRecord], format: Format) -> String {
+        switch format {
+        case .csv:
+            return ([LedgerRecord.columns.joined(separator: ",")] + records.map { $0.texts.map(csv).joined(separator: ",") })
+                .joined(separator: "\n") + "\n"
+        case .json:
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            return records.map { ((try? encoder.encode($0)).map { String(decoding: $0, as: UTF8.self) } ?? "{}") + "\n" }.joined()
+        case .table:
+            let rows = [["started (UTC)", "station", "device", "serial", "result", "error", "attempts", "time", "image", "before", "after"]]
+                + records.map { r in
+                    [String(r.startedAt.prefix(19)), r.station, r.device, r.serialNumber ?? "-", r.result, r.errorCode ?? "-",
+                     "\(r.attempts)", String(format: "%.1f s", r.seconds), r.imageName, r.firmwareBefore ?? "-", r.firmwareAfter ?? "-"]
+                }
+            return table(rows) + (records.isEmpty ? "(no records)\n" : "")
+        }
+    }
+
+    static func render(_ s: LedgerSummary, format: Format) -> String {
+        func percent(_ x: Double) -> String { String(format: "%.1f %%", x * 100) }
+        func seconds(_ x: Double?) -> String { x.map { String(format: "%.1f s", $0) } ?? "-" }
+        switch format {
+        case .json:
+            return json(s) + "\n"
+        case .csv:
+            var lines = ["metric,value", "attempts,\(s.attempts)", "devices,\(s.devices)",
+                         "first_pass_yield,\(String(format: "%.4f", s.firstPassYield))", "final_yield,\(String(format: "%.4f", s.finalYield))",
+                         "median_seconds,\(s.medianSeconds.map { String(format: "%.3f", $0) } ?? "")",
+                         "p95_seconds,\(s.p95Seconds.map { String(format: "%.3f", $0) } ?? "")"]
+            lines += s.failuresByErrorCode.map { "failures_\($0.errorCode),\($0.count)" }
+            lines += s.stations.map { "station_\(csv($0.name))_ok,\($0.ok)" } + s.stations.map { "station_\(csv($0.name))_failed,\($0.failed)" }
+            lines += s.adapters.map { "adapter_\(csv($0.name))_ok,\($0.ok)" } + s.adapters.map { "adapter_\(csv($0.name))_failed,\($0.failed)" }
+            return lines.joined(separator: "\n") + "\n"
+        case .table:
+            var text = table([
+                ["attempts", "\(s.attempts)"], ["devices", "\(s.devices)"],
+                ["first-pass yield", percent(s.firstPassYield)], ["final yield", percent(s.finalYield)],
+                ["median time (ok)", seconds(s.medianSeconds)], ["p95 time (ok)", seconds(s.p95Seconds)],
+            ])
+            if !s.failuresByErrorCode.isEmpty {
+                text += "\nfailures by error code\n" + table(s.failuresByErrorCode.map { ["  " + $0.errorCode, "\($0.count)"] })
+            }
+            for (title, groups) in [("station", s.stations), ("adapter", s.adapters)] {
+                text += "\n" + table([[title, "attempts", "devices", "ok", "failed"]]
+                                     + groups.map { [$0.name, "\($0.attempts)", "\($0.devices)", "\($0.ok)", "\($0.failed)"] })
+            }
+            return text
+        }
+    }
+
+    /// Columns padded to their widest cell, two spaces apart.
+    static func table(_ rows: [[String]]) -> String {
+        guard let first = rows.first else { return "" }
+        let widths = (0..<first.count).map { column in rows.map { $0.indices.contains(column) ? $0[column].count : 0 }.max() ?? 0 }
+        return rows.map { row in
+            row.enumerated().map { i, cell in i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0) }
+                .joined(separator: "  ")
+        }.joined(separator: "\n") + "\n"
+    }
+}

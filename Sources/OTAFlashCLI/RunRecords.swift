@@ -1,0 +1,254 @@
+import ArgumentParser
+import Crypto
+import Foundation
+import GATT
+import Ledger
+import OTA
+import Synchronization
+
+/// Where a flash keeps its books (docs/LEDGER.md): the ledger, and who and where is flashing.
+public struct LedgerOptions: ParsableArguments {
+    @Option(name: .customLong("ledger"), help: ArgumentHelp("Record every device attempt in this SQLite file (default for real devices: $XDG_STATE_HOME/otaflash/ledger.sqlite; simulated devices are recorded only when this is given).", valueName: "path"),
+            completion: .file(extensions: ["sqlite"]))
+    public var ledger: String?
+
+    @Flag(name: .customLong("no-ledger"), help: "Keep no ledger record of this run.")
+    public var noLedger = false
+
+    @Option(name: .customLong("station"), help: ArgumentHelp("This station's name in the ledger (1–64 printable characters; default: the host name).", valueName: "name"))
+    public var station: String?
+
+    @Option(name: .customLong("operator"), help: ArgumentHelp("Who runs the station, for the ledger (1–64 printable characters).", valueName: "name"))
+    public var `operator`: String?
+
+    public init() {}
+
+    public func validate() throws {
+        if noLedger, ledger != nil { throw ValidationError("--ledger and --no-ledger cannot be used together") }
+        for (option, value) in [("--station", station), ("--operator", `operator`)] {
+            guard let value else { continue }
+            guard (1...64).contains(value.count), value.unicodeScalars.allSatisfy({ $0.properties.generalCategory != .control }) else {
+                throw ValidationError("\(option) must be 1 to 64 printable characters, got '\(value)'")
+            }
+        }
+        if noLedger, station != nil || `operator` != nil {
+            throw ValidationError("--station and --operator name the ledger's records; drop them with --no-ledger")
+        }
+    }
+
+    /// The ledger this run writes, opened and migrated; nil with `--no-ledger`, and for simulated
+    /// devices unless `--ledger` names one.
+    func open(simulator: Bool) throws(CLIFailure) -> (any LedgerStore)? {
+        if noLedger || (simulator && ledger == nil) { return nil }
+        do {
+            return try Ledger.open(ledger ?? Ledger.defaultPath())
+        } catch {
+            throw CLIFailure(.ledgerFailed, error.message)
+        }
+    }
+
+    var stationName: String { station ?? ProcessInfo.processInfo.hostName }
+}
+
+/// What a run keeps of each device as soon as the device is done: its ledger record (committed
+/// first), its `done` line, its `--log-dir` log closed, its `--report` row. Single runs and
+/// batches alike go through here, so no record waits for the end of the run.
+final class RunRecords: Sendable {
+    struct Image: Sendable {
+        var name: String
+        var size: Int64
+        var sha256: String
+        var version: String?
+    }
+
+    private struct Notes: Sendable {
+        var started = Date()
+        var identity: DeviceIdentity?
+        var firmwareBefore: String?
+        var bytesSent = 0
+    }
+
+    let ledger: (any LedgerStore)?
+    let image: Image
+    let protocolName: String
+    private let runID = UUID().uuidString
+    private let station: String
+    private let `operator`: String?
+    private let report: ReportFile?
+    private let logs: DeviceLogs?
+    private let printer: EventPrinter
+    private let notes = Mutex<[String: Notes]>([:])
+    /// The first record or report row that could not be written: the run ends with its exit code.
+    let failure = Mutex<CLIFailure?>(nil)
+
+    init(ledger: (any LedgerStore)?, options: LedgerOptions, image: Image, protocolName: String,
+         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter) {
+        self.ledger = ledger
+        self.image = image
+        self.protocolName = protocolName
+        self.station = options.stationName
+        self.operator = options.operator
+        self.report = report
+        self.logs = logs
+        self.printer = printer
+    }
+
+    /// The image file as the ledger names it: file name, size and SHA-256 of its bytes.
+    static func describe(imageAt path: String, version: String?) throws(CLIFailure) -> Image {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw CLIFailure(.imageFile, "cannot read \(path) again to record its SHA-256")
+        }
+        let digest = SHA256.hash(data: data).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        return Image(name: (path as NSString).lastPathComponent, size: Int64(data.count), sha256: digest, version: version)
+    }
+
+    /// Before anything is sent to `device`: its record must be writable, or it is not flashed.
+    func begin(_ device: String) async -> OTAError? {
+        notes.withLock { $0[device] = Notes() }
+        guard let ledger else { return nil }
+        do {
+            try await ledger.prepare(station: station)
+            return nil
+        } catch {
+            return OTAError(.ledgerFailed, "\(device) was not flashed: its record cannot be written: \(error.message)")
+        }
+    }
+
+    /// What the device's events tell the record: what it is, what it ran, how much was sent.
+    func observe(_ event: DeviceUpdater.Event) {
+        switch event {
+        case .identity(let device, let identity):
+            notes.withLock { $0[device, default: Notes()].identity = identity }
+        case .session(let session):
+            logs?.record(session)
+            switch session {
+            case .deviceInfo(let device, let info):
+                if let version = info.firmwareVersion {
+                    notes.withLock { $0[device, default: Notes()].firmwareBefore = version.description }
+                }
+            case .progress(let p):
+                notes.withLock { $0[p.device, default: Notes()].bytesSent = max($0[p.device, default: Notes()].bytesSent, p.bytes) }
+            default:
+                break
+            }
+        default:
+            break
+        }
+    }
+
+    /// The device is done: its record is committed, its report row appended and its log closed,
+    /// then its `done` line printed, in that order.
+    func finish(_ outcome: BatchOutcome) async {
+        let done = FlashEvents.Done(outcome)
+        let note = notes.withLock { $0.removeValue(forKey: outcome.device) } ?? Notes()
+        let ended = Date()
+        let record = self.record(outcome, note, ended: ended)
+        if let ledger {
+            do {
+                try await ledger.append(record)
+            } catch {
+                fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
+            }
+        }
+        if let report, let problem = report.append(record) {
+            fail(CLIFailure(.outputFailed, "cannot write the report row of \(outcome.device) to \(report.path): \(problem)"))
+        }
+        logs?.finish(outcome.device, done.line)
+        // Last: a device reported done has its record, its report row and its log on disk.
+        printer.json(done)
+    }
+
+    /// Ends the run with the first record or row that could not be written, if any.
+    func throwFirstFailure() throws(CLIFailure) {
+        if let failure = failure.withLock({ $0 }) { throw failure.markedReported() }
+    }
+
+    private func fail(_ failure: CLIFailure) {
+        self.failure.withLock { if $0 == nil { $0 = failure } }
+        printer.warning(failure.message)
+    }
+
+    private func record(_ o: BatchOutcome, _ note: Notes, ended: Date) -> LedgerRecord {
+        let (result, code, message): (String, ExitCode, String?) = switch o.result {
+        case .ok: ("ok", .success, nil)
+        case .skipped: ("skipped", .success, nil)
+        case .failed(let e): ("error", ExitCode(e.code), e.description)
+        }
+        var sent = Int64(note.bytesSent)
+        var resent: Int64 = 0
+        var rate = 0.0
+        if case .ok(let r) = o.result {
+            sent = Int64(r.stats.bytesSent)
+            resent = Int64(r.stats.bytesResent)
+            rate = r.throughput
+        }
+        return LedgerRecord(runID: runID, startedAt: LedgerRecord.timestamp(note.started), endedAt: LedgerRecord.timestamp(ended),
+                            station: station, operator: `operator`, adapter: o.adapter, device: o.device,
+                            bootloaderAddress: o.updateModeAddress, manufacturer: note.identity?.manufacturer,
+                            model: note.identity?.model, serialNumber: note.identity?.serialNumber,
+                            hardwareRevision: note.identity?.hardwareRevision,
+                            firmwareBefore: o.firmwareBefore?.description ?? note.firmwareBefore ?? note.identity?.firmwareRevision,
+                            protocolName: protocolName, imageName: image.name, imageSize: image.size, imageSHA256: image.sha256,
+                            imageVersion: image.version, firmwareAfter: o.firmwareAfter?.description, bytesSent: sent,
+                            bytesResent: resent, seconds: o.seconds, rate: rate, attempts: o.attempts, result: result,
+                            exitCode: Int(code.rawValue), errorCode: code == .success ? nil : code.name, message: message,
+                            otaflashVersion: OtaflashVersion.number, otaflashCommit: OtaflashVersion.commit ?? "unknown")
+    }
+}
+
+/// `--report FILE`: a CSV row per device, appended (and flushed to disk) as each device ends. A
+/// file that exists keeps its rows; one with other columns is refused before any radio time.
+final class ReportFile: Sendable {
+    let path: String
+    static let columns = ["started_at", "ended_at", "station", "device", "bootloader", "adapter", "serial_number", "result",
+                          "error_code", "error", "attempts", "seconds", "throughput_bytes_per_s", "bytes_sent", "bytes_resent",
+                          "firmware_before", "firmware_after", "image", "image_sha256", "image_version", "protocol",
+                          "otaflash_version", "otaflash_commit"]
+    static var header: String { columns.joined(separator: ",") + "\n" }
+
+    /// Checks `path` and writes the header when the file is new or empty; says so when it appends.
+    init(path: String, printer: EventPrinter) throws(CLIFailure) {
+        self.path = path
+        try OutputPaths.checkFile(path, option: "--report")
+        // Only a regular file has rows to keep (a device such as /dev/stdout is written as it is).
+        var info = stat()
+        let existing = stat(path, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG && info.st_size > 0
+            ? (FileHandle(forReadingAtPath: path).flatMap { try? $0.read(upToCount: 4096) }).map { String(decoding: $0, as: UTF8.self) } ?? ""
+            : ""
+        if existing.isEmpty {
+            if let problem = Self.appendBytes(path, Self.header) {
+                throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")
+            }
+        } else {
+            guard existing.split(separator: "\n", maxSplits: 1).first.map({ String($0) + "\n" }) == Self.header else {
+                throw CLIFailure(.outputFailed, "--report \(path) holds a report with other columns (an older otaflash's?); give a new file, or move that one aside")
+            }
+            printer.note("--report \(path) exists: appending this run's rows to it")
+        }
+    }
+
+    /// Appends `record`'s row; returns why it failed, or nil.
+    func append(_ r: LedgerRecord) -> String? {
+        func csv(_ s: String?) -> String {
+            guard let s else { return "" }
+            return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
+        }
+        let fields: [String?] = [r.startedAt, r.endedAt, r.station, r.device, r.bootloaderAddress, r.adapter, r.serialNumber, r.result,
+                                 r.errorCode, r.message, "\(r.attempts)", String(format: "%.3f", r.seconds),
+                                 r.rate > 0 ? String(format: "%.0f", r.rate) : nil, "\(r.bytesSent)", "\(r.bytesResent)",
+                                 r.firmwareBefore, r.firmwareAfter, r.imageName, r.imageSHA256, r.imageVersion, r.protocolName,
+                                 r.otaflashVersion, r.otaflashCommit]
+        return Self.appendBytes(path, fields.map(csv).joined(separator: ",") + "\n")
+    }
+
+    /// One write(2) with O_APPEND, then fsync: rows of concurrent devices never interleave, and
+    /// a row is on disk when its device is reported done.
+    static func appendBytes(_ path: String, _ text: String) -> String? {
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return String(cString: strerror(errno)) }
+        var problem = writeAll(fd, Array(text.utf8)[...])
+        if problem == nil, fsync(fd) != 0, errno != EINVAL { problem = String(cString: strerror(errno)) }
+        if close(fd) != 0, problem == nil { problem = String(cString: strerror(errno)) }
+        return problem
+    }
+}
