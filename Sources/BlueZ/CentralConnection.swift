@@ -50,6 +50,13 @@ public final class BlueZConnection: GATTConnection {
     }
     private let link = Mutex(Link())
 
+    /// Pairing on this link: whether we asked for it (`pair`), and what the stack did by itself.
+    private struct Pairing {
+        var consented = false
+        var stack: StackPairing?
+    }
+    private let pairing = Mutex(Pairing())
+
     /// How long `transportWrite(.withoutResponse)` waits for room on the write socket.
     static let writableTimeout: Duration = .seconds(10)
     /// Timeout of one GATT D-Bus call (BlueZ's own ATT transaction timeout is 30 s).
@@ -96,6 +103,42 @@ public final class BlueZConnection: GATTConnection {
         }
     }
 
+    /// What the stack did by itself on this link; queued as an event each time it says more.
+    func stackPaired(_ report: StackPairing) {
+        let merged: StackPairing? = pairing.withLock { p in
+            guard !p.consented else { return nil }
+            let merged = p.stack.map { $0.merged(with: report) } ?? report
+            guard merged != p.stack else { return nil }
+            p.stack = merged
+            return merged
+        }
+        guard let merged else { return }
+        logger.debug("the stack paired by itself", metadata: ["device": "\(peer)", "what": "\(merged)"])
+        events.push(.stackPairing(merged))
+    }
+
+    public var stackPairing: StackPairing? { pairing.withLock { $0.stack } }
+
+    /// We pair this link ourselves (`Device1.Pair`): what follows is no pairing of the stack's own.
+    func consentToPairing() { pairing.withLock { $0.consented = true } }
+
+    /// Registers an agent that refuses every pairing request, as the default agent for as long as
+    /// this link's bus connection lives (bluetoothd drops an agent whose client leaves), and
+    /// routes its reports about this device here. Best effort: without it, a bond the stack
+    /// makes by itself is still seen (`Paired`), an abandoned pairing is not.
+    func refuseStackPairing() async {
+        StackPairingReports.watch(devicePath) { [weak self] question in
+            self?.stackPaired(StackPairing(bonded: false, asked: question))
+        }
+        let agent = BlueZAgent(bus: bus, path: "/org/otaflash/refusing_agent/" + BlueZ.adapterName(devicePath),
+                               policy: BlueZAgent.Policy(refusesStackPairing: true), logger: logger)
+        do {
+            try await agent.register()
+        } catch {
+            logger.debug("no refusing agent", metadata: ["device": "\(peer)", "error": "\(error)"])
+        }
+    }
+
     private func remember(_ id: DBusSubscriptionID) {
         link.withLock { $0.subscriptions.append(id) }
     }
@@ -109,6 +152,11 @@ public final class BlueZConnection: GATTConnection {
             }
             if let resolved = changed["ServicesResolved"]?.bool {
                 state.update { $0.servicesResolved = resolved }
+            }
+            // Keys stored for a device otaflash did not pair: the stack paired by itself
+            // (doc/org.bluez.Device.rst, "Paired", "Bonded").
+            if changed["Paired"]?.bool == true || changed["Bonded"]?.bool == true {
+                stackPaired(StackPairing(bonded: true))
             }
         } else if interface == BlueZ.gattCharacteristic, let value = changed["Value"]?.bytes {
             guard link.withLock({ $0.armed && !$0.down }) else { return }
@@ -164,6 +212,7 @@ public final class BlueZConnection: GATTConnection {
         }
         let bus = self.bus
         let devicePath = self.devicePath
+        StackPairingReports.unwatch(devicePath)
         await Task {
             if connecting {
                 _ = try? await bus.call(destination: BlueZ.service, path: devicePath, interface: BlueZ.device,
@@ -358,6 +407,7 @@ public final class BlueZConnection: GATTConnection {
             return (Array(l.sockets.values), l.subscriptions, l.down)
         }
         guard let (sockets, ids, wasDown) = taken else { return }
+        StackPairingReports.unwatch(devicePath)
         for socket in sockets { socket.close() }
         if !wasDown {
             do {

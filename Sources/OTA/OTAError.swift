@@ -13,6 +13,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Wrapped: String, Hashable, Sendable, CaseIterable {
             case image, imageTooLarge, deviceNotFound, connection, incompatibleDevice, verifyFailed
             case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
+            case bondLeft
         }
 
         private let wrapped: Wrapped
@@ -42,6 +43,9 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var pairingFailed: Self { Self(.pairingFailed) }
         /// SIGINT/SIGTERM; the transfer can resume.
         public static var interrupted: Self { Self(.interrupted) }
+        /// The update went through, but a bond otaflash was to remove (`--unpair-after`, or one
+        /// the stack made by itself without `--pair`) could not be removed.
+        public static var bondLeft: Self { Self(.bondLeft) }
         public static var internalError: Self { Self(.internalError) }
 
         /// Every code this version knows; later versions may add more.
@@ -88,6 +92,20 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     private var causeText: String? { cause.map { String(reflecting: $0) } }
+
+    /// The device refused access for want of pairing: `stack` says what the central's stack did
+    /// about it by itself (paired Just Works, or asked for a passkey nobody gave), `cause` the
+    /// refusal the device answered, when one came back.
+    public static func pairingRequired(device: String, stack: StackPairing?, cause: GATTError?) -> OTAError {
+        let what = [cause?.message, stack?.description].compactMap { $0 }.joined(separator: "; ")
+        let hint = switch stack?.asked {
+        case .passkey?: "pass --pair --passkey with the passkey it shows or expects"
+        case .confirmation?: "pass --pair --confirm-pairing to accept its numeric comparison (or --passkey when it shows or expects one)"
+        default: "pass --pair to pair with it first (add --passkey when it shows or expects one)"
+        }
+        return OTAError(.permission, "\(device) requires pairing: \(what.isEmpty ? "it refused access" : what)", hint: hint,
+                        cause: stack.map { $0 as any Error } ?? cause)
+    }
 
     /// Maps a transport error to the failure class a user acts on; the transport error is the cause.
     public static func from(_ error: GATTError, device: String) -> OTAError {

@@ -113,8 +113,8 @@ extension Flash {
         }
         let adapters = target.adapter.map { $0.split(separator: ",").map(String.init) } ?? [nil as String?].compactMap { $0 }
         let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
-            ? [(nil, target.bluezCentral(adapter: nil))]
-            : adapters.map { ($0, target.bluezCentral(adapter: $0)) }
+            ? [(nil, target.bluezCentral(adapter: nil).refusingStackPairing(!pairing.policy.pair))]
+            : adapters.map { ($0, target.bluezCentral(adapter: $0).refusingStackPairing(!pairing.policy.pair)) }
         var targets: [BatchTarget] = []
         if batch.scan {
             // A device in its update mode, or running an application that moves it there, advertises
@@ -285,7 +285,8 @@ extension Flash {
             let (result, error, rate): (String, String, String) = switch o.result {
             case .ok(let r): ("ok", "", String(format: "%.0f", r.throughput))
             case .skipped: ("skipped", "", "")
-            case .failed(let e): ("error", e.description, "")
+            // A bond left behind gets a result of its own: the image may well have gone through.
+            case .failed(let e): (e.code == .bondLeft ? ExitCode.bondLeft.name : "error", e.description, "")
             }
             text += [o.device, o.adapter ?? "", result, error, "\(o.attempts)", String(format: "%.3f", o.seconds), rate,
                      o.firmwareBefore?.description ?? "", o.firmwareAfter?.description ?? "",

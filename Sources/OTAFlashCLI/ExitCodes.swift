@@ -21,6 +21,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case someFailed = 14
     case allFailed = 15
     case outputFailed = 16
+    case bondLeft = 17
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -48,6 +49,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .someFailed: "batch: some devices failed, the others succeeded"
         case .allFailed: "batch: every device failed"
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
+        case .bondLeft: "--unpair-after could not remove the bond, even after one more try once bluetoothd was back; the image may have gone through: remove the bond with otaflash unpair"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
     }
@@ -84,6 +86,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .permission: self = .permission
         case .pairingFailed: self = .pairingFailed
         case .interrupted: self = .interrupted
+        case .bondLeft: self = .bondLeft
         default: self = .internalError
         }
     }
