@@ -50,12 +50,9 @@ public final class BlueZConnection: GATTConnection {
     }
     private let link = Mutex(Link())
 
-    /// Pairing on this link: whether we asked for it (`pair`), and what the stack did by itself.
-    private struct Pairing {
-        var consented = false
-        var stack: StackPairing?
-    }
-    private let pairing = Mutex(Pairing())
+    /// Whether we pair this link ourselves (`pair`), and what the stack did by itself.
+    private let consented = Mutex(false)
+    private let stack = Watched<StackPairing?>(nil)
 
     /// How long `transportWrite(.withoutResponse)` waits for room on the write socket.
     static let writableTimeout: Duration = .seconds(10)
@@ -105,22 +102,44 @@ public final class BlueZConnection: GATTConnection {
 
     /// What the stack did by itself on this link; queued as an event each time it says more.
     func stackPaired(_ report: StackPairing) {
-        let merged: StackPairing? = pairing.withLock { p in
-            guard !p.consented else { return nil }
-            let merged = p.stack.map { $0.merged(with: report) } ?? report
-            guard merged != p.stack else { return nil }
-            p.stack = merged
-            return merged
+        guard !consented.withLock({ $0 }) else { return }
+        var merged: StackPairing?
+        stack.update { s in
+            let next = s.map { $0.merged(with: report) } ?? report
+            if next != s { merged = next }
+            s = next
         }
         guard let merged else { return }
         logger.debug("the stack paired by itself", metadata: ["device": "\(peer)", "what": "\(merged)"])
         events.push(.stackPairing(merged))
     }
 
-    public var stackPairing: StackPairing? { pairing.withLock { $0.stack } }
+    public var stackPairing: StackPairing? { stack.value }
 
     /// We pair this link ourselves (`Device1.Pair`): what follows is no pairing of the stack's own.
-    func consentToPairing() { pairing.withLock { $0.consented = true } }
+    func consentToPairing() { consented.withLock { $0 = true } }
+
+    /// A setup call (ReadValue, StartNotify) whose ATT request the device refused for want of
+    /// security is held by bluetoothd while its stack pairs by itself, and fails only when that
+    /// pairing does (or the link drops). Once the stack has asked something nobody answers
+    /// (`refuseStackPairing`), the call's fate is known: it fails then, as not authorized.
+    private func setupCall(_ characteristic: GATTCharacteristic, _ member: String, _ arguments: [DBusValue] = [],
+                           operation: String) async throws(GATTError) -> [DBusValue] {
+        let race = FirstOf<Result<[DBusValue], GATTError>>()
+        let call = Task {
+            do throws(GATTError) { race.offer(.success(try await gattCall(characteristic, member, arguments, operation: operation))) } catch {
+                race.offer(.failure(error))
+            }
+        }
+        let watcher = Task { [stack, peer] in
+            guard await stack.wait(timeout: Self.callTimeout, until: { $0?.asked != nil }), let s = stack.value else { return }
+            race.offer(.failure(GATTError(.notAuthorized, "\(operation): \(peer) refused it for want of pairing, and \(s)")))
+        }
+        let result = await race.value
+        watcher.cancel()
+        _ = call
+        return try result.get()
+    }
 
     /// Registers an agent that refuses every pairing request, as the default agent for as long as
     /// this link's bus connection lives (bluetoothd drops an agent whose client leaves), and
@@ -292,7 +311,7 @@ public final class BlueZConnection: GATTConnection {
 
     /// `ReadValue({})` (doc/org.bluez.GattCharacteristic.rst, "ReadValue").
     public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
-        let reply = try await gattCall(characteristic, "ReadValue", [.vardict([:])], operation: "reading \(describe(characteristic))")
+        let reply = try await setupCall(characteristic, "ReadValue", [.vardict([:])], operation: "reading \(describe(characteristic))")
         guard let bytes = reply.first?.bytes else {
             throw GATTError(.failed, "reading \(describe(characteristic)): BlueZ returned \(reply.first?.signature ?? "nothing") instead of bytes")
         }
@@ -382,7 +401,7 @@ public final class BlueZConnection: GATTConnection {
     /// `StartNotify` / `StopNotify` (doc/org.bluez.GattCharacteristic.rst); values then arrive as
     /// `PropertiesChanged(Value)` on the characteristic's path.
     public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
-        _ = try await gattCall(characteristic, enabled ? "StartNotify" : "StopNotify",
+        _ = try await setupCall(characteristic, enabled ? "StartNotify" : "StopNotify",
                                operation: "\(enabled ? "enabling" : "disabling") notifications on \(describe(characteristic))")
     }
 
