@@ -17,10 +17,11 @@ public final class BlueZAgent: Sendable {
         /// Peripheral mode: accept the pairings a central starts (Just Works confirmations and
         /// service authorizations) and be bluetoothd's default agent.
         public var servesPeripheral: Bool
-        /// A central that did not ask for pairing (no --pair): the agent is the default one for
-        /// the run, so the pairings bluetoothd's stack starts by itself when a device refuses for
-        /// want of security reach it; it refuses each and reports what was asked
-        /// (`StackPairingReports`).
+        /// A central that did not ask for pairing (no --pair): when no other agent is registered
+        /// the agent is bluetoothd's default one for the run, so what the pairings bluetoothd's
+        /// stack starts by itself ask reaches it; it refuses each and reports what was asked
+        /// (`StackPairingReports`). It never takes the default from another agent: bluetoothd sets
+        /// every adapter's IO capability from the default agent (src/agent.c, `set_io_cap`).
         public var refusesStackPairing: Bool
 
         public init(credentials: PairingCredentials = PairingCredentials(), servesPeripheral: Bool = false,
@@ -33,9 +34,10 @@ public final class BlueZAgent: Sendable {
         /// The IO capability announced to the Security Manager (doc/org.bluez.AgentManager.rst,
         /// "RegisterAgent"): it decides the association model (Core Spec Vol 3, Part H, 2.3.5.1).
         public var capability: String {
-            // Keyboard only: when a device wants an authenticated bond, the stack's pairing asks
-            // for a passkey, which is refused at once and says what the device wants.
-            if refusesStackPairing { return "KeyboardOnly" }
+            // No input, no output, as bluetoothd without an agent: an IO capability would make
+            // the kernel ask for MITM protection (net/bluetooth/smp.c, `smp_conn_security`) and turn
+            // a device's Just Works into passkey entry.
+            if refusesStackPairing { return "NoInputNoOutput" }
             return switch (credentials.passkey != nil, credentials.confirmsComparison) {
             case (true, true): "KeyboardDisplay"
             case (true, false): "KeyboardOnly"
@@ -77,7 +79,7 @@ public final class BlueZAgent: Sendable {
         do {
             _ = try await bus.call(destination: BlueZ.service, path: Self.managerPath, interface: Self.manager, member: "RegisterAgent",
                                    arguments: [.objectPath(path), .string(policy.capability)], timeout: .seconds(10))
-            if policy.servesPeripheral || policy.refusesStackPairing {
+            if policy.servesPeripheral {
                 _ = try await bus.call(destination: BlueZ.service, path: Self.managerPath, interface: Self.manager,
                                        member: "RequestDefaultAgent", arguments: [.objectPath(path)], timeout: .seconds(10))
             }

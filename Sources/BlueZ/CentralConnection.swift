@@ -131,9 +131,9 @@ public final class BlueZConnection: GATTConnection {
                 race.offer(.failure(error))
             }
         }
-        let watcher = Task { [stack, peer] in
-            guard await stack.wait(timeout: Self.callTimeout, until: { $0?.asked != nil }), let s = stack.value else { return }
-            race.offer(.failure(GATTError(.notAuthorized, "\(operation): \(peer) refused it for want of pairing, and \(s)")))
+        let watcher = Task { [stack] in
+            guard await stack.wait(timeout: Self.callTimeout, until: { $0?.asked != nil }) else { return }
+            race.offer(.failure(GATTError(.notAuthorized, "\(operation): refused for want of pairing")))
         }
         let result = await race.value
         watcher.cancel()
@@ -141,10 +141,10 @@ public final class BlueZConnection: GATTConnection {
         return try result.get()
     }
 
-    /// Registers an agent that refuses every pairing request, as the default agent for as long as
-    /// this link's bus connection lives (bluetoothd drops an agent whose client leaves), and
-    /// routes its reports about this device here. Best effort: without it, a bond the stack
-    /// makes by itself is still seen (`Paired`), an abandoned pairing is not.
+    /// Registers an agent that refuses every pairing request (bluetoothd's default one when no
+    /// other agent is registered) for as long as this link's bus connection lives (bluetoothd
+    /// drops an agent whose client leaves), and routes its reports about this device here. Best
+    /// effort: without it, a bond the stack makes by itself is still seen (`Paired`).
     func refuseStackPairing() async {
         StackPairingReports.watch(devicePath) { [weak self] question in
             self?.stackPaired(StackPairing(bonded: false, asked: question))

@@ -75,8 +75,8 @@ public struct StackPairing: Error, Sendable, Hashable, CustomStringConvertible {
         case authorization
     }
 
-    /// The stack paired and bonded by itself (Just Works needs no answer): a bond the user did
-    /// not ask for, which must be removed.
+    /// The stack paired and bonded by itself (Just Works needs no answer; another agent may have
+    /// answered the rest): a bond the user did not ask for, which must be removed.
     public var bonded: Bool
     /// What the stack asked the central's agent, which had nothing to give, so that pairing was
     /// abandoned; nil when it asked nothing.
@@ -102,7 +102,7 @@ public struct StackPairing: Error, Sendable, Hashable, CustomStringConvertible {
         case .authorization?: "asked to authorize Just Works pairing, which nobody did"
         case nil: "was abandoned"
         }
-        return bonded ? "the Bluetooth stack paired with it by itself (Just Works)" + (asked == nil ? "" : ", then pairing again " + asking)
+        return bonded ? "the Bluetooth stack paired with it by itself" + (asked == nil ? "" : ", then pairing again " + asking)
             : "the Bluetooth stack started pairing by itself and it " + asking
     }
 }

@@ -306,26 +306,14 @@ public actor OTASession {
                         hint: "run the same command again to resume", resumable: true, cause: error)
     }
 
-    /// How long a stack that paired by itself (Just Works) is given to go on asking for more (an
-    /// authenticated pairing), so the line can name `--passkey`.
-    static let stackPairingGrace: Duration = .seconds(2)
-
     /// Whether setting up failed (or succeeded only) because the device wants pairing: it refused
     /// with ATT 0x05/0x0F, the central's stack paired (or tried to) by itself, or its silence
     /// after a timeout turns out to be that (`probeSecurity`). Nil: something else.
     private func pairingRefusal<Profile: OTAProfile>(on connection: any GATTConnection, after error: OTAError?,
                                                      profile: Profile) async -> OTAError? {
-        guard var stack = connection.stackPairing else {
+        guard let stack = connection.stackPairing else {
             if let error, error.code == .timeout { return await probeSecurity(on: connection, profile: profile) }
             return nil
-        }
-        if stack.bonded, stack.asked == nil {
-            let until = clock.now + Self.stackPairingGrace
-            while clock.now < until, let event = await connection.nextEvent(timeout: until - clock.now) {
-                if case .disconnected = event { break }
-                if case .stackPairing = event, connection.stackPairing?.asked != nil { break }
-            }
-            stack = connection.stackPairing ?? stack
         }
         return OTAError.pairingRequired(device: device, stack: stack, cause: error?.cause as? GATTError)
     }
