@@ -96,10 +96,14 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The device refused access for want of pairing: `stack` says what the central's stack did
     /// about it by itself (paired Just Works, or asked for a passkey nobody gave), `cause` the
     /// refusal the device answered, when one came back.
-    public static func pairingRequired(device: String, stack: StackPairing?, cause: GATTError?) -> OTAError {
-        let what = [cause?.message, stack?.description].compactMap { $0 }.joined(separator: "; ")
+    /// - Parameter stillRefused: the device refused (or the link failed) after the stack's own
+    ///   Just Works bond: an unauthenticated key is not enough for it.
+    public static func pairingRequired(device: String, stack: StackPairing?, cause: GATTError?, stillRefused: Bool = false) -> OTAError {
+        var what = [cause?.message, stack?.description].compactMap { $0 }.joined(separator: "; ")
+        let authenticated = stack?.asked == .passkey || (stillRefused && stack?.bonded == true && stack?.asked == nil)
+        if authenticated, stack?.asked == nil { what += ", and that bond was not enough: it wants an authenticated one" }
         let hint = switch stack?.asked {
-        case .passkey?: "pass --pair --passkey with the passkey it shows or expects"
+        case _ where authenticated: "pass --pair --passkey with the passkey it shows or expects (or --confirm-pairing for a numeric comparison)"
         case .confirmation?: "pass --pair --confirm-pairing to accept its numeric comparison (or --passkey when it shows or expects one)"
         default: "pass --pair to pair with it first (add --passkey when it shows or expects one)"
         }

@@ -315,7 +315,7 @@ public actor OTASession {
             if let error, error.code == .timeout { return await probeSecurity(on: connection, profile: profile) }
             return nil
         }
-        return OTAError.pairingRequired(device: device, stack: stack, cause: error?.cause as? GATTError)
+        return OTAError.pairingRequired(device: device, stack: stack, cause: error?.cause as? GATTError, stillRefused: error != nil)
     }
 
     /// A transport event that says the device wants pairing: the stack's own pairing, or a write

@@ -32,6 +32,7 @@ step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIP
 
 start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security encrypt
 SIM=$SIM_PID
+central_without_agent
 scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"
 no_bond "before"
 

@@ -25,7 +25,7 @@ SMALL=$PROJECT_DIR/firmware-samples/blinky-cortex-m4.bin
 SLOW=(--reply-timeout 30)
 
 PASSKEY=123456
-: "${CENTRAL_ADDR:?}"
+: "${CENTRAL_INDEX:?}" "${CENTRAL_ADDR:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR" "$PERIPHERAL_HCI $CENTRAL_ADDR")
 step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
 
@@ -48,6 +48,7 @@ refused() {
 
 start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security authenticate --passkey "$PASSKEY"
 SIM=$SIM_PID
+central_without_agent
 scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"
 no_bond "before"
 

@@ -227,6 +227,16 @@ no_bond() {
 	step "$1: bluetoothctl devices Bonded on the central: (none)"
 }
 
+# central_without_agent: the central's controller announces no input and no output, as
+# bluetoothd without an agent of its own makes it (a factory central). One bluetoothd serves both
+# sides here, and it sets every adapter's IO capability from its default agent, simulate's
+# (src/agent.c, set_io_cap): the central's stack would then pair with passkey entry and ask that
+# one agent for both sides at once, which it answers one at a time. Call it after start_sim.
+central_without_agent() {
+	local out
+	out=$(timeout 10 btmgmt --index "${CENTRAL_INDEX:?}" io-cap 3 2>&1) || fail "btmgmt io-cap 3 on the central failed: $out"
+}
+
 # unpaired_refusal LABEL IMAGE [ARGS...]: a flash of IMAGE without --pair against the
 # simulate serving now (with --security) must end with exit 12 within 10 s, one error line
 # naming --pair (and --passkey with $WANT_PASSKEY set), nothing activated and no bond left on
@@ -277,6 +287,7 @@ other_protocols() {
 	local nordic=$PROJECT_DIR/firmware-samples/nordic
 	for p in nordic-dfu smp; do
 		remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"  # BlueZ caches the last table at this address
+		remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"  # a key the peripheral kept would have it ask for encryption
 		if [ "$p" = nordic-dfu ]; then
 			image=$nordic/blinky-app.zip
 			start_sim "sim-$p" "$PERIPHERAL_HCI" "$RESULTS_DIR/store-$p" --protocol nordic-dfu \
@@ -287,6 +298,7 @@ other_protocols() {
 				--security "$security" ${SIM_PASSKEY:+--passkey "$SIM_PASSKEY"}
 		fi
 		sim=$SIM_PID
+		central_without_agent
 		unpaired_refusal "$p" "$image"
 		paired_flash "$p" "$image" "$note" "$@"
 		wait_for_line "$SIM_OUT" '"event":"activated"' 15 || fail "$p: no activation after the paired flash"
