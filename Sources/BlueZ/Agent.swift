@@ -17,16 +17,28 @@ public final class BlueZAgent: Sendable {
         /// Peripheral mode: accept the pairings a central starts (Just Works confirmations and
         /// service authorizations) and be bluetoothd's default agent.
         public var servesPeripheral: Bool
+        /// A central that did not ask for pairing (no --pair): when no other agent is registered
+        /// the agent is bluetoothd's default one for the run, so what the pairings bluetoothd's
+        /// stack starts by itself ask reaches it; it refuses each and reports what was asked
+        /// (`StackPairingReports`). It never takes the default from another agent: bluetoothd sets
+        /// every adapter's IO capability from the default agent (src/agent.c, `set_io_cap`).
+        public var refusesStackPairing: Bool
 
-        public init(credentials: PairingCredentials = PairingCredentials(), servesPeripheral: Bool = false) {
+        public init(credentials: PairingCredentials = PairingCredentials(), servesPeripheral: Bool = false,
+                    refusesStackPairing: Bool = false) {
             self.credentials = credentials
             self.servesPeripheral = servesPeripheral
+            self.refusesStackPairing = refusesStackPairing
         }
 
         /// The IO capability announced to the Security Manager (doc/org.bluez.AgentManager.rst,
         /// "RegisterAgent"): it decides the association model (Core Spec Vol 3, Part H, 2.3.5.1).
         public var capability: String {
-            switch (credentials.passkey != nil, credentials.confirmsComparison) {
+            // No input, no output, as bluetoothd without an agent: an IO capability would make
+            // the kernel ask for MITM protection (net/bluetooth/smp.c, `smp_conn_security`) and turn
+            // a device's Just Works into passkey entry.
+            if refusesStackPairing { return "NoInputNoOutput" }
+            return switch (credentials.passkey != nil, credentials.confirmsComparison) {
             case (true, true): "KeyboardDisplay"
             case (true, false): "KeyboardOnly"
             case (false, true): "DisplayYesNo"
@@ -113,6 +125,7 @@ public final class BlueZAgent: Sendable {
     /// The `org.bluez.Agent1` methods. A question the policy cannot answer is `Rejected`, which
     /// bluetoothd turns into a failed pairing.
     func interfaceObject() -> DBusInterface {
+        if policy.refusesStackPairing { return refusingInterface() }
         let policy = policy
         let reject = { @Sendable (what: String) in DBusError(name: Self.rejected, message: "otaflash has no \(what) to give") }
         let methods: [String: DBusMethodHandler] = [
@@ -149,5 +162,47 @@ public final class BlueZAgent: Sendable {
             "AuthorizeService": { [self] _ in note("service authorization"); return [] },
         ]
         return DBusInterface(name: Self.interface, methods: methods)
+    }
+
+    /// Refuses every request and reports it for the device it names (its first argument).
+    private func refusingInterface() -> DBusInterface {
+        func refuse(_ question: StackPairing.Question?, _ what: String) -> DBusMethodHandler {
+            { [self] call in
+                note(what)
+                if let question, let device = call.arguments.first?.objectPath { StackPairingReports.report(device, question) }
+                throw DBusError(name: Self.rejected, message: "otaflash was not asked to pair (pass --pair)")
+            }
+        }
+        let methods: [String: DBusMethodHandler] = [
+            "Release": { [self] _ in note("release"); return [] },
+            "Cancel": { [self] _ in note("cancel"); return [] },
+            "RequestPinCode": refuse(.passkey, "pin code"),
+            "DisplayPinCode": refuse(.passkey, "display pin code"),
+            "RequestPasskey": refuse(.passkey, "passkey"),
+            "DisplayPasskey": refuse(.passkey, "display passkey"),
+            "RequestConfirmation": refuse(.confirmation, "confirmation"),
+            "RequestAuthorization": refuse(.authorization, "authorization"),
+            "AuthorizeService": refuse(nil, "service authorization"),
+        ]
+        return DBusInterface(name: Self.interface, methods: methods)
+    }
+}
+
+/// Where a refusing agent (`BlueZAgent.Policy.refusesStackPairing`) reports what bluetoothd
+/// asked about a device: to that device's link in this process, whichever link's agent bluetoothd
+/// asked (it asks the default agent, the one registered last).
+enum StackPairingReports {
+    private static let links = Mutex<[String: @Sendable (StackPairing.Question) -> Void]>([:])
+
+    static func watch(_ devicePath: String, _ report: @escaping @Sendable (StackPairing.Question) -> Void) {
+        links.withLock { $0[devicePath] = report }
+    }
+
+    static func unwatch(_ devicePath: String) {
+        _ = links.withLock { $0.removeValue(forKey: devicePath) }
+    }
+
+    static func report(_ devicePath: String, _ question: StackPairing.Question) {
+        links.withLock { $0[devicePath] }?(question)
     }
 }

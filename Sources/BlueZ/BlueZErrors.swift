@@ -73,6 +73,10 @@ enum BlueZErrors {
         default:
             break
         }
+        if error.name == DBusError.Name.noReply, error.message.contains("disconnected") {
+            // The bus's own answer when bluetoothd dies during the call.
+            return GATTError(.stackUnavailable, "\(operation): bluetoothd left the bus without answering (it stopped or crashed)")
+        }
         if error.isTimeout {
             let after = timeout.map { " within \(formatSeconds($0))" } ?? ""
             return GATTError(.timeout, "\(operation): bluetoothd did not answer\(after)")

@@ -38,6 +38,9 @@ public struct BlueZCentral: GATTCentral {
     public let busAddress: String
     public let clock: any MonotonicClock
     let logger: Logger
+    /// The user did not ask for pairing (no --pair): each link registers an agent that refuses
+    /// the pairings bluetoothd's stack starts by itself and reports them (`StackPairing`).
+    public var refusesStackPairing = false
 
     /// - Parameters:
     ///   - adapter: `hciN`; nil picks the first powered adapter (doc/org.bluez.Adapter.rst, "Powered").
@@ -317,6 +320,7 @@ public struct BlueZCentral: GATTCentral {
         } catch {
             throw BlueZErrors.map(error, "watching \(address) on \(adapterName)")
         }
+        if refusesStackPairing { await link.refuseStackPairing() }
         do {
             try await establish(link, bus: bus, address: address, timeout: timeout, deadline: deadline)
             return link

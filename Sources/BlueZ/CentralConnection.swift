@@ -50,6 +50,10 @@ public final class BlueZConnection: GATTConnection {
     }
     private let link = Mutex(Link())
 
+    /// Whether we pair this link ourselves (`pair`), and what the stack did by itself.
+    private let consented = Mutex(false)
+    private let stack = Watched<StackPairing?>(nil)
+
     /// How long `transportWrite(.withoutResponse)` waits for room on the write socket.
     static let writableTimeout: Duration = .seconds(10)
     /// Timeout of one GATT D-Bus call (BlueZ's own ATT transaction timeout is 30 s).
@@ -96,6 +100,64 @@ public final class BlueZConnection: GATTConnection {
         }
     }
 
+    /// What the stack did by itself on this link; queued as an event each time it says more.
+    func stackPaired(_ report: StackPairing) {
+        guard !consented.withLock({ $0 }) else { return }
+        var merged: StackPairing?
+        stack.update { s in
+            let next = s.map { $0.merged(with: report) } ?? report
+            if next != s { merged = next }
+            s = next
+        }
+        guard let merged else { return }
+        logger.debug("the stack paired by itself", metadata: ["device": "\(peer)", "what": "\(merged)"])
+        events.push(.stackPairing(merged))
+    }
+
+    public var stackPairing: StackPairing? { stack.value }
+
+    /// We pair this link ourselves (`Device1.Pair`): what follows is no pairing of the stack's own.
+    func consentToPairing() { consented.withLock { $0 = true } }
+
+    /// A setup call (ReadValue, StartNotify) whose ATT request the device refused for want of
+    /// security is held by bluetoothd while its stack pairs by itself, and fails only when that
+    /// pairing does (or the link drops). Once the stack has asked something nobody answers
+    /// (`refuseStackPairing`), the call's fate is known: it fails then, as not authorized.
+    private func setupCall(_ characteristic: GATTCharacteristic, _ member: String, _ arguments: [DBusValue] = [],
+                           operation: String) async throws(GATTError) -> [DBusValue] {
+        let race = FirstOf<Result<[DBusValue], GATTError>>()
+        let call = Task {
+            do throws(GATTError) { race.offer(.success(try await gattCall(characteristic, member, arguments, operation: operation))) } catch {
+                race.offer(.failure(error))
+            }
+        }
+        let watcher = Task { [stack] in
+            guard await stack.wait(timeout: Self.callTimeout, until: { $0?.asked != nil }) else { return }
+            race.offer(.failure(GATTError(.notAuthorized, "\(operation): refused for want of pairing")))
+        }
+        let result = await race.value
+        watcher.cancel()
+        _ = call
+        return try result.get()
+    }
+
+    /// Registers an agent that refuses every pairing request (bluetoothd's default one when no
+    /// other agent is registered) for as long as this link's bus connection lives (bluetoothd
+    /// drops an agent whose client leaves), and routes its reports about this device here. Best
+    /// effort: without it, a bond the stack makes by itself is still seen (`Paired`).
+    func refuseStackPairing() async {
+        StackPairingReports.watch(devicePath) { [weak self] question in
+            self?.stackPaired(StackPairing(bonded: false, asked: question))
+        }
+        let agent = BlueZAgent(bus: bus, path: "/org/otaflash/refusing_agent/" + BlueZ.adapterName(devicePath),
+                               policy: BlueZAgent.Policy(refusesStackPairing: true), logger: logger)
+        do {
+            try await agent.register()
+        } catch {
+            logger.debug("no refusing agent", metadata: ["device": "\(peer)", "error": "\(error)"])
+        }
+    }
+
     private func remember(_ id: DBusSubscriptionID) {
         link.withLock { $0.subscriptions.append(id) }
     }
@@ -109,6 +171,11 @@ public final class BlueZConnection: GATTConnection {
             }
             if let resolved = changed["ServicesResolved"]?.bool {
                 state.update { $0.servicesResolved = resolved }
+            }
+            // Keys stored for a device otaflash did not pair: the stack paired by itself
+            // (doc/org.bluez.Device.rst, "Paired", "Bonded").
+            if changed["Paired"]?.bool == true || changed["Bonded"]?.bool == true {
+                stackPaired(StackPairing(bonded: true))
             }
         } else if interface == BlueZ.gattCharacteristic, let value = changed["Value"]?.bytes {
             guard link.withLock({ $0.armed && !$0.down }) else { return }
@@ -164,6 +231,7 @@ public final class BlueZConnection: GATTConnection {
         }
         let bus = self.bus
         let devicePath = self.devicePath
+        StackPairingReports.unwatch(devicePath)
         await Task {
             if connecting {
                 _ = try? await bus.call(destination: BlueZ.service, path: devicePath, interface: BlueZ.device,
@@ -243,7 +311,7 @@ public final class BlueZConnection: GATTConnection {
 
     /// `ReadValue({})` (doc/org.bluez.GattCharacteristic.rst, "ReadValue").
     public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
-        let reply = try await gattCall(characteristic, "ReadValue", [.vardict([:])], operation: "reading \(describe(characteristic))")
+        let reply = try await setupCall(characteristic, "ReadValue", [.vardict([:])], operation: "reading \(describe(characteristic))")
         guard let bytes = reply.first?.bytes else {
             throw GATTError(.failed, "reading \(describe(characteristic)): BlueZ returned \(reply.first?.signature ?? "nothing") instead of bytes")
         }
@@ -333,7 +401,7 @@ public final class BlueZConnection: GATTConnection {
     /// `StartNotify` / `StopNotify` (doc/org.bluez.GattCharacteristic.rst); values then arrive as
     /// `PropertiesChanged(Value)` on the characteristic's path.
     public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
-        _ = try await gattCall(characteristic, enabled ? "StartNotify" : "StopNotify",
+        _ = try await setupCall(characteristic, enabled ? "StartNotify" : "StopNotify",
                                operation: "\(enabled ? "enabling" : "disabling") notifications on \(describe(characteristic))")
     }
 
@@ -358,6 +426,7 @@ public final class BlueZConnection: GATTConnection {
             return (Array(l.sockets.values), l.subscriptions, l.down)
         }
         guard let (sockets, ids, wasDown) = taken else { return }
+        StackPairingReports.unwatch(devicePath)
         for socket in sockets { socket.close() }
         if !wasDown {
             do {

@@ -189,3 +189,38 @@ struct TimerHandle: @unchecked Sendable {
     let item: DispatchWorkItem
     init(_ item: DispatchWorkItem) { self.item = item }
 }
+
+/// The first of several offered values, awaited once: a race between tasks that need not wait
+/// for the losers (a D-Bus call that ignores cancellation is left to end on its own).
+final class FirstOf<Value: Sendable>: Sendable {
+    private struct State {
+        var value: Value?
+        var waiter: CheckedContinuation<Value, Never>?
+    }
+    private let state = Mutex(State())
+
+    /// Offers a value; only the first counts.
+    func offer(_ value: Value) {
+        let waiter: CheckedContinuation<Value, Never>? = state.withLock { s in
+            guard s.value == nil else { return nil }
+            s.value = value
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume(returning: value)
+    }
+
+    /// The first value offered (one caller).
+    var value: Value {
+        get async {
+            await withCheckedContinuation { continuation in
+                let ready: Value? = state.withLock { s in
+                    if let value = s.value { return value }
+                    s.waiter = continuation
+                    return nil
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        }
+    }
+}

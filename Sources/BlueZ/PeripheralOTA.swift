@@ -327,7 +327,7 @@ public actor OTAPeripheral {
                                         notifyChanged: notifyChanged, acquiresWrites: acquiresWrites)
     }
 
-    /// BlueZ's flags that make bluetoothd refuse a read or write on a weaker link with ATT
+    /// BlueZ's flags that make bluetoothd refuse a read, write or subscription on a weaker link with ATT
     /// insufficient authentication or encryption (doc/org.bluez.GattCharacteristic.rst, "Flags").
     nonisolated static func securityFlags(_ security: LinkSecurity, _ properties: CharacteristicProperties) -> [String] {
         guard security > .none else { return [] }
@@ -335,6 +335,10 @@ public actor OTAPeripheral {
         var flags: [String] = []
         if properties.contains(.read) { flags.append(prefix + "read") }
         if !properties.isDisjoint(with: [.write, .writeWithoutResponse, .reliableWrite]) { flags.append(prefix + "write") }
+        // The subscription too, as embedded stacks protect a protected characteristic's CCCD
+        // (NimBLE, Zephyr): bluetoothd then refuses the CCCD write on a weaker link.
+        if properties.contains(.notify) { flags.append(prefix + "notify") }
+        if properties.contains(.indicate) { flags.append(prefix + "indicate") }
         return flags
     }
 

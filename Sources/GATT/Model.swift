@@ -189,6 +189,9 @@ public enum GATTEvent: Sendable {
     /// Completion of a write submitted with `submitWrite`.
     case writeCompleted(WriteTicket, GATTError?)
     case disconnected(DisconnectReason)
+    /// The central's own stack paired (or tried to pair) with the peer without being asked to,
+    /// because the peer refused an operation for want of security (see `StackPairing`).
+    case stackPairing(StackPairing)
 }
 
 /// What one ATT write can carry, whatever the protocol above it.

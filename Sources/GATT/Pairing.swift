@@ -56,6 +56,57 @@ extension GATTError {
     }
 }
 
+/// A pairing the central's Bluetooth stack started with a peer by itself, without the user
+/// asking for one: the peer refused an attribute for want of security (ATT insufficient
+/// authentication 0x05 or encryption 0x0F, Core Spec Vol 3, Part F, 3.4.1.1) and the stack raised
+/// the link's security level to retry (BlueZ: src/shared/att.c, `change_security`; the kernel's
+/// Security Manager then pairs).
+///
+/// Either it bonded (Just Works needs no answer from anyone: a bond the user never asked for), or
+/// it asked the central's agent something nobody answered and was abandoned.
+public struct StackPairing: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What the pairing asked the central for.
+    public enum Question: String, Sendable, Hashable {
+        /// A passkey to enter, or one to show (passkey entry): the device wants an authenticated bond.
+        case passkey
+        /// A numeric comparison to confirm: the device wants an authenticated bond.
+        case confirmation
+        /// Consent to a Just Works pairing.
+        case authorization
+    }
+
+    /// The stack paired and bonded by itself (Just Works needs no answer; another agent may have
+    /// answered the rest): a bond the user did not ask for, which must be removed.
+    public var bonded: Bool
+    /// What the stack asked the central's agent, which had nothing to give, so that pairing was
+    /// abandoned; nil when it asked nothing.
+    public var asked: Question?
+
+    public init(bonded: Bool, asked: Question? = nil) {
+        self.bonded = bonded
+        self.asked = asked
+    }
+
+    /// True when the device asked for an authenticated (MITM-protected) pairing.
+    public var wantsAuthentication: Bool { asked == .passkey || asked == .confirmation }
+
+    /// Both what `self` and a later report of the same link say.
+    public func merged(with later: StackPairing) -> StackPairing {
+        StackPairing(bonded: bonded || later.bonded, asked: later.asked ?? asked)
+    }
+
+    public var description: String {
+        let asking = switch asked {
+        case .passkey?: "asked for a passkey, which nobody gave"
+        case .confirmation?: "asked to confirm a numeric comparison, which nobody did"
+        case .authorization?: "asked to authorize Just Works pairing, which nobody did"
+        case nil: "was abandoned"
+        }
+        return bonded ? "the Bluetooth stack paired with it by itself" + (asked == nil ? "" : ", then pairing again " + asking)
+            : "the Bluetooth stack started pairing by itself and it " + asking
+    }
+}
+
 /// What a peripheral requires of the link before it serves its characteristics (BlueZ's GATT
 /// flags `encrypt-write`/`encrypt-read` and `encrypt-authenticated-*`, doc/org.bluez.GattCharacteristic.rst).
 public enum LinkSecurity: String, Sendable, Hashable, CaseIterable, Comparable {

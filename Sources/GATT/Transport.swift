@@ -60,10 +60,16 @@ public protocol GATTConnection: AnyObject, Sendable {
     /// by default: BlueZ does not promise it (its ATT layer sends queued write commands ahead of a
     /// queued request, and AcquireWrite's socket races the D-Bus calls).
     var keepsWriteOrder: Bool { get }
+
+    /// The pairing the central's stack started with the peer on its own during this link, if
+    /// any: kept here as well as queued as `GATTEvent.stackPairing`, since a reader that waits for
+    /// one particular answer may take the event off the queue and drop it.
+    var stackPairing: StackPairing? { get }
 }
 
 extension GATTConnection {
     public var keepsWriteOrder: Bool { false }
+    public var stackPairing: StackPairing? { nil }
 
     /// Finds a primary service by UUID, or throws `serviceNotFound` naming it.
     public func discoverService(_ uuid: BluetoothUUID, name: String) async throws(GATTError) -> GATTService {

@@ -105,6 +105,18 @@ public struct BatchOutcome: Sendable {
                   firmwareAfter: result.skipped ? result.firmwareBefore : firmwareAfter)
     }
 
+    /// The outcome once a bond could not be removed (`DeviceUpdater.removeBonds`): never a success.
+    public func leaving(_ bond: OTAError?) -> BatchOutcome {
+        guard let bond else { return self }
+        let error: OTAError
+        switch result {
+        case .ok, .skipped: error = bond
+        case .failed(let failure): error = failure.leaving(bond)
+        }
+        return BatchOutcome(device: device, updateModeAddress: updateModeAddress, adapter: adapter, result: .failed(error),
+                            attempts: attempts, seconds: seconds, firmwareBefore: firmwareBefore, firmwareAfter: firmwareAfter)
+    }
+
     public var succeeded: Bool {
         switch result {
         case .ok, .skipped: true
@@ -186,9 +198,9 @@ public struct BatchRunner: Sendable {
                                     pairing: pairing)
         updater.readsIdentity = options.readsIdentity
         let outcome = await attempts(updater, target, started: started, events: events)
-        await updater.removeBonds(central: target.central, address: target.address,
-                                  updateModeAddress: outcome.updateModeAddress.flatMap(DeviceAddress.init), events: events)
-        return outcome
+        let left = await updater.removeBonds(central: target.central, address: target.address,
+                                             updateModeAddress: outcome.updateModeAddress.flatMap(DeviceAddress.init), events: events)
+        return outcome.leaving(left)
     }
 
     /// The device's attempts: the first, then retries while its failure is one a new attempt can overcome.

@@ -156,7 +156,12 @@ public struct DeviceUpdater: Sendable {
     /// already installed are not sent again.
     public func run(central: any GATTCentral, address: DeviceAddress, from progress: Progress = Progress(),
                     events: @escaping @Sendable (Event) -> Void) async -> Outcome {
-        let outcome = await attempt(central: central, address: address, from: progress, events: events)
+        var outcome = await attempt(central: central, address: address, from: progress, events: events)
+        // Without --pair no bond may stay: one the stack made by itself goes again at once.
+        if !pairing.pair, case .failure(let error) = outcome.result, let stack = error.stackPairing, stack.bonded {
+            outcome.result = .failure(await removeStackBond(central: central, address: outcome.progress.entry?.address ?? address,
+                                                            device: address.description, error, events: events))
+        }
         // A refusal for want of pairing or encryption, with --pair: pair once (again) and go on
         // from where the attempt left the device.
         guard pairing.pair, case .failure(let error) = outcome.result, error.wantsPairing, !Task.isCancelled else { return outcome }
@@ -193,15 +198,37 @@ public struct DeviceUpdater: Sendable {
         return again
     }
 
+    /// Removes the bond the central's stack made by itself when the device refused for want of
+    /// pairing (without --pair, which is no consent to one), and says so; `error` says it too.
+    private func removeStackBond(central: any GATTCentral, address: DeviceAddress, device: String, _ error: OTAError,
+                                 events: @Sendable (Event) -> Void) async -> OTAError {
+        let failures = await pairing.unpair(central, [address])
+        guard !failures.isEmpty else {
+            events(.pairing(device: device, note: "\(address): the Bluetooth stack bonded with it by itself (no --pair); bond removed"))
+            return error
+        }
+        events(.pairing(device: device, note: "\(address): the Bluetooth stack bonded with it by itself (no --pair) and the bond could not be removed: "
+                        + failures.joined(separator: "; ")))
+        return OTAError(error.code, "\(error.message); the bond the stack made could not be removed (\(failures.joined(separator: "; ")))",
+                        hint: "\(error.hint ?? "pass --pair"); remove the bond with `otaflash unpair --device \(address)`", cause: error.cause)
+    }
+
     /// Removes the bonds with the device and with where its bootloader answered, when
     /// `pairing.unpairAfter` says so, whatever the update's result; says how it went in events.
+    ///
+    /// - Returns: the `bondLeft` failure when a bond could not be removed (the transport tried
+    ///   again once its stack was back, `GATTBondStore.removeBond`); nil when none is left.
+    @discardableResult
     public func removeBonds(central: any GATTCentral, address: DeviceAddress, updateModeAddress: DeviceAddress?,
-                            events: @Sendable (Event) -> Void) async {
-        guard pairing.unpairAfter else { return }
+                            events: @Sendable (Event) -> Void) async -> OTAError? {
+        guard pairing.unpairAfter else { return nil }
         let failures = await pairing.unpair(central, [address] + (updateModeAddress.map { [$0] } ?? []))
         let device = address.description
         events(.pairing(device: device, note: failures.isEmpty ? "\(device): bond removed (--unpair-after)"
                         : "\(device): the bond could not be removed: " + failures.joined(separator: "; ")))
+        guard !failures.isEmpty else { return nil }
+        return OTAError(.bondLeft, "\(device): the bond could not be removed (--unpair-after): " + failures.joined(separator: "; "),
+                        hint: "remove it with `otaflash unpair --device \(device)` once bluetoothd runs")
     }
 
     private func attempt(central: any GATTCentral, address: DeviceAddress, from progress: Progress,
@@ -335,6 +362,9 @@ public struct DeviceUpdater: Sendable {
         do throws(OTAError) {
             let resolution = try registry.resolve(protocolName, format: plan.format, services: Set(services.map(\.uuid)))
             let entry = try await plan.profile.enterUpdateMode(on: connection, services: services, device: address, limits: limits)
+            if let stack = connection.stackPairing {
+                throw OTAError.pairingRequired(device: address.description, stack: stack, cause: nil)
+            }
             if entry != nil { await connection.disconnect() }
             return Prepared(reason: resolution.reason + plan.contents, entry: entry, connection: entry == nil ? connection : nil)
         } catch {
@@ -347,6 +377,26 @@ public struct DeviceUpdater: Sendable {
 
     private static func interrupted(_ address: DeviceAddress) -> OTAError {
         OTAError(.interrupted, "interrupted before anything was sent to \(address)", hint: "run the same command again")
+    }
+}
+
+extension OTAError {
+    /// This failure, or the `bondLeft` one, once removing the bond failed: a success becomes
+    /// `bondLeft`; another failure keeps its code (what went wrong first) and says it too.
+    public func leaving(_ bond: OTAError) -> OTAError {
+        OTAError(code, "\(message); and \(bond.message)", hint: hint.map { "\($0); \(bond.hint ?? "")" } ?? bond.hint,
+                 resumable: resumable, cause: cause)
+    }
+}
+
+extension DeviceUpdater.Outcome {
+    /// The outcome once a bond could not be removed (`DeviceUpdater.removeBonds`): never a success.
+    public mutating func leave(_ bond: OTAError?) {
+        guard let bond else { return }
+        switch result {
+        case .success: result = .failure(bond)
+        case .failure(let error): result = .failure(error.leaving(bond))
+        }
     }
 }
 

@@ -13,6 +13,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Wrapped: String, Hashable, Sendable, CaseIterable {
             case image, imageTooLarge, deviceNotFound, connection, incompatibleDevice, verifyFailed
             case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
+            case bondLeft
             case ledgerFailed
         }
 
@@ -43,6 +44,9 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var pairingFailed: Self { Self(.pairingFailed) }
         /// SIGINT/SIGTERM; the transfer can resume.
         public static var interrupted: Self { Self(.interrupted) }
+        /// The update went through, but a bond otaflash was to remove (`--unpair-after`, or one
+        /// the stack made by itself without `--pair`) could not be removed.
+        public static var bondLeft: Self { Self(.bondLeft) }
         public static var internalError: Self { Self(.internalError) }
         /// The device's record could not be written where the run keeps its records; nothing was sent.
         public static var ledgerFailed: Self { Self(.ledgerFailed) }
@@ -91,6 +95,24 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     private var causeText: String? { cause.map { String(reflecting: $0) } }
+
+    /// The device refused access for want of pairing: `stack` says what the central's stack did
+    /// about it by itself (paired Just Works, or asked for a passkey nobody gave), `cause` the
+    /// refusal the device answered, when one came back.
+    /// - Parameter stillRefused: the device refused (or the link failed) after the stack's own
+    ///   Just Works bond: an unauthenticated key is not enough for it.
+    public static func pairingRequired(device: String, stack: StackPairing?, cause: GATTError?, stillRefused: Bool = false) -> OTAError {
+        var what = [cause?.message, stack?.description].compactMap { $0 }.joined(separator: "; ")
+        let authenticated = stack?.asked == .passkey || (stillRefused && stack?.bonded == true && stack?.asked == nil)
+        if authenticated, stack?.asked == nil { what += ", and that bond was not enough: it wants an authenticated one" }
+        let hint = switch stack?.asked {
+        case _ where authenticated: "pass --pair --passkey with the passkey it shows or expects (or --confirm-pairing for a numeric comparison)"
+        case .confirmation?: "pass --pair --confirm-pairing to accept its numeric comparison (or --passkey when it shows or expects one)"
+        default: "pass --pair to pair with it first (add --passkey when it shows or expects one)"
+        }
+        return OTAError(.permission, "\(device) requires pairing: \(what.isEmpty ? "it refused access" : what)", hint: hint,
+                        cause: stack.map { $0 as any Error } ?? cause)
+    }
 
     /// Maps a transport error to the failure class a user acts on; the transport error is the cause.
     public static func from(_ error: GATTError, device: String) -> OTAError {

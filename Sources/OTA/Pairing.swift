@@ -70,7 +70,10 @@ public struct PairingPolicy: Sendable, Hashable {
 extension OTAError {
     /// True when the device refused an operation for want of pairing or encryption.
     public var wantsPairing: Bool {
-        guard code == .permission, let cause = cause as? GATTError else { return false }
-        return cause.wantsPairing
+        guard code == .permission else { return false }
+        return cause is StackPairing || (cause as? GATTError)?.wantsPairing == true
     }
+
+    /// What the central's stack did by itself when the device refused, when this error says.
+    public var stackPairing: StackPairing? { cause as? StackPairing }
 }

@@ -306,6 +306,65 @@ public actor OTASession {
                         hint: "run the same command again to resume", resumable: true, cause: error)
     }
 
+    /// Whether setting up failed (or succeeded only) because the device wants pairing: it refused
+    /// with ATT 0x05/0x0F, the central's stack paired (or tried to) by itself, or its silence
+    /// after a timeout turns out to be that (`probeSecurity`). Nil: something else.
+    private func pairingRefusal<Profile: OTAProfile>(on connection: any GATTConnection, after error: OTAError?,
+                                                     profile: Profile) async -> OTAError? {
+        guard let stack = connection.stackPairing else {
+            if let error, error.code == .timeout { return await probeSecurity(on: connection, profile: profile) }
+            return nil
+        }
+        return OTAError.pairingRequired(device: device, stack: stack, cause: error?.cause as? GATTError, stillRefused: error != nil)
+    }
+
+    /// A transport event that says the device wants pairing: the stack's own pairing, or a write
+    /// request refused with ATT 0x05/0x0F (ended here for every protocol, whatever its engine
+    /// makes of a failed write).
+    private func pairingRefusal(in event: GATTEvent, on connection: any GATTConnection) -> OTAError? {
+        switch event {
+        case .stackPairing(let stack):
+            return OTAError.pairingRequired(device: device, stack: connection.stackPairing ?? stack, cause: nil)
+        case .writeCompleted(_, let error?) where error.wantsPairing:
+            return OTAError.pairingRequired(device: device, stack: connection.stackPairing, cause: error)
+        default:
+            return nil
+        }
+    }
+
+    /// Looks into a device that answered nothing at all: an embedded stack drops a write command
+    /// on a link weaker than the characteristic requires, without an answer (ATT has none for a
+    /// command: NimBLE `ble_att_svr_rx_write_no_rsp`, Zephyr `att_write_cmd`), so the central
+    /// learns nothing. A read of the protocol service's readable characteristics is answered:
+    /// refused with 0x05/0x0F (or setting off the stack's own pairing) when security is what
+    /// is missing. Nil when the probe says nothing of the kind.
+    private func probeSecurity<Profile: OTAProfile>(on connection: any GATTConnection, profile: Profile) async -> OTAError? {
+        if let stack = connection.stackPairing { return OTAError.pairingRequired(device: device, stack: stack, cause: nil) }
+        let services: [GATTService]
+        do {
+            services = try await withTimeout(config.replyTimeout, clock: connection.clock, "discovering services") { () async throws(GATTError) in
+                try await connection.discoverServices()
+            }
+        } catch {
+            return nil
+        }
+        let readable = services.filter { $0.uuid == profile.serviceUUID }.flatMap(\.characteristics).filter { $0.properties.contains(.read) }
+        for characteristic in readable {
+            do {
+                _ = try await withTimeout(config.replyTimeout, clock: connection.clock, "reading \(characteristic.uuid)") { () async throws(GATTError) in
+                    try await connection.read(characteristic)
+                }
+            } catch where error.wantsPairing {
+                logger.debug("the probe read was refused for want of security", metadata: ["device": "\(device)", "error": "\(error)"])
+                return OTAError.pairingRequired(device: device, stack: connection.stackPairing, cause: error)
+            } catch {
+                logger.debug("the probe read failed", metadata: ["device": "\(device)", "error": "\(error)"])
+            }
+            if let stack = connection.stackPairing { return OTAError.pairingRequired(device: device, stack: stack, cause: nil) }
+        }
+        return nil
+    }
+
     private func drive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, on connection: any GATTConnection,
                                             stall: inout StallBudget,
                                             events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
@@ -315,8 +374,10 @@ public actor OTASession {
         do throws(OTAError) {
             link = try await profile.attach(to: connection, device: device, discoveryTimeout: timeouts.discovery)
         } catch {
+            if let refusal = await pairingRefusal(on: connection, after: error, profile: profile) { throw refusal }
             throw await linkLossExplaining(error, on: connection)
         }
+        if let refusal = await pairingRefusal(on: connection, after: nil, profile: profile) { throw refusal }
         let mtu: Int
         do {
             mtu = try await connection.mtu()
@@ -378,6 +439,10 @@ public actor OTASession {
 
         var journaled = engine.acked
         var told = engine.notes.count
+        // Whether the device answered anything on this connection, and whether its silence was
+        // looked into (`probeSecurity`).
+        var heard = false
+        var probed = false
         /// Records a newly confirmed checkpoint in the journal, and says what the engine noted.
         func recordProgress() {
             while told < engine.notes.count {
@@ -457,7 +522,10 @@ public actor OTASession {
                     return true
                 }
                 if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
-                if let event = connection.pollEvent(), let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
+                let event = connection.pollEvent()
+                if let event, let refusal = pairingRefusal(in: event, on: connection) { throw refusal }
+                if event != nil { heard = true }
+                if let event, let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
                     engine.observe(time: clock.now)
                     actions = engine.handle(mapped)
                     if !actions.isEmpty { return true }
@@ -506,10 +574,16 @@ public actor OTASession {
             try checkCancelled(confirmed: engine.acked)
             guard let event = next else {
                 if clock.now < deadline { continue }  // the stall deadline: checked at the loop's top
+                if !heard, !probed {
+                    probed = true
+                    if let refusal = await probeSecurity(on: connection, profile: profile) { throw refusal }
+                }
                 actions = engine.handle(.timeout)
                 if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
                 continue
             }
+            if let refusal = pairingRefusal(in: event, on: connection) { throw refusal }
+            heard = true
             if let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
                 engine.observe(time: clock.now)
                 actions = engine.handle(mapped)
@@ -564,6 +638,8 @@ public actor OTASession {
             return .commandFailed(error)
         case .disconnected(let reason):
             return .disconnected(reason)
+        case .stackPairing:
+            return nil  // `pairingRefusal(in:on:)` ends the session first
         }
     }
 }

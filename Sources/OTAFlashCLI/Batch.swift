@@ -118,8 +118,8 @@ extension Flash {
         }
         let adapters = target.adapter.map { $0.split(separator: ",").map(String.init) } ?? [nil as String?].compactMap { $0 }
         let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
-            ? [(nil, target.bluezCentral(adapter: nil))]
-            : adapters.map { ($0, target.bluezCentral(adapter: $0)) }
+            ? [(nil, target.bluezCentral(adapter: nil).refusingStackPairing(!pairing.policy.pair))]
+            : adapters.map { ($0, target.bluezCentral(adapter: $0).refusingStackPairing(!pairing.policy.pair)) }
         // bluetoothd down or an adapter off fails every device alike: say it once, exit 11.
         for (adapter, central) in centrals {
             guard let bluez = central as? BlueZCentral else { continue }

@@ -21,6 +21,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case someFailed = 14
     case allFailed = 15
     case outputFailed = 16
+    case bondLeft = 17
     case ledgerFailed = 18
     case interrupted = 130
 
@@ -49,6 +50,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .someFailed: "batch: some devices failed, the others succeeded"
         case .allFailed: "batch: every device failed"
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
+        case .bondLeft: "--unpair-after could not remove the bond, even after one more try once bluetoothd was back; the image may have gone through: remove the bond with otaflash unpair"
         case .ledgerFailed: "the ledger (--ledger) could not be opened or written: locked, read-only, corrupt, a full disk, a newer schema; no device is flashed whose record cannot be written"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
@@ -86,6 +88,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .permission: self = .permission
         case .pairingFailed: self = .pairingFailed
         case .interrupted: self = .interrupted
+        case .bondLeft: self = .bondLeft
         case .ledgerFailed: self = .ledgerFailed
         default: self = .internalError
         }

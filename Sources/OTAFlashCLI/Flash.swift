@@ -1,4 +1,5 @@
 import ArgumentParser
+import BlueZ
 import GATT
 import Logging
 import NordicDFU
@@ -268,7 +269,7 @@ struct Flash: AsyncParsableCommand {
             central = c
             simulated = d
         } else {
-            central = target.bluezCentral()
+            central = target.bluezCentral().refusingStackPairing(!pairingPolicy.pair)
         }
         if let refusal = await book.begin(address.description) { throw CLIFailure(refusal) }
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
@@ -307,9 +308,9 @@ struct Flash: AsyncParsableCommand {
                     printer.json(FlashEvents.Note(device: device, message: note))
                 }
             }
-            let outcome = await updater.run(central: central, address: address, events: events)
+            var outcome = await updater.run(central: central, address: address, events: events)
             // Whatever the update's result, and even when it was interrupted.
-            await updater.removeBonds(central: central, address: address, updateModeAddress: outcome.progress.entry?.address, events: events)
+            outcome.leave(await updater.removeBonds(central: central, address: address, updateModeAddress: outcome.progress.entry?.address, events: events))
             return outcome
         }
         let interrupts = InterruptHandler { _ in
@@ -366,6 +367,16 @@ struct Flash: AsyncParsableCommand {
             printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
         }
         try book.throwFirstFailure()
+    }
+}
+
+extension GATTCentral {
+    /// Without --pair the user gave no consent to pairing: a BlueZ central refuses the pairings
+    /// its stack starts by itself and reports them (`BlueZCentral.refusesStackPairing`).
+    func refusingStackPairing(_ refuses: Bool) -> any GATTCentral {
+        guard var bluez = self as? BlueZCentral else { return self }
+        bluez.refusesStackPairing = refuses
+        return bluez
     }
 }
 

@@ -38,7 +38,7 @@ struct LedgerCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Only this serial number (as the device's Device Information Service reports it).", valueName: "serial"))
     var serial: String?
 
-    @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "ok|skipped|error"))
+    @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "ok|skipped|error|bond_left"))
     var result: String?
 
     @Option(help: ArgumentHelp("Only this image: its file name, or the first 8 or more hex digits of its SHA-256.", valueName: "name|sha256"))
@@ -58,8 +58,8 @@ struct LedgerCommand: AsyncParsableCommand {
 
     mutating func validate() throws {
         try Ranges.ledgerLimit.check(limit)
-        if let result, !["ok", "skipped", "error"].contains(result) {
-            throw ValidationError("--result must be ok, skipped or error, got '\(result)'")
+        if let result, !["ok", "skipped", "error", "bond_left"].contains(result) {
+            throw ValidationError("--result must be ok, skipped, error or bond_left, got '\(result)'")
         }
         if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
         for (option, value) in [("--since", since), ("--until", until)] {

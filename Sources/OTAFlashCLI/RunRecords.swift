@@ -172,7 +172,8 @@ final class RunRecords: Sendable {
         let (result, code, message): (String, ExitCode, String?) = switch o.result {
         case .ok: ("ok", .success, nil)
         case .skipped: ("skipped", .success, nil)
-        case .failed(let e): ("error", ExitCode(e.code), e.description)
+        // A bond left behind is a result of its own: the image may well have gone through.
+        case .failed(let e): (e.code == .bondLeft ? ExitCode.bondLeft.name : "error", ExitCode(e.code), e.description)
         }
         var sent = Int64(note.bytesSent)
         var resent: Int64 = 0

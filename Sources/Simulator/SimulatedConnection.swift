@@ -27,25 +27,58 @@ public final class SimulatedConnection: GATTConnection {
         }
         self.clock = clock
         self.model = device.config.link
-        var link = Link(anchor: clock.now, model: device.config.link)
-        // A central that holds a bond encrypts the link with it as soon as the device asks
-        // (BlueZ raises the security level on an ATT insufficient-encryption error).
-        link.encryption = device.state.withLock { s in
-            s.model.linkEncrypted(s.bond > .none)
-            return s.bond
-        }
+        // The device's model learns of a bond at once (a bonded Nordic buttonless service); the
+        // link itself starts unencrypted and is encrypted with the bond when the device first
+        // refuses for want of it (`secure`).
+        device.state.withLock { s in s.model.linkEncrypted(s.bond > .none) }
+        let link = Link(anchor: clock.now, model: device.config.link)
         self.link = Mutex(link)
     }
 
-    /// The device's ATT refusal of an attribute on a link weaker than it requires: insufficient
-    /// authentication (0x05) without a bond that reaches it (Core Spec Vol 3, Part F, 4).
-    private func requireSecurity(_ l: Link, _ operation: @autoclosure () -> String) throws(GATTError) {
+    /// The device's permission check of a protected attribute (a read, a CCCD write, a write
+    /// request), as embedded stacks make it (NimBLE `ble_att_svr_check_perms`, Zephyr
+    /// `bt_gatt_check_perm`), and what the central's stack does about a refusal:
+    /// - the central holds a bond but the link is not encrypted yet: insufficient encryption
+    ///   (0x0F); the central's stack encrypts the link with its bond and asks again (BlueZ raises
+    ///   the security level, src/shared/att.c `change_security`);
+    /// - no bond, or one too weak: insufficient authentication (0x05). The central's stack starts
+    ///   pairing by itself; nobody answers it (the user did not ask for pairing), so it is
+    ///   abandoned: recorded as `stackPairing` and queued as `GATTEvent.stackPairing`.
+    private func secure(_ l: inout Link, at now: Duration, _ operation: @autoclosure () -> String) throws(GATTError) {
         let required = device.config.security
         guard l.encryption < required else { return }
+        let bond = device.state.withLock { $0.bond }
+        if l.encryption == .none, bond > .none {
+            l.refusals.append(.insufficientEncryption)
+            l.encryption = bond
+            if bond >= required { return }
+        }
+        l.refusals.append(.insufficientAuthentication)
+        if l.stackPairing == nil {
+            let asked: StackPairing.Question? = required == .authenticate ? (device.config.passkey != nil ? .passkey : .confirmation) : nil
+            let attempt = StackPairing(bonded: false, asked: asked)
+            l.stackPairing = attempt
+            l.inbox.append((now, .stackPairing(attempt)))
+        }
         let want = required == .authenticate ? "an authenticated (passkey or numeric comparison) bond" : "an encrypted link (a bond)"
-        throw GATTError(.notAuthorized, "\(operation()) on \(peer) was refused (ATT insufficient authentication): the device requires \(want)",
+        throw GATTError(.notAuthorized, "\(operation()) was refused (ATT insufficient authentication): the device requires \(want)",
                         attError: .insufficientAuthentication)
     }
+
+    /// Whether the device takes a write command: on a link weaker than it requires, it drops
+    /// the command without an answer (ATT has none for a command: NimBLE's `ble_att_svr_rx_write_no_rsp`
+    /// discards it), and the central's stack learns nothing.
+    private func takesCommand(_ l: inout Link) -> Bool {
+        guard l.encryption < device.config.security else { return true }
+        l.droppedCommands += 1
+        return false
+    }
+
+    /// The ATT refusals the device answered on this link, in order (for tests).
+    public var attRefusals: [ATTError] { link.withLock { $0.refusals } }
+    /// Write commands the device dropped for want of security (for tests).
+    public var droppedCommands: Int { link.withLock { $0.droppedCommands } }
+    public var stackPairing: StackPairing? { link.withLock { $0.stackPairing } }
 
     /// One transmit queue carries requests and commands alike, in the order they were written.
     public var keepsWriteOrder: Bool { true }
@@ -62,7 +95,7 @@ public final class SimulatedConnection: GATTConnection {
 
     public func transportRead(_ characteristic: GATTCharacteristic) async throws(GATTError) -> [UInt8] {
         try await roundTrips(1)
-        try link.withLock { l throws(GATTError) in try requireSecurity(l, "reading \(characteristic.uuid)") }
+        try link.withLock { l throws(GATTError) in try secure(&l, at: clock.now, "reading \(characteristic.uuid)") }
         guard let uuid = services.characteristic(id: characteristic.id)?.uuid,
               let value = device.state.withLock({ $0.model.read(uuid) }) else {
             throw .att(.readNotPermitted, "reading \(characteristic.uuid)")
@@ -72,7 +105,7 @@ public final class SimulatedConnection: GATTConnection {
 
     public func transportSetNotifications(_ enabled: Bool, for characteristic: GATTCharacteristic) async throws(GATTError) {
         try await roundTrips(1)
-        try link.withLock { l throws(GATTError) in try requireSecurity(l, "enabling notifications on \(characteristic.uuid)") }
+        try link.withLock { l throws(GATTError) in try secure(&l, at: clock.now, "enabling notifications on \(characteristic.uuid)") }
         link.withLock { l in
             l.notifying[characteristic.uuid] = enabled ? characteristic.id : nil
         }
@@ -86,7 +119,7 @@ public final class SimulatedConnection: GATTConnection {
         case .withoutResponse:
             try await waitUntil { l, now throws(GATTError) in
                 try l.requireUp(at: now)
-                try requireSecurity(l, "writing \(characteristic.uuid)")
+                guard takesCommand(&l) else { return .done }
                 guard l.model.timed else {
                     l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
                     return .done
@@ -117,7 +150,7 @@ public final class SimulatedConnection: GATTConnection {
             let now = clock.now
             l.run(until: now, device: device)
             try l.requireUp(at: now)
-            try requireSecurity(l, "writing \(characteristic.uuid)")
+            guard takesCommand(&l) else { return true }
             guard !l.model.timed || l.forward.count - l.forwardHead < l.model.txQueueDepth else { return false }
             l.enqueue(.command(characteristic.uuid, value), device: device, now: now)
             return true
@@ -132,7 +165,7 @@ public final class SimulatedConnection: GATTConnection {
         let now = clock.now
         l.run(until: now, device: device)
         try l.requireUp(at: now)
-        try requireSecurity(l, "writing \(c.uuid)")
+        try secure(&l, at: now, "writing \(c.uuid)")
         l.nextTicket += 1
         let ticket = WriteTicket(l.nextTicket)
         l.outstanding.insert(ticket)
@@ -256,6 +289,11 @@ struct Link {
     var blockingResults: [WriteTicket: GATTError?] = [:]
     /// How the link is encrypted: by pairing, or by the central re-encrypting with its bond.
     var encryption: LinkSecurity = .none
+    /// The device's ATT refusals for want of security, in order.
+    var refusals: [ATTError] = []
+    var droppedCommands = 0
+    /// The pairing the central's stack started by itself after a refusal.
+    var stackPairing: StackPairing?
 
     enum Forward {
         /// A write without response to the characteristic with this UUID.

@@ -244,6 +244,8 @@ struct CentralTests {
                     seen.append(ticket == t1 ? "w1" : ticket == t2 ? "w2" : "w?")
                 case .disconnected(let reason):
                     Issue.record("unexpected disconnect: \(reason)")
+                case .stackPairing(let attempt):
+                    Issue.record("unexpected pairing by the stack: \(attempt)")
                 }
             }
             #expect(seen.filter { $0.hasPrefix("n") } == ["n3", "n6"])

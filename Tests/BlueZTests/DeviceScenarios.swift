@@ -96,7 +96,7 @@ actor SimulatorUnderTest: DeviceUnderTest {
             switch await connection.nextEvent(timeout: deadline - clock.now) {
             case .notification(_, let value)?: return .notification(value)
             case .disconnected?: return .linkDropped
-            case .writeCompleted?: continue
+            case .writeCompleted?, .stackPairing?: continue
             case nil: return nil
             }
         }

@@ -15,9 +15,39 @@ struct PairingTests {
         let run = await otaflash(simulator + ["--json", "--sim-security", "encrypt", samplePath("seeded-4k.bin")])
         #expect(run.code == 12, "\(run.stderr)")
         #expect(run.errorLines.count == 1, "\(run.stderr)")
-        #expect(run.errorLines.first?.contains("the device requires an encrypted link (a bond); pass --pair") == true, "\(run.stderr)")
+        #expect(run.errorLines.first?.contains("the device requires an encrypted link (a bond)") == true, "\(run.stderr)")
+        #expect(run.errorLines.first?.contains("pass --pair") == true, "\(run.stderr)")
         let events = expectDocumentedLines(run.stdoutLines, section: "otaflash flash")
         #expect(events.last?["error"] == .string("permission"))
+    }
+
+    /// Every protocol, refused for want of pairing: exit 12 within seconds of virtual time, one
+    /// line naming --pair (and --passkey when the device asked for one), nothing activated.
+    @Test(arguments: [
+        ("seeded-4k.bin", "encrypt"), ("nordic/blinky-app.zip", "encrypt"), ("mcuboot/blinky-ec256-v1.2.3+4.bin", "encrypt"),
+        ("seeded-4k.bin", "authenticate"), ("nordic/blinky-app.zip", "authenticate"), ("mcuboot/blinky-ec256-v1.2.3+4.bin", "authenticate"),
+    ])
+    func withoutPairEveryProtocolEndsWithPermissionWithinSeconds(image: String, security: String) async throws {
+        let passkey = security == "authenticate" ? ["--sim-passkey", "123456"] : []
+        let run = await otaflash(simulator + ["--json", "--sim-security", security] + passkey + [samplePath(image)])
+        #expect(run.code == 12, "\(run.stderr)")
+        #expect(run.errorLines.count == 1, "\(run.stderr)")
+        let line = run.errorLines.first ?? ""
+        #expect(line.contains("requires pairing") && line.contains("--pair"), "\(line)")
+        #expect(line.contains("--pair --passkey") == (security == "authenticate"), "\(line)")
+        let done = try #require(run.jsonEvents.last)
+        #expect(done["error"] as? String == "permission")
+        let seconds = try #require(done["seconds"] as? Double)
+        #expect(seconds < 10, "\(seconds) s of virtual time")
+    }
+
+    @Test func aBatchWithoutPairFailsEveryDeviceWithPermission() async {
+        let run = await otaflash(simulator + ["--count", "2", "--json", "--sim-security", "encrypt", samplePath("seeded-4k.bin")])
+        #expect(run.code == 15, "\(run.stderr)")
+        let done = run.jsonEvents.filter { $0["event"] as? String == "done" && $0["device"] != nil }
+        #expect(done.count == 2)
+        #expect(done.allSatisfy { $0["error"] as? String == "permission" && $0["exit_code"] as? Int == 12 && $0["attempts"] as? Int == 1 })
+        #expect(done.allSatisfy { ($0["message"] as? String)?.contains("pass --pair") == true })
     }
 
     @Test func pairPairsJustWorksThenFlashes() async {

@@ -46,6 +46,7 @@ DEVICE = "org.bluez.Device1"
 SERVICE = "org.bluez.GattService1"
 CHARACTERISTIC = "org.bluez.GattCharacteristic1"
 PROPS = "org.freedesktop.DBus.Properties"
+AGENT_MANAGER = "org.bluez.AgentManager1"
 OM = "org.freedesktop.DBus.ObjectManager"
 
 
@@ -219,6 +220,8 @@ class FakeBlueZ:
         self.other = "%s/dev_%s" % (self.adapter, "11_22_33_44_55_66")
         self.gatt_paths = []
         self.chars = {}  # path -> uuid
+        self.agents = []  # (bus name, path), the default first
+        self.remove_failures = 0
         self.build()
 
     # ---- object tree ----
@@ -230,6 +233,7 @@ class FakeBlueZ:
 
     def build(self):
         a = self.args
+        self.objects["/org/bluez"] = {AGENT_MANAGER: {}}
         if not a.no_adapter:
             self.objects[self.adapter] = {ADAPTER: {
                 "Address": Variant("s", "00:AA:01:00:00:01"), "Name": Variant("s", "fake-hci0"),
@@ -340,6 +344,10 @@ class FakeBlueZ:
             (ADAPTER, "SetDiscoveryFilter"): self.set_discovery_filter,
             (ADAPTER, "StartDiscovery"): self.start_discovery,
             (ADAPTER, "StopDiscovery"): self.stop_discovery,
+            (ADAPTER, "RemoveDevice"): self.remove_device,
+            (AGENT_MANAGER, "RegisterAgent"): self.register_agent,
+            (AGENT_MANAGER, "RequestDefaultAgent"): self.request_default_agent,
+            (AGENT_MANAGER, "UnregisterAgent"): self.unregister_agent,
             (DEVICE, "Connect"): self.connect,
             (DEVICE, "Disconnect"): self.disconnect_call,
             (CHARACTERISTIC, "ReadValue"): self.read_value,
@@ -364,7 +372,50 @@ class FakeBlueZ:
             return Message.new_method_return(msg, "a{sv}", [props])
         raise DBusError("org.freedesktop.DBus.Error.PropertyReadOnly", "read-only in the fake")
 
+    # ---- AgentManager1 (doc/org.bluez.AgentManager.rst) ----
+
+    def register_agent(self, msg):
+        self.log("RegisterAgent %s %s" % (msg.body[0], msg.body[1]))
+        self.agents.append((msg.sender, msg.body[0]))
+        return Message.new_method_return(msg)
+
+    def request_default_agent(self, msg):
+        agent = (msg.sender, msg.body[0])
+        if agent in self.agents:
+            self.agents.remove(agent)
+        self.agents.insert(0, agent)
+        return Message.new_method_return(msg)
+
+    def unregister_agent(self, msg):
+        self.agents = [a for a in self.agents if a != (msg.sender, msg.body[0])]
+        return Message.new_method_return(msg)
+
     # ---- Adapter1 ----
+
+    def remove_device(self, msg):
+        if self.remove_failures < self.args.remove_device_fails:
+            self.remove_failures += 1
+            self.log("RemoveDevice failed (%d)" % self.remove_failures)
+            if self.args.restart_on_remove_failure:
+                # bluetoothd dies during the call, and comes back a moment later.
+                asyncio.get_running_loop().create_task(self.restart(msg))
+                return True
+            raise bluez_error("Failed", "fake RemoveDevice failure")
+        path = msg.body[0]
+        self.log("RemoveDevice done")
+        if path in self.objects and DEVICE in self.objects[path]:
+            self.drop_link("removed")
+            self.set_props(path, DEVICE, {"Paired": Variant("b", False), "Bonded": Variant("b", False)})
+        return Message.new_method_return(msg)
+
+    async def restart(self, msg):
+        await self.bus.release_name("org.bluez")
+        self.log("bluetoothd gone")
+        self.bus.send(Message.new_error(msg, "org.freedesktop.DBus.Error.NoReply",
+                                        "Message recipient disconnected from message bus without replying"))
+        await asyncio.sleep(0.5)
+        await self.bus.request_name("org.bluez")
+        self.log("bluetoothd back")
 
     def set_discovery_filter(self, msg):
         options = msg.body[0]
@@ -544,10 +595,36 @@ class FakeBlueZ:
     def start_notify(self, msg):
         self.gatt_error(msg, "notify")
         props = self.objects[msg.path][CHARACTERISTIC]
+        device = self.objects[self.device][DEVICE]
+        if self.args.stack_pairs and self.chars.get(msg.path) == OTA_CONTROL and not device["Paired"].value:
+            # The device refuses the CCCD write for want of security; bluetoothd raises the
+            # link's security level and its stack pairs Just Works by itself (Paired turns true).
+            self.log("stack pairs by itself")
+            self.set_props(self.device, DEVICE, {"Paired": Variant("b", True), "Bonded": Variant("b", True)})
+            if self.args.stack_pairs == "passkey":
+                # ... and, the device wanting an authenticated key, asks the default agent for a passkey.
+                asyncio.get_running_loop().create_task(self.ask_passkey(msg))
+                return True
         if "Notifying" not in props:
             raise bluez_error("NotSupported", "Operation is not supported")
         self.set_props(msg.path, CHARACTERISTIC, {"Notifying": Variant("b", True)})
         return Message.new_method_return(msg)
+
+    async def ask_passkey(self, msg):
+        answered = False
+        if self.agents:
+            owner, path = self.agents[0]
+            reply = await self.bus.call(Message(destination=owner, path=path, interface="org.bluez.Agent1",
+                                                member="RequestPasskey", signature="o", body=[self.device]))
+            self.log("agent RequestPasskey -> %s" % (reply.error_name or "answered"))
+            answered = reply.message_type == MessageType.METHOD_RETURN
+        if not answered:
+            # The held CCCD write fails when the pairing does (much later on a real stack).
+            await asyncio.sleep(self.args.stack_pairing_fails_after)
+            self.bus.send(Message.new_error(msg, "org.bluez.Error.Failed", "Operation failed with ATT error: 0x05"))
+            return
+        self.set_props(msg.path, CHARACTERISTIC, {"Notifying": Variant("b", True)})
+        self.bus.send(Message.new_method_return(msg))
 
     def stop_notify(self, msg):
         props = self.objects[msg.path][CHARACTERISTIC]
@@ -643,6 +720,14 @@ async def main():
                    help="control point writes other than STATUS fail with ATT error 0x89 (busy)")
     p.add_argument("--no-acquire-write", nargs="?", const="NotSupported",
                    help="AcquireWrite fails with org.bluez.Error.NAME[:text] (default NotSupported)")
+    p.add_argument("--stack-pairs", choices=["justworks", "passkey"],
+                   help="enabling notifications on the control point while unpaired: the stack pairs Just Works "
+                        "by itself (Paired turns true); with passkey it then asks the default agent for a passkey")
+    p.add_argument("--stack-pairing-fails-after", type=float, default=20.0,
+                   help="seconds until a refused stack pairing fails the held StartNotify")
+    p.add_argument("--remove-device-fails", type=int, default=0, help="the first N RemoveDevice calls fail")
+    p.add_argument("--restart-on-remove-failure", action="store_true",
+                   help="a failing RemoveDevice goes unanswered: the fake releases org.bluez and takes it again 0.5 s later")
     p.add_argument("--disconnect-after", type=int, default=0, help="drop the link once after N data bytes")
     args = p.parse_args()
 

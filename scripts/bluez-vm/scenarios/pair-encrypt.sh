@@ -6,9 +6,12 @@
 #   2. --pair with a forced disconnect mid-transfer (`btmgmt disconnect` at ~60000 bytes of seeded-256k.bin):
 #      the supervisor reconnects, the link is encrypted again with the bond (the writes that
 #      follow need it) and the transfer resumes to done/ok; then `otaflash unpair` removes the bond.
-# A flash without --pair is not part of it: bluetoothd on the central answers the device's ATT
-# insufficient-encryption refusal by pairing Just Works on its own (src/shared/att.c raises the
-# security level), so the refusal otaflash reports is pair-passkey.sh's (an authenticated link).
+#   0. (native, and each of nordic-dfu and smp at the end) a flash without --pair exits 12 within
+#      10 s, one line naming --pair, nothing activated, no bond left: bluetoothd on the central
+#      answers the device's refusal of the CCCD write (ATT insufficient encryption) by pairing
+#      Just Works on its own (src/shared/att.c raises the security level); otaflash sees Paired
+#      turn true, ends the run and removes that bond; nordic-dfu and smp then flash with
+#      --pair --unpair-after and leave no bond.
 # Leaves no bonds behind on either side.
 set -euo pipefail
 # shellcheck source=lib/common.sh
@@ -29,8 +32,13 @@ step "otaflash: $OTAFLASH; central $CENTRAL_HCI $CENTRAL_ADDR, peripheral $PERIP
 
 start_sim sim "$PERIPHERAL_HCI" "$RESULTS_DIR/store" --verbose --security encrypt
 SIM=$SIM_PID
+central_without_agent
 scan_for "$CENTRAL_HCI" "$PERIPHERAL_ADDR" || fail "otaflash scan --ota-only did not list $PERIPHERAL_ADDR in 3 scans"
 no_bond "before"
+
+# ------------------------------------------------------------------ 0. without --pair
+unpaired_refusal native "$SMALL"
+NATIVE_UNPAIRED=$UNPAIRED_SECS
 
 # ------------------------------------------------------------------ 1. --pair --unpair-after
 f=$RESULTS_DIR/flash-pair.stamped
@@ -84,4 +92,8 @@ step "otaflash unpair: exit $rc: $out"
 no_bond "after otaflash unpair"
 
 stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
+
+# ------------------------------------------------------------------ 0. again, for nordic-dfu and smp
+other_protocols encrypt 'paired (Just Works)'
+step "FIGURES unpaired (encrypt): native $NATIVE_UNPAIRED s; nordic-dfu and smp above"
 step "PASS"

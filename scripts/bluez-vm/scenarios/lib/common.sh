@@ -226,3 +226,82 @@ no_bond() {
 	[ -z "$left" ] || fail "$1: the central still has bonds: $left"
 	step "$1: bluetoothctl devices Bonded on the central: (none)"
 }
+
+# central_without_agent: the central's controller announces no input and no output, as
+# bluetoothd without an agent of its own makes it (a factory central). One bluetoothd serves both
+# sides here, and it sets every adapter's IO capability from its default agent, simulate's
+# (src/agent.c, set_io_cap): the central's stack would then pair with passkey entry and ask that
+# one agent for both sides at once, which it answers one at a time. Call it after start_sim.
+central_without_agent() {
+	local out
+	out=$(timeout 10 btmgmt --index "${CENTRAL_INDEX:?}" io-cap 3 2>&1) || fail "btmgmt io-cap 3 on the central failed: $out"
+}
+
+# unpaired_refusal LABEL IMAGE [ARGS...]: a flash of IMAGE without --pair against the
+# simulate serving now (with --security) must end with exit 12 within 10 s, one error line
+# naming --pair (and --passkey with $WANT_PASSKEY set), nothing activated and no bond left on
+# the central: whatever bluetoothd's stack did by itself, otaflash undoes. Sets UNPAIRED_SECS.
+unpaired_refusal() {
+	local label=$1 image=$2 f=$RESULTS_DIR/flash-unpaired-$1.stamped rc=0 t0=$EPOCHREALTIME line wall
+	shift 2
+	stamped "$f" 60 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$image" --json --restart "$@" || rc=$?
+	wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+	# otaflash's own count (the done event's seconds): the process's start under TCG is not the device's doing.
+	UNPAIRED_SECS=$(jfield "$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)" seconds)
+	line=$(grep 'otaflash: error' "$f.stderr" | tail -n 1 || true)
+	step "$label without --pair: exit $rc in $UNPAIRED_SECS s ($wall s wall, process start included): $line"
+	grep -h 'note' "$f" | cut -f2- | while IFS= read -r l; do step "  $l"; done
+	[ "$rc" -eq 12 ] || fail "$label without --pair exited $rc, expected 12 (permission): $(tail -n 3 "$f.stderr")"
+	awk -v s="${UNPAIRED_SECS:-99}" 'BEGIN { exit !(s < 10) }' || fail "$label without --pair took ${UNPAIRED_SECS:-?} s, expected < 10 s"
+	[ "$(grep -c 'otaflash: error' "$f.stderr")" -eq 1 ] || fail "$label: not one error line: $(cat "$f.stderr")"
+	grep -q -- '--pair' <<<"$line" || fail "$label: the line does not name --pair: $line"
+	[ -z "${WANT_PASSKEY:-}" ] || grep -q -- '--passkey' <<<"$line" || fail "$label: the line does not name --passkey: $line"
+	grep -q '"exit_code":12' "$f" || fail "$label: the done event does not carry exit code 12"
+	! grep -q '"event":"activated"' "$SIM_OUT" || fail "$label: the device activated an image written over an unpaired link"
+	no_bond "after $label without --pair"
+	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
+	step "FIGURES unpaired $label: exit 12 in $UNPAIRED_SECS s ($wall s wall)"
+}
+
+# paired_flash LABEL IMAGE NOTE [ARGS...]: --pair --unpair-after ARGS flashes IMAGE (done/ok, a
+# note matching NOTE, the image stored identical) and leaves no bond.
+paired_flash() {
+	local label=$1 image=$2 note=$3 f=$RESULTS_DIR/flash-paired-$1.stamped rc=0 done_line
+	shift 3
+	stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$image" --json --restart \
+		--reply-timeout 30 --pair --unpair-after "$@" || rc=$?
+	done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
+	[ "$rc" -eq 0 ] || fail "$label --pair --unpair-after exited $rc: $(tail -n 3 "$f.stderr") $done_line"
+	grep -q -- "$note" "$f" "$f.stderr" || fail "$label: no '$note' note: $(grep note "$f" | tail -n 5)"
+	grep -q 'bond removed' "$f" "$f.stderr" || fail "$label: no 'bond removed' note"
+	step "$label paired: $done_line"
+	no_bond "after $label --unpair-after"
+	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
+}
+
+# other_protocols SECURITY NOTE [PAIR-ARGS...]: for nordic-dfu and smp in turn, a fresh simulate
+# --security SECURITY: unpaired_refusal, then paired_flash with PAIR-ARGS (its note matching NOTE).
+other_protocols() {
+	local security=$1 note=$2 p image sim
+	shift 2
+	local nordic=$PROJECT_DIR/firmware-samples/nordic
+	for p in nordic-dfu smp; do
+		remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"  # BlueZ caches the last table at this address
+		remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"  # a key the peripheral kept would have it ask for encryption
+		if [ "$p" = nordic-dfu ]; then
+			image=$nordic/blinky-app.zip
+			start_sim "sim-$p" "$PERIPHERAL_HCI" "$RESULTS_DIR/store-$p" --protocol nordic-dfu \
+				--public-key "$nordic/test-key-public.pem" --security "$security" ${SIM_PASSKEY:+--passkey "$SIM_PASSKEY"}
+		else
+			image=$PROJECT_DIR/firmware-samples/mcuboot/blinky-ec256-v1.2.3+4.bin
+			start_sim "sim-$p" "$PERIPHERAL_HCI" "$RESULTS_DIR/store-$p" --protocol smp \
+				--security "$security" ${SIM_PASSKEY:+--passkey "$SIM_PASSKEY"}
+		fi
+		sim=$SIM_PID
+		central_without_agent
+		unpaired_refusal "$p" "$image"
+		paired_flash "$p" "$image" "$note" "$@"
+		wait_for_line "$SIM_OUT" '"event":"activated"' 15 || fail "$p: no activation after the paired flash"
+		stop_sim "$sim" "$SIM_OUT" || fail "otaflash simulate --protocol $p exited with $? after SIGINT"
+	done
+}
