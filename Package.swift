@@ -79,7 +79,7 @@ let package = Package(
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
-        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU", "SMP"], exclude: ["fake_bluez"]),
+        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),

@@ -27,7 +27,8 @@ struct CentralTests {
     }
 
     static func flashArguments(_ fake: FakeBlueZ, image: String, _ extra: [String] = []) -> [String] {
-        ["flash", "--device", device, "--journal-dir", "\(fake.directory)/journal", "--connect-timeout", "5"] + extra + [image]
+        ["flash", "--device", device, "--journal-dir", "\(fake.directory)/journal", "--connect-timeout", "5"]
+            + (extra.contains("--no-ledger") ? [] : ["--ledger", "\(fake.directory)/ledger.sqlite"]) + extra + [image]
     }
 
     static func count(_ needle: String, in text: String) -> Int {

@@ -1,6 +1,7 @@
 import BlueZ
 import Foundation
 import GATT
+import Ledger
 import Testing
 
 /// What the central's own stack does about a device that wants a bonded link, and the bonds
@@ -73,6 +74,9 @@ struct StackPairingTests {
             let done = run.out.split(separator: "\n").last { $0.contains(#""event":"done""#) } ?? ""
             #expect(done.contains(#""error":"bond_left""#) && done.contains(#""exit_code":17"#), "\(done)")
             #expect(Self.errorLines(run.err).first?.contains("tried again once bluetoothd was back") == true, "\(run.err)")
+            // The ledger keeps it as a result of its own, with its exit code.
+            let rows = try await SQLiteLedger(path: "\(fake.directory)/ledger.sqlite").records(LedgerQuery())
+            #expect(rows.map(\.result) == ["bond_left"] && rows.first?.exitCode == 17 && rows.first?.errorCode == "bond_left", "\(rows)")
         }
     }
 }

@@ -55,7 +55,16 @@ func expectOneUsageLine(_ run: Run, saying texts: [String], sourceLocation: Sour
 /// The simulator on virtual time: a whole update finishes at CPU speed.
 let simulator = ["--simulator", "--sim-time", "virtual"]
 
+/// The tests' own state folder: a run that reaches a real device's default ledger (or journal)
+/// writes there, never into the machine's `~/.local/state`. Set once, before the first run.
+let testStateHome: String = {
+    let path = NSTemporaryDirectory() + "otaflash-cli-tests-state-\(getpid())"
+    setenv("XDG_STATE_HOME", path, 1)
+    return path
+}()
+
 func otaflash(_ arguments: [String]) async -> Run {
+    _ = testStateHome
     let output = CapturedOutput()
     let code = await runOtaflash(arguments, output: output)
     return Run(code: code, stdout: output.stdout, stderr: output.stderr)
