@@ -67,7 +67,7 @@ let package = Package(
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP", "Ledger"]),
         // Fault soak on the simulator (run in release mode).
         .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
 

@@ -21,6 +21,7 @@ struct Options {
     var nordic = false
     var smp = false
     var v2 = false
+    var ledger = false
     var json: String?
     var imageSize = 256 * 1024
 
@@ -35,10 +36,11 @@ struct Options {
             case "--nordic": nordic = true
             case "--smp": smp = true
             case "--v2": v2 = true
+            case "--ledger": ledger = true
             case "--json": i += 1; json = i < args.count ? args[i] : nil
             case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--batch] [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--batch] [--ledger] [--image-kib N] [--json FILE]")
                 exit(0)
             default:
                 FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
@@ -46,8 +48,8 @@ struct Options {
             }
             i += 1
         }
-        if !grid && !sweep && !cpu && !batch && !nordic && !smp && !v2 {
-            grid = true; sweep = true; cpu = true; batch = true; nordic = true; smp = true; v2 = true
+        if !grid && !sweep && !cpu && !batch && !nordic && !smp && !v2 && !ledger {
+            grid = true; sweep = true; cpu = true; batch = true; nordic = true; smp = true; v2 = true; ledger = true
         }
     }
 }
@@ -440,6 +442,15 @@ if options.cpu {
     print(String(format: "Engine CPU path (unlimited link, MTU 517, 32 MiB, best of 3): %.1f MiB/s, %.4f CPU-s per MiB (engine + simulated device)", best, cpuPerMiB))
     report.append(("engine_mib_per_s", best))
     report.append(("engine_cpu_seconds_per_mib", cpuPerMiB))
+}
+
+if options.ledger {
+    for count in [100, 10_000] {
+        let (perRecord, queryMs, bytes) = try await ledgerFigures(count: count)
+        print(String(format: "Ledger (SQLite, WAL, synchronous FULL): %d records, %.0f µs per committed record, summary of all in %.1f ms, %.1f KiB on disk",
+                     count, perRecord, queryMs, Double(bytes) / 1024))
+        report.append(("ledger_\(count)_microseconds_per_record", perRecord))
+    }
 }
 
 if let path = options.json {
