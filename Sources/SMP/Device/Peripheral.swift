@@ -21,6 +21,8 @@ import OTAWire
 ///   goes out as notifications of at most ATT MTU − 3 bytes.
 /// - a reset is answered, then after `resetDelay` the link drops and MCUboot runs
 ///   (`SMPServer.boot()`): the device is away for `bootDuration`.
+/// - answers are written as `SMPServer.Config.encoding` says (`SMPServer.reply(_:to:)`: Zephyr's
+///   zcbor by default, indefinite-length maps in its handlers' field order).
 ///
 /// Faults come from the shared `FaultInjector`, at image offsets for upload chunks (a chunk's
 /// data is its packet): a dropped chunk or request gets no answer, a corrupted one is written
@@ -73,11 +75,12 @@ public struct SMPPeripheral: PeripheralModel {
 
     /// A simulated Zephyr device with an SMP server: `bufferCount` buffers of `bufferSize` bytes,
     /// two slots of `slotSize` bytes, slot 0 running a small MCUboot image of `firmwareVersion`,
-    /// confirmed. `resetDelay`: from the reset's answer to the reset (the simulator's
+    /// confirmed, answering in `encoding`. `resetDelay`: from the reset's answer to the reset (the simulator's
     /// `SimulatedDeviceConfig.bootDelay`).
     public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int, firmwareVersion: FirmwareVersion,
-                faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
-        self.init(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize),
+                encoding: SMPReplyEncoding = .zephyr, faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100),
+                bootDuration: Duration = .milliseconds(500)) {
+        self.init(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, encoding: encoding),
                   firmwareVersion: firmwareVersion, faults: faults, resetDelay: resetDelay, bootDuration: bootDuration)
     }
 
@@ -218,7 +221,7 @@ public struct SMPPeripheral: PeripheralModel {
         if chunk != nil, let limit = server.config.busyAbove, held.count >= limit {
             // Fewer buffers free than the device reported: the request is refused, not held.
             reports.append(.note("\(frame.header) finds \(held.count) requests held: answered busy"))
-            let answer = (try? SMPResponse.error(.general(.busy)).frame(replyingTo: frame.header).encoded) ?? []
+            let answer = server.reply(.error(.general(.busy)), to: frame.header).encoded
             return SMPFraming.segments(answer, maxWrite: maxWrite).map {
                 PeripheralTimed(at: now + requestTime, .notify(SMPService.characteristicUUID, Array($0)))
             }
@@ -241,8 +244,8 @@ public struct SMPPeripheral: PeripheralModel {
         var outputs: [PeripheralTimed] = []
         if injector.losesNotification() {
             reports.append(.note("injected fault: the answer to \(frame.header) is not notified"))
-        } else if let answer = try? response.frame(replyingTo: frame.header).encoded {
-            for segment in SMPFraming.segments(answer, maxWrite: maxWrite) {
+        } else {
+            for segment in SMPFraming.segments(server.reply(response, to: frame.header).encoded, maxWrite: maxWrite) {
                 outputs.append(PeripheralTimed(at: done, .notify(SMPService.characteristicUUID, Array(segment))))
             }
         }

@@ -417,6 +417,13 @@ public struct SMPEngine: TransferEngine {
         if e.imageError == .currentVersionIsNewer, let active {
             return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
         }
+        if e.general == .unknown, acked == 0, awaitingFirst {
+            // An image over the slot, answered in general codes: Zephyr translates its "too large"
+            // (30) to this for an SMP v1 client, and mcumgr fails to erase that much. Resetting the
+            // device cannot help then.
+            let said = e.reason.map { " (device says: \($0))" } ?? ""
+            return OTAError(general.code, "the device refused the first upload request with unknown error (1)\(said): the image (\(image.size) bytes) may not fit its slot (an SMP server that reports errors in general codes answers so to an image over its slot size); check the image against the device's slot (its flash partition), build a smaller one, or retry if the device's flash failed", cause: e)
+        }
         return general
     }
 
