@@ -356,4 +356,18 @@ import Testing
         #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .echo, "bf 61 72 7f 61 68 61 69 ff ff")) == .echo("hi"))
         #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .reset, "bf 62 72 63 00 ff")) == .empty)
     }
+
+    /// A test or confirm answered without the state list (`{}` or `{"rc": 0}`) is a success with
+    /// nothing to show (the engine's `marked(nil)`).
+    @Test(arguments: ["a0", "bf ff", "a1 62 72 63 00"])
+    func aStateWriteAnsweredWithoutTheListIsEmpty(hex: String) throws {
+        #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .imageState, hex)) == .empty)
+        // A read still needs the list.
+        #expect(throws: SMPWireError.self) { try SMPResponse(decoding: Self.frame(.readResponse, .imageState, hex)) }
+    }
+
+    @Test func aV1RcCountsWhenTheV2ErrSaysZero() throws {
+        let frame = try Self.frame(.writeResponse, .imageUpload, "a2 63 65 72 72 a2 65 67 72 6f 75 70 01 62 72 63 00 62 72 63 06")
+        #expect(try SMPResponse(decoding: frame) == .error(.general(.badState)))
+    }
 }

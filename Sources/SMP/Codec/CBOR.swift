@@ -27,8 +27,8 @@ public enum CBOR: Sendable {
     /// `Double` with the same value, NaN payloads included).
     case float(Double)
     /// A simple value other than false, true and null: 0...19, `undefined` (23) and 32...255, the
-    /// values the decoder makes. 20...22 encode as false, true and null; 24...31 are not simple
-    /// values (RFC 8949 §3.3).
+    /// values the decoder makes. 20...22 encode as false, true and null; 24...31 are no simple
+    /// values at all (RFC 8949 §3.3): the encoder writes them as 0xf8 n, which decoders refuse.
     case simple(UInt8)
 
     /// `undefined` (simple value 23).
