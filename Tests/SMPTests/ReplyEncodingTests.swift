@@ -162,4 +162,14 @@ struct SMPReplyEncodingTests {
         }
         #expect(rig.server?.secondaryBytes.isEmpty == true)
     }
+
+    /// mcumgr does not report its buffer: a request must fit one write, which at MTU 23 holds no
+    /// upload request. The refusal names the MTU, not a buffer the device never reported.
+    @Test func anMcumgrDeviceAtMTU23SaysTheWriteIsTooSmall() async throws {
+        let rig = SMPDeviceSessionTests.Rig(SMPServer.Config(encoding: .tinycbor), link: LinkModel(mtu: 23))
+        guard case .failure(let error) = await rig.flash() else { Issue.record("expected a refusal"); return }
+        #expect(error.code == .incompatibleDevice, "\(error)")
+        #expect(error.message.contains("does not report its SMP buffer") && error.message.contains("ATT MTU 23"), "\(error)")
+        #expect(!"\(error)".contains("NETBUF_SIZE"), "\(error)")
+    }
 }

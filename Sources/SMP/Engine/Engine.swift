@@ -252,6 +252,12 @@ public struct SMPEngine: TransferEngine {
         if settings.maxFrame == nil, frameLimit > maxWrite { frameLimit -= frameLimit % maxWrite }
         chunkSize = Self.firstRequest(settings: settings, size: image.size, data: []).maxDataSize(frameLimit: frameLimit)
         guard chunkSize > 0, SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: frameLimit) > 0 else {
+            if link.parameters == nil {
+                // An older server (mcumgr) does not say its buffer: one write per request, and
+                // at this MTU one write cannot hold an upload request.
+                return fail(OTAError(.incompatibleDevice, "the device does not report its SMP buffer (an older SMP server), so each request must fit one write, and at ATT MTU \(mtu) a write (\(frameLimit) bytes) cannot hold an upload request",
+                                     hint: "connect with a larger ATT MTU (the device's and the adapter's), or enable the MCUmgr parameters command on the device (CONFIG_MCUMGR_GRP_OS_MCUMGR_PARAMS)"))
+            }
             return fail(OTAError(.incompatibleDevice, "the device's SMP buffer (\(frameLimit) bytes) cannot hold an upload request",
                                  hint: "raise CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE on the device"))
         }

@@ -287,7 +287,6 @@ if [[ $STEPS == *" encodings "* ]]; then
 	small=$PROJECT_DIR/firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin
 	for enc in tinycbor definite indefinite; do
 		start_smp "sim-$enc" --cbor "$enc"
-		grep -q "$enc answers" "$RESULTS_DIR/sim-$enc.stderr" || fail "simulate --cbor $enc does not say it answers in $enc"
 		t0=$EPOCHREALTIME
 		rc=0
 		stamped "$RESULTS_DIR/list-$enc.stamped" 120 "$OTAFLASH" image list --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --json || rc=$?
@@ -298,6 +297,14 @@ if [[ $STEPS == *" encodings "* ]]; then
 		[ "$(jfield "$slot0" active)" = true ] || fail "image list ($enc): the first slot is not the active one: $slot0"
 		otaflash_smp "flash-$enc" "$small"
 		check_done "flash-$enc" 1.3.0
+		# The answer to otaflash's MCUmgr parameters read (sequence 0) as simulate --verbose logs it:
+		# mcumgr's {_ "rc": 8} in a version 0 header (issue 22's bytes), a definite map, an indefinite one.
+		case $enc in
+		tinycbor) want='[1, 0, 0, 6, 0, 0, 0, 6, 191, 98, 114, 99, 8, 255]' ;;
+		definite) want=', 0, 0, 0, 6, 162, 104, ' ;;
+		*) want=', 0, 0, 0, 6, 191, 104, ' ;;
+		esac
+		grep -qF "$want" "$RESULTS_DIR/sim-$enc.stderr" || fail "simulate --cbor $enc: no answer to the parameters read like [... $want ...] in sim-$enc.stderr"
 		step "FIGURES encoding $enc: image list ${list_wall} s ($slot0), update of $(basename "$small") $F_WALL s"
 		figure "$(jq -nc --arg e "$enc" --argjson l "$list_wall" --argjson w "$F_WALL" --argjson s "$slot0" \
 			'{encodings: {($e): {image_list_seconds: $l, slot0: $s, update_wall_seconds: $w}}}')"
