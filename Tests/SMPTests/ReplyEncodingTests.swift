@@ -172,4 +172,16 @@ struct SMPReplyEncodingTests {
         #expect(error.message.contains("does not report its SMP buffer") && error.message.contains("ATT MTU 23"), "\(error)")
         #expect(!"\(error)".contains("NETBUF_SIZE"), "\(error)")
     }
+
+    /// A server that reports no buffer gets each request in one write (smpclient's fallback,
+    /// and otaflash's): at MTU 517 that is a 514-byte frame, which such a device holds whatever
+    /// its `buf_size` (384 here), or no client could update it.
+    @Test(arguments: [SMPServer.Config(encoding: .tinycbor), SMPServer.Config(reportsParameters: false)])
+    func aServerWithoutParametersTakesOneWholeWritePerRequest(config: SMPServer.Config) async throws {
+        let rig = SMPDeviceSessionTests.Rig(config, link: LinkModel(mtu: 517))
+        let result = try await rig.flash().get()
+        #expect(result.bytes == SMPDeviceSessionTests.image.count)
+        #expect(rig.model?.droppedFrames == 0)
+        #expect(rig.model?.activations.map(\.image) == [SMPDeviceSessionTests.image])
+    }
 }

@@ -8,7 +8,8 @@ import OTAWire
 ///
 /// Transport, as Zephyr's `smp_bt.c` with `CONFIG_MCUMGR_TRANSPORT_BT_REASSEMBLY`:
 /// - writes are reassembled into frames by the header's length. A first fragment shorter than a
-///   header, or a frame over `buf_size`, is dropped with no answer (Zephyr's reassembly refuses it
+///   header, or a frame over `buf_size` (over one write too, for a server that does not report
+///   `buf_size`), is dropped with no answer (Zephyr's reassembly refuses it
 ///   with -ENODATA / -ENOSR and `smp_bt` drops it; a write without response has nothing to carry
 ///   an error back), and so are the rest of that frame's fragments (Zephyr would read each as a
 ///   new frame's start; the model skips them by the header's length). A fragment running past its
@@ -151,6 +152,13 @@ public struct SMPPeripheral: PeripheralModel {
         return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: reports)
     }
 
+    /// The largest frame taken: `buf_size`; for a server that does not report it (an older one,
+    /// mcumgr), at least one write, which is what a client then sends a request in (smpclient's
+    /// fallback) and what such a device is configured to hold.
+    private var frameLimit: Int {
+        server.config.answersParameters ? server.config.bufferSize : max(server.config.bufferSize, maxWrite)
+    }
+
     /// Takes one write into the frame being collected; returns the frame it completes.
     private mutating func collect(_ fragment: [UInt8], at now: Duration, reports: inout [PeripheralReport]) -> SMPFrame? {
         held.removeAll { $0 <= now }
@@ -165,10 +173,10 @@ public struct SMPPeripheral: PeripheralModel {
                 return nil
             }
             let size = SMPHeader.size + Int(header.length)
-            guard size <= server.config.bufferSize else {
+            guard size <= frameLimit else {
                 droppedFrames += 1
                 skipping = max(0, size - fragment.count)
-                reports.append(.note("dropped a \(size)-byte SMP frame (\(header)): over the \(server.config.bufferSize)-byte buffer"))
+                reports.append(.note("dropped a \(size)-byte SMP frame (\(header)): over the \(frameLimit)-byte buffer"))
                 return nil
             }
             guard held.count < server.config.bufferCount else {
