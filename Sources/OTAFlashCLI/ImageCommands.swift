@@ -12,6 +12,9 @@ struct SMPCommandOptions: ParsableArguments {
     @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
     @OptionGroup var output: OutputOptions
 
+    @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
+    var simulatorEncoding: SMPReplyEncoding?
+
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's answer", valueName: "seconds"))
     var replyTimeout: Double = 5
 
@@ -23,7 +26,7 @@ struct SMPCommandOptions: ParsableArguments {
     /// - Throws: `CLIFailure` with the failure's exit code.
     func withClient<T: Sendable>(_ body: (SMPClient, Duration) async throws(OTAError) -> T) async throws -> T {
         let address = try target.address(simulator: simulator.enabled)
-        let central = simulator.enabled ? simulator.smpCentral(address: address) : bluezCentral(adapter: target.adapter)
+        let central = simulator.enabled ? simulator.smpCentral(address: address, encoding: simulatorEncoding) : bluezCentral(adapter: target.adapter)
         let connection: any GATTConnection
         do {
             connection = try await central.connect(to: address, timeout: Ranges.connectTimeout.duration(target.connectTimeout))

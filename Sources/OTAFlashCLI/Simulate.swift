@@ -34,7 +34,8 @@ struct Simulate: AsyncParsableCommand {
             --protocol smp serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service \
             8D53DC1D with its characteristic DA2E7828, write without response and notify): --buf-size and \
             --buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
-            --slot-size each of its two slots, --firmware-version the version of the image it runs in slot 0. \
+            --slot-size each of its two slots, --firmware-version the version of the image it runs in slot 0, \
+            --cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
             Uploads go to slot 1 and resume by the file's SHA-256; an image marked for test is swapped in at the \
             next reset and runs unconfirmed, a second reset without a confirm reverts it; one confirmed stays. \
             `smpmgr --ble <address> upgrade --slot 1 app.signed.bin` or `otaflash --protocol smp --device \
@@ -97,6 +98,9 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("buf-count"), parsing: .unconditional, help: Ranges.bufCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT)", valueName: "n"))
     var bufferCount: Int?
 
+    @Option(name: .customLong("cbor"), help: SMPReplyEncoding.help)
+    var cbor: SMPReplyEncoding?
+
     @Option(name: .customLong("device-version"), parsing: .unconditional, help: Ranges.deviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1", valueName: "n"))
     var deviceVersion: Int = 1
 
@@ -135,7 +139,7 @@ struct Simulate: AsyncParsableCommand {
         try Ranges.bufSize.check(bufferSize)
         try Ranges.bufCount.check(bufferCount)
         if protocolName != SMPProfile.name {
-            for (option, given) in [("--buf-size", bufferSize != nil), ("--buf-count", bufferCount != nil)] where given {
+            for (option, given) in [("--buf-size", bufferSize != nil), ("--buf-count", bufferCount != nil), ("--cbor", cbor != nil)] where given {
                 throw ValidationError("\(option) configures an SMP server; add --protocol smp")
             }
         }
@@ -394,9 +398,9 @@ struct Simulate: AsyncParsableCommand {
         if protocolName == SMPProfile.name {
             let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
             let model = SMPPeripheral(bufferSize: bufferSize ?? SMPServer.Config().bufferSize, bufferCount: bufferCount ?? SMPServer.Config().bufferCount,
-                                      slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
+                                      slotSize: slotSize, firmwareVersion: version, encoding: cbor ?? .zephyr, faults: faults.plan)
             return ServedDevice(model: model, name: name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
-                                what: "SMP server (MCUmgr with MCUboot, \(model.server.config.bufferCount) × \(model.server.config.bufferSize) B buffers)")
+                                what: "SMP server (MCUmgr with MCUboot, \(model.server.config.bufferCount) × \(model.server.config.bufferSize) B buffers, \(model.server.config.encoding) answers)")
         }
         guard protocolName == NordicDFUProfile.name else {
             let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)

@@ -48,6 +48,9 @@ public struct SimulatedSMPOptions: ParsableArguments {
     @Flag(name: .customLong("sim-smp-no-params"), help: "The simulated SMP server is an older one that does not answer the MCUmgr parameters read (MGMT_ERR_ENOTSUP): one request in flight, one write each.")
     var noParameters = false
 
+    @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
+    var cbor: SMPReplyEncoding?
+
     public init() {}
 
     public func validate() throws {
@@ -65,7 +68,8 @@ public struct SimulatedSMPOptions: ParsableArguments {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
          pending ? "--sim-smp-pending" : nil, unconfirmed ? "--sim-smp-unconfirmed" : nil,
          downgradeCheck ? "--sim-smp-downgrade-check" : nil, busy ? "--sim-smp-busy" : nil,
-         refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil].compactMap { $0 }
+         refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil,
+         cbor != nil ? "--sim-smp-cbor" : nil].compactMap { $0 }
     }
 
     /// What slot 1 holds at the start.
@@ -75,16 +79,27 @@ public struct SimulatedSMPOptions: ParsableArguments {
     func serverConfig(slotSize: Int) -> SMPServer.Config {
         SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
                          refusesDowngrade: downgradeCheck, busy: busy, busyAbove: busyAbove,
-                         uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) })
+                         uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) }, encoding: cbor ?? .zephyr)
     }
 }
 
 extension SimulatedDeviceOptions {
     /// A simulated Zephyr device with an SMP server at `address`, running a confirmed image of
-    /// `--sim-firmware-version` (for `image`, `reset` and `echo` with `--simulator`).
-    func smpCentral(address: DeviceAddress) -> any GATTCentral {
-        SimulatedCentral(devices: [SimulatedSMP.device(config: deviceConfig(address: address))], clock: SystemClock())
+    /// `--sim-firmware-version`, answering in `encoding` (for `image`, `reset` and `echo` with
+    /// `--simulator`).
+    func smpCentral(address: DeviceAddress, encoding: SMPReplyEncoding?) -> any GATTCentral {
+        let config = deviceConfig(address: address)
+        let model = SMPPeripheral(config: SMPServer.Config(slotSize: config.slotSize, encoding: encoding ?? .zephyr),
+                                  firmwareVersion: config.firmwareVersion, faults: config.faults, resetDelay: config.bootDelay)
+        return SimulatedCentral(devices: [SimulatedDevice(config, model: model)], clock: SystemClock())
     }
+}
+
+/// `--sim-smp-cbor` and `simulate --cbor`: how the simulated SMP server writes its answers.
+extension SMPReplyEncoding: ExpressibleByArgument {
+    static let help = ArgumentHelp(
+        "How the simulated SMP server encodes its answers: zcbor (default: Zephyr 3.x and later, indefinite-length maps in its handlers' field order, no rc on success), tinycbor (mcumgr on Mynewt or Zephyr up to 2.7: indefinite lengths, rc 0 in answers, general error codes only, no MCUmgr parameters read), indefinite (otaflash's fields in its own order, indefinite lengths) or definite (canonical CBOR).",
+        valueName: "zcbor|tinycbor|indefinite|definite")
 }
 
 extension SimulatorOptions {

@@ -12,8 +12,25 @@ func smpRequestData(bufferSize: Int) -> Int {
 /// The SMP server's buffers a run draws: Zephyr's default (4 × 384) or large ones (4 × 2475).
 let smpBufferConfigs: [(size: Int, count: Int)] = [(384, 4), (2475, 4)]
 
+/// The encoding of the server's answers a run draws, each as likely (from its own generator, so
+/// the rest of a seed's scenario is what it was before the draw existed).
+func smpEncoding(seed: UInt64) -> SMPReplyEncoding {
+    var rng = SeededGenerator(seed: seed ^ 0x5EC0_DE)
+    let all = SMPReplyEncoding.allCases
+    return all[Int(rng.next() % UInt64(all.count))]
+}
+
+/// One line for the summary: the runs of each encoding and how many of them passed.
+func smpEncodingSummary(_ records: [RunRecord]) -> String {
+    let lines = SMPReplyEncoding.allCases.map { encoding in
+        let runs = records.filter { $0.smpEncoding == encoding }
+        return "\(encoding) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
+    }
+    return "server answers: " + lines.joined(separator: ", ")
+}
+
 /// One SMP run: `SMPProfile` through `OTASession` and the simulator against the Zephyr server
-/// model (`SMPPeripheral`), with an MCUboot image built in memory (`SMPSlotImage.build`: a header,
+/// model (`SMPPeripheral`, its answers in the drawn encoding), with an MCUboot image built in memory (`SMPSlotImage.build`: a header,
 /// the drawn bytes, the SHA256 TLV). Beyond the shared checks: every image the server marked for
 /// test or confirmed is, byte for byte, the image sent, and so is every image MCUboot swapped in;
 /// a run that succeeded marked it (more than once when a mark's answer was lost) as asked and
@@ -35,8 +52,10 @@ func runSMP(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, verbos
         return record
     }
     let deviceConfig = SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link)
+    let encoding = smpEncoding(seed: scenarioSeed)
     let model = SMPPeripheral(bufferSize: buffers.size, bufferCount: buffers.count, slotSize: deviceConfig.slotSize,
-                              firmwareVersion: deviceConfig.firmwareVersion, faults: scenario.faults, resetDelay: deviceConfig.bootDelay)
+                              firmwareVersion: deviceConfig.firmwareVersion, encoding: encoding, faults: scenario.faults,
+                              resetDelay: deviceConfig.bootDelay)
     let device = SimulatedDevice(deviceConfig, model: model)
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
@@ -73,5 +92,6 @@ func runSMP(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, verbos
     let requestData = smpRequestData(bufferSize: buffers.size)
     record.checkShared(bound: smpBound, resendLimit: buffers.count * requestData, limitName: "window")
     record.smpBuffers = "\(buffers.count)×\(buffers.size)"
+    record.smpEncoding = encoding
     return record
 }

@@ -157,8 +157,9 @@ struct RunRecord {
     var mismatchedActivation = false
     /// A resume re-sent more than `resendLimit` allows.
     var overResendLimit = false
-    /// The SMP server's buffers, count × size.
+    /// The SMP server's buffers, count × size, and how it encoded its answers.
     var smpBuffers: String?
+    var smpEncoding: SMPReplyEncoding?
 }
 
 /// A session's run on virtual time: its result and what its events showed.
@@ -280,7 +281,7 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
     } else if smp {
         let scenario = Scenario(seed: scenarioSeed)
         record = await runSMP(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
-        described = "\(scenario), buffers \(record.smpBuffers ?? "?")"
+        described = "\(scenario), buffers \(record.smpBuffers ?? "?"), \(record.smpEncoding.map { "\($0)" } ?? "?") answers"
     } else {
         let scenario = Scenario(seed: scenarioSeed)
         record = await runNative(scenario, seed: scenarioSeed, trace: options.only != nil, verbose: options.verbose)
@@ -373,6 +374,7 @@ if nordic {
 if smp {
     let okOnce = records.filter { $0.outcome == "ok" && $0.violation == nil }.count
     let onFailure = records.filter(\.activatedOnFailure).count
+    print(smpEncodingSummary(records))
     print("marks and swaps: \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)")
 }
 print("violations: \(violations.count) (mismatched activations \(mismatched), hangs \(hangs), resumes over one \(resendLimitName) \(overWindow))")

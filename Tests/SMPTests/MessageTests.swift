@@ -103,13 +103,14 @@ import Testing
     }
 
     @Test func aRequestWithBadCBORSaysItIsCBOR() throws {
-        let frame = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 0), payload: [0xBF, 0xFF])
+        // An indefinite-length map that ends after a key, without its value.
+        let frame = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .os, sequence: 0, command: 0), payload: [0xBF, 0x61, 0x64, 0xFF])
         do {
             _ = try SMPRequest(decoding: frame)
             Issue.record("decoded")
         } catch {
             guard case .cbor(let cbor) = error.kind else { Issue.record("kind \(error.kind)"); return }
-            #expect(cbor.kind == .indefiniteLength)
+            #expect(cbor.kind == .unexpectedBreak)
         }
     }
 }
@@ -291,5 +292,82 @@ import Testing
         let a = SMPImageUpload(offset: 5, data: Array(repeating: 1, count: 500)).maxDataSize(frameLimit: 384)
         let b = SMPImageUpload(offset: 5, data: []).maxDataSize(frameLimit: 384)
         #expect(a == b)
+    }
+}
+
+/// Answers as real servers encode them: mcumgr with tinycbor and Zephyr's zcbor write
+/// indefinite-length maps and arrays, fields in source order, `rc: 0` on success in v1.
+@Suite struct SMPServerEncodingTests {
+    /// Issue 22: an mcumgr server without the MCUmgr parameters command answers `{_ "rc": 8}`.
+    @Test func anIndefiniteRcEightIsNotSupported() throws {
+        let frame = try SMPFrame(decoding: bytes("01 00 00 06 00 00 00 06 bf 62 72 63 08 ff"))
+        #expect(frame.header.operation == .readResponse)
+        #expect(frame.header.version == .v1)
+        #expect(try frame.body() == ["rc": 8])
+        let response = try SMPResponse(decoding: frame)
+        guard case .error(let e) = response else { Issue.record("decoded \(response)"); return }
+        #expect(e == .general(.notSupported))
+        #expect(e.general == .notSupported)
+        #expect(e.otaCode == .incompatibleDevice)
+        #expect(e.description.hasPrefix("not supported (8)"))
+        // Through the reassembler too, in two notifications.
+        var reassembler = SMPReassembler()
+        #expect(try reassembler.append(bytes("01 00 00 06 00 00 00 06 bf 62")).isEmpty)
+        #expect(try reassembler.append(bytes("72 63 08 ff")) == [frame])
+    }
+
+    static func frame(_ op: SMPOperation, _ command: SMPCommand, version: SMPVersion = .v2, _ hex: String) throws -> SMPFrame {
+        try SMPFrame(header: SMPHeader(operation: op, version: version, length: 0, group: command.group, sequence: 3, command: command.id),
+                     payload: bytes(hex))
+    }
+
+    @Test func zephyrsImageStateListDecodes() throws {
+        // {_ "images": [_ {_ "slot": 0, "version": "1.2.3", "hash": h'aa..', "bootable": true, "pending": false,
+        //   "confirmed": true, "active": true, "permanent": false}], "splitStatus": 0}
+        let hash = " 58 20" + String(repeating: " aa", count: 32)
+        let slot = "bf 64 73 6c 6f 74 00 67 76 65 72 73 69 6f 6e 65 31 2e 32 2e 33 64 68 61 73 68" + hash
+            + " 68 62 6f 6f 74 61 62 6c 65 f5 67 70 65 6e 64 69 6e 67 f4 69 63 6f 6e 66 69 72 6d 65 64 f5"
+            + " 66 61 63 74 69 76 65 f5 69 70 65 72 6d 61 6e 65 6e 74 f4 ff"
+        let body = "bf 66 69 6d 61 67 65 73 9f " + slot + " ff 6b 73 70 6c 69 74 53 74 61 74 75 73 00 ff"
+        let response = try SMPResponse(decoding: Self.frame(.readResponse, .imageState, body))
+        let expected = SMPImageSlot(slot: 0, version: "1.2.3", hash: Array(repeating: 0xAA, count: 32), bootable: true, confirmed: true, active: true)
+        #expect(response == .imageStates(SMPImageStates(images: [expected], splitStatus: 0)))
+    }
+
+    @Test(arguments: [
+        // v2 group error, indefinite outer and inner maps, rc before group.
+        ("bf 63 65 72 72 bf 62 72 63 09 65 67 72 6f 75 70 01 ff ff", SMPResponse.error(.image(.noFreeSlot))),
+        // tinycbor's v1 upload answer: {_ "rc": 0, "off": 2392}, and with match.
+        ("bf 62 72 63 00 63 6f 66 66 19 09 58 ff", .upload(SMPUploadStatus(offset: 2392))),
+        ("bf 63 6f 66 66 1a 00 00 09 58 65 6d 61 74 63 68 f5 62 72 63 00 ff", .upload(SMPUploadStatus(offset: 2392, match: true))),
+        // A v1 error with its reason, chunked.
+        ("bf 62 72 63 0a 63 72 73 6e 7f 62 62 75 62 73 79 ff ff", .error(.general(.busy, reason: "busy"))),
+        // Fields a later server adds are ignored, whatever their type.
+        ("bf 63 6f 66 66 00 65 6c 61 74 65 72 f9 3c 00 64 6e 65 78 74 f7 ff", .upload(SMPUploadStatus(offset: 0))),
+    ])
+    func uploadAnswersDecodeInServerEncodings(hex: String, response: SMPResponse) throws {
+        #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .imageUpload, hex)) == response)
+    }
+
+    @Test func parametersAndEchoDecodeInServerEncodings() throws {
+        let parameters = "bf 69 62 75 66 5f 63 6f 75 6e 74 04 68 62 75 66 5f 73 69 7a 65 19 09 ab 62 72 63 00 ff"
+        #expect(try SMPResponse(decoding: Self.frame(.readResponse, .mcumgrParameters, version: .v1, parameters))
+            == .mcumgrParameters(SMPParameters(bufferSize: 2475, bufferCount: 4)))
+        #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .echo, "bf 61 72 7f 61 68 61 69 ff ff")) == .echo("hi"))
+        #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .reset, "bf 62 72 63 00 ff")) == .empty)
+    }
+
+    /// A test or confirm answered without the state list (`{}` or `{"rc": 0}`) is a success with
+    /// nothing to show (the engine's `marked(nil)`).
+    @Test(arguments: ["a0", "bf ff", "a1 62 72 63 00"])
+    func aStateWriteAnsweredWithoutTheListIsEmpty(hex: String) throws {
+        #expect(try SMPResponse(decoding: Self.frame(.writeResponse, .imageState, hex)) == .empty)
+        // A read still needs the list.
+        #expect(throws: SMPWireError.self) { try SMPResponse(decoding: Self.frame(.readResponse, .imageState, hex)) }
+    }
+
+    @Test func aV1RcCountsWhenTheV2ErrSaysZero() throws {
+        let frame = try Self.frame(.writeResponse, .imageUpload, "a2 63 65 72 72 a2 65 67 72 6f 75 70 01 62 72 63 00 62 72 63 06")
+        #expect(try SMPResponse(decoding: frame) == .error(.general(.badState)))
     }
 }

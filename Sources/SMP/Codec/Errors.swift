@@ -179,16 +179,18 @@ public struct SMPDeviceError: Error, Hashable, Sendable, CustomStringConvertible
         SMPDeviceError(group: .image, rc: code.rawValue)
     }
 
-    /// The error in an answer's body, or nil when it reports none (no `err`, and `rc` absent or 0).
+    /// The error in an answer's body, or nil when it reports none (`err` and `rc` absent or 0).
+    /// A nonzero v2 `err` wins over a v1 `rc`.
     public init?(body: CBOR) throws(SMPWireError) {
         guard let map = body.map else { return nil }
         if let err = map["err"] {
             guard let e = err.map, let group = e["group"]?.uint64, let g = UInt16(exactly: group), let rc = e["rc"]?.int64 else {
                 throw SMPWireError(.badField("err"), "error \(err) is not {\"group\": u16, \"rc\": int}")
             }
-            guard rc != 0 else { return nil }
-            self.init(group: SMPGroup(rawValue: g), rc: rc)
-            return
+            if rc != 0 {
+                self.init(group: SMPGroup(rawValue: g), rc: rc)
+                return
+            }
         }
         guard let value = map["rc"] else { return nil }
         guard let rc = value.int64 else { throw SMPWireError(.badField("rc"), "result code \(value) is not an integer") }

@@ -366,8 +366,9 @@ public enum SMPResponse: Hashable, Sendable {
     }
 
     /// Reads an answer: an error in either version's form (v2 `err`, or a nonzero v1 `rc`) first,
-    /// then the command's fields. Requests throw `.wrongDirection`; commands this codec does not
-    /// know throw `.unsupportedCommand`.
+    /// then the command's fields, in any order and encoding, unknown fields ignored. An image
+    /// state write answered without `images` (`{}` or `{"rc": 0}`) is `.empty`. Requests throw
+    /// `.wrongDirection`; commands this codec does not know throw `.unsupportedCommand`.
     public init(decoding frame: SMPFrame) throws(SMPWireError) {
         let h = frame.header
         let command = SMPCommand(group: h.group, id: h.command)
@@ -385,6 +386,10 @@ public enum SMPResponse: Hashable, Sendable {
             let f = try Fields(body, command)
             self = .echo(try f.required(f.text("r"), "r"))
         case (.reset, .writeResponse), (.imageErase, .writeResponse):
+            _ = try Fields(body, command)
+            self = .empty
+        case (.imageState, .writeResponse) where body["images"] == nil:
+            // A test or confirm answered without the state list: a success with nothing to show.
             _ = try Fields(body, command)
             self = .empty
         case (.imageState, _): self = .imageStates(try SMPImageStates(body: body))

@@ -8,7 +8,8 @@ import OTAWire
 ///
 /// Transport, as Zephyr's `smp_bt.c` with `CONFIG_MCUMGR_TRANSPORT_BT_REASSEMBLY`:
 /// - writes are reassembled into frames by the header's length. A first fragment shorter than a
-///   header, or a frame over `buf_size`, is dropped with no answer (Zephyr's reassembly refuses it
+///   header, or a frame over `buf_size` (over one write too, for a server that does not report
+///   `buf_size`), is dropped with no answer (Zephyr's reassembly refuses it
 ///   with -ENODATA / -ENOSR and `smp_bt` drops it; a write without response has nothing to carry
 ///   an error back), and so are the rest of that frame's fragments (Zephyr would read each as a
 ///   new frame's start; the model skips them by the header's length). A fragment running past its
@@ -21,6 +22,8 @@ import OTAWire
 ///   goes out as notifications of at most ATT MTU − 3 bytes.
 /// - a reset is answered, then after `resetDelay` the link drops and MCUboot runs
 ///   (`SMPServer.boot()`): the device is away for `bootDuration`.
+/// - answers are written as `SMPServer.Config.encoding` says (`SMPServer.reply(_:to:)`: Zephyr's
+///   zcbor by default, indefinite-length maps in its handlers' field order).
 ///
 /// Faults come from the shared `FaultInjector`, at image offsets for upload chunks (a chunk's
 /// data is its packet): a dropped chunk or request gets no answer, a corrupted one is written
@@ -73,11 +76,12 @@ public struct SMPPeripheral: PeripheralModel {
 
     /// A simulated Zephyr device with an SMP server: `bufferCount` buffers of `bufferSize` bytes,
     /// two slots of `slotSize` bytes, slot 0 running a small MCUboot image of `firmwareVersion`,
-    /// confirmed. `resetDelay`: from the reset's answer to the reset (the simulator's
+    /// confirmed, answering in `encoding`. `resetDelay`: from the reset's answer to the reset (the simulator's
     /// `SimulatedDeviceConfig.bootDelay`).
     public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int, firmwareVersion: FirmwareVersion,
-                faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
-        self.init(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize),
+                encoding: SMPReplyEncoding = .zephyr, faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100),
+                bootDuration: Duration = .milliseconds(500)) {
+        self.init(config: SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, encoding: encoding),
                   firmwareVersion: firmwareVersion, faults: faults, resetDelay: resetDelay, bootDuration: bootDuration)
     }
 
@@ -148,6 +152,13 @@ public struct SMPPeripheral: PeripheralModel {
         return PeripheralWriteResult(reply: .success(at: now), outputs: outputs, reports: reports)
     }
 
+    /// The largest frame taken: `buf_size`; for a server that does not report it (an older one,
+    /// mcumgr), at least one write, which is what a client then sends a request in (smpclient's
+    /// fallback) and what such a device is configured to hold.
+    private var frameLimit: Int {
+        server.config.answersParameters ? server.config.bufferSize : max(server.config.bufferSize, maxWrite)
+    }
+
     /// Takes one write into the frame being collected; returns the frame it completes.
     private mutating func collect(_ fragment: [UInt8], at now: Duration, reports: inout [PeripheralReport]) -> SMPFrame? {
         held.removeAll { $0 <= now }
@@ -162,10 +173,10 @@ public struct SMPPeripheral: PeripheralModel {
                 return nil
             }
             let size = SMPHeader.size + Int(header.length)
-            guard size <= server.config.bufferSize else {
+            guard size <= frameLimit else {
                 droppedFrames += 1
                 skipping = max(0, size - fragment.count)
-                reports.append(.note("dropped a \(size)-byte SMP frame (\(header)): over the \(server.config.bufferSize)-byte buffer"))
+                reports.append(.note("dropped a \(size)-byte SMP frame (\(header)): over the \(frameLimit)-byte buffer"))
                 return nil
             }
             guard held.count < server.config.bufferCount else {
@@ -218,7 +229,7 @@ public struct SMPPeripheral: PeripheralModel {
         if chunk != nil, let limit = server.config.busyAbove, held.count >= limit {
             // Fewer buffers free than the device reported: the request is refused, not held.
             reports.append(.note("\(frame.header) finds \(held.count) requests held: answered busy"))
-            let answer = (try? SMPResponse.error(.general(.busy)).frame(replyingTo: frame.header).encoded) ?? []
+            let answer = server.reply(.error(.general(.busy)), to: frame.header).encoded
             return SMPFraming.segments(answer, maxWrite: maxWrite).map {
                 PeripheralTimed(at: now + requestTime, .notify(SMPService.characteristicUUID, Array($0)))
             }
@@ -241,8 +252,8 @@ public struct SMPPeripheral: PeripheralModel {
         var outputs: [PeripheralTimed] = []
         if injector.losesNotification() {
             reports.append(.note("injected fault: the answer to \(frame.header) is not notified"))
-        } else if let answer = try? response.frame(replyingTo: frame.header).encoded {
-            for segment in SMPFraming.segments(answer, maxWrite: maxWrite) {
+        } else {
+            for segment in SMPFraming.segments(server.reply(response, to: frame.header).encoded, maxWrite: maxWrite) {
                 outputs.append(PeripheralTimed(at: done, .notify(SMPService.characteristicUUID, Array(segment))))
             }
         }

@@ -22,6 +22,9 @@ import Crypto
 /// - MCUboot at boot: a pending slot 1 is swapped in and runs unconfirmed (or confirmed, when
 ///   permanent); an unconfirmed running image is swapped back out (revert).
 ///
+/// Its answers are written as `Config.encoding` says (`reply(_:to:)`): Zephyr's zcbor by default,
+/// or mcumgr's tinycbor, canonical, or indefinite in otaflash's order.
+///
 /// The upload's progress lives in RAM: a lost link keeps it, a reset loses it (the slot's bytes
 /// stay, but a new upload starts over).
 public struct SMPServer: Sendable {
@@ -54,11 +57,14 @@ public struct SMPServer: Sendable {
         /// Refuse the first upload request with this image group code (a device-specific
         /// refusal: a hook, a flash driver error, its own checks).
         public var uploadRefusal: ImageManagementError?
+        /// How the answers are written (`reply(_:to:)`); `.tinycbor` is an mcumgr server, which
+        /// also has no MCUmgr parameters read and no `match`, whatever the two settings above say.
+        public var encoding: SMPReplyEncoding
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
                     refusesDowngrade: Bool = false, busy: Bool = false, busyAbove: Int? = nil,
-                    uploadRefusal: ImageManagementError? = nil) {
+                    uploadRefusal: ImageManagementError? = nil, encoding: SMPReplyEncoding = .zephyr) {
             self.bufferSize = bufferSize
             self.bufferCount = bufferCount
             self.slotSize = slotSize
@@ -69,7 +75,13 @@ public struct SMPServer: Sendable {
             self.busy = busy
             self.busyAbove = busyAbove
             self.uploadRefusal = uploadRefusal
+            self.encoding = encoding
         }
+
+        /// Whether the server knows the MCUmgr parameters read (mcumgr's does not).
+        public var answersParameters: Bool { reportsParameters && encoding != .tinycbor }
+        /// Whether the last upload answer carries `match` (mcumgr's does not).
+        public var answersMatch: Bool { reportsMatch && encoding != .tinycbor }
     }
 
     /// What slot 1 holds at power-on besides nothing: a state an earlier update left.
@@ -173,7 +185,7 @@ public struct SMPServer: Sendable {
     public mutating func handle(_ request: SMPRequest) -> SMPResponse {
         switch request {
         case .mcumgrParameters:
-            guard config.reportsParameters else { return .error(.general(.notSupported)) }
+            guard config.answersParameters else { return .error(.general(.notSupported)) }
             return .mcumgrParameters(SMPParameters(bufferSize: UInt32(clamping: config.bufferSize), bufferCount: UInt32(clamping: config.bufferCount)))
         case .echo(let text):
             return .echo(text)
@@ -252,21 +264,24 @@ public struct SMPServer: Sendable {
         if config.busy { return .error(.general(.busy)) }
         guard chunk.offset == 0 else { return continueUpload(chunk) }
         if let refusal = config.uploadRefusal { return .error(.image(refusal)) }
+        // In the order of Zephyr's img_mgmt_upload_inspect.
+        if config.checksImageHeader, chunk.data.count < 32, chunk.length != UInt64(chunk.data.count) {
+            return .error(.image(.invalidImageHeader))
+        }
         guard let length = chunk.length.flatMap({ Int(exactly: $0) }) else { return .error(.image(.invalidLength)) }
+        if config.checksImageHeader, !SMPSlotImage.hasMagic(chunk.data) { return .error(.image(.invalidImageHeaderMagic)) }
         if let sha = chunk.sha, sha.count > 32 { return .error(.image(.invalidHash)) }
-        guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
-        if config.checksImageHeader {
-            guard chunk.data.count >= 32 || chunk.data.count == length else { return .error(.image(.invalidImageHeader)) }
-            guard SMPSlotImage.hasMagic(chunk.data) else { return .error(.image(.invalidImageHeaderMagic)) }
-        }
-        guard !secondaryInUse else { return .error(.image(.noFreeSlot)) }
-        if chunk.upgrade == true || config.refusesDowngrade, chunk.data.count >= 32,
-           !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
-            return .error(.image(.currentVersionIsNewer))
-        }
         if let upload, let sha = chunk.sha, !sha.isEmpty, upload.sha == sha, upload.length == length {
             // The same file as the unfinished upload: say where it stands, write nothing.
             return .upload(SMPUploadStatus(offset: UInt64(upload.offset)))
+        }
+        guard !secondaryInUse else { return .error(.image(.noFreeSlot)) }
+        // Zephyr compares `len` with the slot; mcumgr fails to erase that much (EUNKNOWN either
+        // way to an SMP v1 request, `reply(_:to:)`).
+        guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
+        if chunk.upgrade == true || config.refusesDowngrade, chunk.data.count >= 32,
+           !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
+            return .error(.image(.currentVersionIsNewer))
         }
         // A new upload: slot 1 is erased and written from the start.
         upload = Upload(sha: chunk.sha, length: length, offset: 0)
@@ -301,7 +316,7 @@ public struct SMPServer: Sendable {
         self.upload = nil
         secondaryComplete = true
         var match: Bool?
-        if config.reportsMatch, let sha = upload.sha, !sha.isEmpty {
+        if config.answersMatch, let sha = upload.sha, !sha.isEmpty {
             match = Array(SHA256.hash(data: secondaryBytes)) == sha
         }
         return .upload(SMPUploadStatus(offset: UInt64(upload.offset), match: match))

@@ -252,6 +252,12 @@ public struct SMPEngine: TransferEngine {
         if settings.maxFrame == nil, frameLimit > maxWrite { frameLimit -= frameLimit % maxWrite }
         chunkSize = Self.firstRequest(settings: settings, size: image.size, data: []).maxDataSize(frameLimit: frameLimit)
         guard chunkSize > 0, SMPImageUpload(offset: UInt64(image.size), data: []).maxDataSize(frameLimit: frameLimit) > 0 else {
+            if link.parameters == nil {
+                // An older server (mcumgr) does not say its buffer: one write per request, and
+                // at this MTU one write cannot hold an upload request.
+                return fail(OTAError(.incompatibleDevice, "the device does not report its SMP buffer (an older SMP server), so each request must fit one write, and at ATT MTU \(mtu) a write (\(frameLimit) bytes) cannot hold an upload request",
+                                     hint: "connect with a larger ATT MTU (the device's and the adapter's), or enable the MCUmgr parameters command on the device (CONFIG_MCUMGR_GRP_OS_MCUMGR_PARAMS)"))
+            }
             return fail(OTAError(.incompatibleDevice, "the device's SMP buffer (\(frameLimit) bytes) cannot hold an upload request",
                                  hint: "raise CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE on the device"))
         }
@@ -416,6 +422,13 @@ public struct SMPEngine: TransferEngine {
         }
         if e.imageError == .currentVersionIsNewer, let active {
             return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
+        }
+        if e.general == .unknown, acked == 0, awaitingFirst {
+            // An image over the slot, answered in general codes: Zephyr translates its "too large"
+            // (30) to this for an SMP v1 client, and mcumgr fails to erase that much. Resetting the
+            // device cannot help then.
+            let said = e.reason.map { " (device says: \($0))" } ?? ""
+            return OTAError(general.code, "the device refused the first upload request with unknown error (1)\(said): the image (\(image.size) bytes) may not fit its slot (an SMP server that reports errors in general codes answers so to an image over its slot size); check the image against the device's slot (its flash partition), build a smaller one, or retry if the device's flash failed", cause: e)
         }
         return general
     }

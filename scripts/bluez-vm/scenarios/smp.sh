@@ -9,7 +9,11 @@
 #      after it the image's 2.0.0 (upload, test, reset, running version); timed;
 #   4. otaflash again on a fresh peripheral, the link dropped from outside (`btmgmt disconnect` on
 #      the central's controller) once the peripheral holds ~40 % of the image: done/ok, a
-#      reconnect, the upload resumed at an offset > 0 (otaflash's transfer event).
+#      reconnect, the upload resumed at an offset > 0 (otaflash's transfer event);
+#   5. for each other encoding of the server's answers (`simulate --cbor tinycbor|definite|indefinite`;
+#      steps 1-4 run the default, Zephyr's zcbor: indefinite-length maps in its field order), a fresh
+#      peripheral: `otaflash image list` lists the running slot, and otaflash updates it with
+#      firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin (done/ok, version 1.3.0 after it).
 # Rates are the image over the transfer as the peripheral saw it (its first upload chunk's begin
 # event to its verified event, host clock), the same measure for both tools; wall times include
 # each tool's start and connect. FIGURES lines and $RESULTS_DIR/figures.json carry them and the
@@ -20,7 +24,7 @@
 # option). Run it with run.sh --gatt-channels 1: SMP frames span several write commands, which
 # must arrive in order (README.md, --gatt-channels).
 # $SMP_SIM_ARGS: extra options for every simulate (e.g. "--buf-size 2475 --buf-count 4");
-# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume"; $SMPMGR_TIMEOUT: smpmgr's
+# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume encodings"; $SMPMGR_TIMEOUT: smpmgr's
 # --timeout (default 30 s: it bounds the scan, connect and service discovery together).
 set -euo pipefail
 # shellcheck source=lib/common.sh
@@ -32,7 +36,7 @@ IMAGE=$PROJECT_DIR/firmware-samples/mcuboot-large/seeded96k-ed25519-v2.0.0.bin
 IMAGE_SIZE=$(stat -c %s "$IMAGE")
 IMAGE_VERSION=2.0.0
 SMPMGR_TIMEOUT=${SMPMGR_TIMEOUT:-30}
-STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume} "
+STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume encodings} "
 read -r -a SIM_ARGS <<<"${SMP_SIM_ARGS:-}"
 : "${CENTRAL_INDEX:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
@@ -73,15 +77,17 @@ smpmgr() {
 	step "smpmgr $* -> exit $SMPMGR_RC in $SMPMGR_SECONDS s: $(tail -n 2 "$log" | tr '\n' ' ' | cut -c1-300)"
 }
 
-# start_smp TAG: a fresh `simulate --protocol smp` on the peripheral, every stdout line stamped with
-# the host's time into $RESULTS_DIR/TAG.stamped (SIM_STAMPED); SIM_PID. Fails unless it serves in 90 s
-# (a debug build on a busy host took over 30 s under TCG).
+# start_smp TAG [OPTION...]: a fresh `simulate --protocol smp` (with $SMP_SIM_ARGS and OPTION...) on
+# the peripheral, every stdout line stamped with the host's time into $RESULTS_DIR/TAG.stamped
+# (SIM_STAMPED); SIM_PID. Fails unless it serves in 90 s (a debug build on a busy host took over
+# 30 s under TCG).
 start_smp() {
 	local tag=$1
+	shift
 	SIM_STAMPED=$RESULTS_DIR/$tag.stamped
 	: >"$SIM_STAMPED"
 	"$OTAFLASH" simulate --adapter "$PERIPHERAL_HCI" --protocol smp --name "otaflash-$tag" --store "$RESULTS_DIR/store-$tag" \
-		--json --verbose "${SIM_ARGS[@]}" \
+		--json --verbose "${SIM_ARGS[@]}" "$@" \
 		> >(while IFS= read -r line; do printf '%s\t%s\n' "$EPOCHREALTIME" "$line"; done >"$SIM_STAMPED") \
 		2>"$RESULTS_DIR/$tag.stderr" &
 	SIM_PID=$!
@@ -188,25 +194,26 @@ if [[ $STEPS == *" smpmgr "* ]]; then
 fi
 
 # ------------------------------------------------------------------ 3. otaflash
-# otaflash_smp TAG: flashes the image into the running simulate (stamped into TAG.stamped); sets
-# F_RC, F_DONE (its done event), F_WALL.
+# otaflash_smp TAG [IMAGE]: flashes the image (default $IMAGE) into the running simulate (stamped
+# into TAG.stamped); sets F_RC, F_DONE (its done event), F_WALL.
 otaflash_smp() {
-	local f=$RESULTS_DIR/$1.stamped t0=$EPOCHREALTIME
+	local f=$RESULTS_DIR/$1.stamped t0=$EPOCHREALTIME image=${2:-$IMAGE}
 	F_RC=0
-	stamped "$f" 300 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --protocol smp "$IMAGE" --json \
+	stamped "$f" 300 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --protocol smp "$image" --json \
 		--reconnect-window 60 || F_RC=$?
 	F_WALL=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
 	F_DONE=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2- || true)
 }
+# check_done TAG [VERSION]: the flash ended ok with VERSION (default $IMAGE_VERSION) running.
 check_done() {
-	local tag=$1
+	local tag=$1 want=${2:-$IMAGE_VERSION}
 	if [ "$F_RC" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$F_DONE"; then
 		tail -n 3 "$RESULTS_DIR/$tag.stamped.stderr" || true
 		fail "otaflash --protocol smp ($tag) exited with $F_RC: ${F_DONE:-no done event}"
 	fi
 	after=$(jfield "$F_DONE" firmware_after)
-	[ "${after%%+*}" = "$IMAGE_VERSION" ] || [ "$after" = "$IMAGE_VERSION+0" ] ||
-		fail "$tag: firmware_after is '$after', want $IMAGE_VERSION: $F_DONE"
+	[ "${after%%+*}" = "$want" ] || [ "$after" = "$want+0" ] ||
+		fail "$tag: firmware_after is '$after', want $want: $F_DONE"
 	step "$tag done in $F_WALL s: $F_DONE"
 }
 
@@ -275,7 +282,37 @@ if [[ $STEPS == *" resume "* ]]; then
 	stop_smp
 fi
 
+# ------------------------------------------------------------------ 5. encodings
+if [[ $STEPS == *" encodings "* ]]; then
+	small=$PROJECT_DIR/firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin
+	for enc in tinycbor definite indefinite; do
+		start_smp "sim-$enc" --cbor "$enc"
+		t0=$EPOCHREALTIME
+		rc=0
+		stamped "$RESULTS_DIR/list-$enc.stamped" 120 "$OTAFLASH" image list --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --json || rc=$?
+		list_wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+		slot0=$(grep '"event":"slot"' "$RESULTS_DIR/list-$enc.jsonl" | head -n 1 || true)
+		[ "$rc" = 0 ] && [ -n "$slot0" ] ||
+			fail "otaflash image list ($enc) exited with $rc: $(tail -n 2 "$RESULTS_DIR/list-$enc.stamped.stderr" | tr '\n' ' ')"
+		[ "$(jfield "$slot0" active)" = true ] || fail "image list ($enc): the first slot is not the active one: $slot0"
+		otaflash_smp "flash-$enc" "$small"
+		check_done "flash-$enc" 1.3.0
+		# The answer to otaflash's MCUmgr parameters read (sequence 0) as simulate --verbose logs it:
+		# mcumgr's {_ "rc": 8} in a version 0 header (issue 22's bytes), a definite map, an indefinite one.
+		case $enc in
+		tinycbor) want='[1, 0, 0, 6, 0, 0, 0, 6, 191, 98, 114, 99, 8, 255]' ;;
+		definite) want=', 0, 0, 0, 6, 162, 104, ' ;;
+		*) want=', 0, 0, 0, 6, 191, 104, ' ;;
+		esac
+		grep -qF "$want" "$RESULTS_DIR/sim-$enc.stderr" || fail "simulate --cbor $enc: no answer to the parameters read like [... $want ...] in sim-$enc.stderr"
+		step "FIGURES encoding $enc: image list ${list_wall} s ($slot0), update of $(basename "$small") $F_WALL s"
+		figure "$(jq -nc --arg e "$enc" --argjson l "$list_wall" --argjson w "$F_WALL" --argjson s "$slot0" \
+			'{encodings: {($e): {image_list_seconds: $l, slot0: $s, update_wall_seconds: $w}}}')"
+		stop_smp
+	done
+fi
+
 printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg img "$(basename "$IMAGE")" \
-	'add + {image: $img, image_size: $size}' >"$RESULTS_DIR/figures.json"
+	'reduce .[] as $x ({}; . * $x) + {image: $img, image_size: $size}' >"$RESULTS_DIR/figures.json"
 step "figures.json: $(jq -c 'del(.probe.output)' "$RESULTS_DIR/figures.json")"
 step "PASS"
