@@ -242,6 +242,10 @@ struct Flash: AsyncParsableCommand {
                               report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
                               logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer)
         if batch.isBatch(devices: target.device) {
+            // Each simulated device of a batch lives for the run only: a state folder would be ignored.
+            if target.simulator.stateDir != nil {
+                throw CLIFailure(.usage, "--sim-state keeps one simulated device between runs; a batch's simulated devices live for the run only: drop --sim-state, or flash one device")
+            }
             printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
             for warning in plan.warnings { printer.note("warning: \(warning)") }
             printer.json(FlashEvents.Start(device: nil, image: image, size: plan.size, crc32: plan.crc32,

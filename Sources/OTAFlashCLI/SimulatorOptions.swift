@@ -103,7 +103,7 @@ public struct SimulatorOptions: ParsableArguments {
     @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "real|virtual|unlimited"), completion: .list(["real", "virtual", "unlimited"]))
     public var time: String = "real"
 
-    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes.", valueName: "dir"), completion: .directory)
+    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one device, not a batch).", valueName: "dir"), completion: .directory)
     public var stateDir: String?
 
     @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")

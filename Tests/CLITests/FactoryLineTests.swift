@@ -25,6 +25,14 @@ struct FactoryLineTests {
         #expect(run.errorLines.first?.contains("line3.txt:2: 'C0:FF:EE:00:00:0Z'") == true, "\(run.stderr)")
     }
 
+    /// A batch's simulated devices live for the run: --sim-state is refused, never ignored.
+    @Test func simStateWithABatchIsRefusedWithOneLine() async throws {
+        let scratch = try Scratch()
+        let run = await otaflash(simulator + ["--count", "2", "--sim-state", scratch.url.path, samplePath("seeded-4k.bin")])
+        #expect(run.code == 2, "\(run.stderr)")
+        #expect(run.errorLines.count == 1 && run.errorLines[0].contains("--sim-state"), "\(run.stderr)")
+    }
+
     /// A reason cut to the terminal's width ends at a word, never inside a number.
     @Test func aLongReasonIsCutAtAWord() {
         let line = "C0:FF:EE:00:00:03  FAILED: the image of 4096 bytes does not fit: the slot holds 1024 bytes"
