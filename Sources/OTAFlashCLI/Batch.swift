@@ -9,7 +9,7 @@ import Synchronization
 
 /// Options for flashing many devices in one run.
 public struct BatchCLIOptions: ParsableArguments {
-    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line; # starts a comment.", valueName: "file"), completion: .file())
+    @Option(name: .customLong("devices-file"), help: ArgumentHelp("A file with one device address per line (LF or CRLF, a UTF-8 BOM is fine); # starts a comment.", valueName: "file"), completion: .file())
     public var devicesFile: String?
 
     @Flag(name: .long, help: "Flash every device that advertises the OTA service and matches --name-prefix/--min-rssi, seen within --scan-window.")
@@ -36,13 +36,13 @@ public struct BatchCLIOptions: ParsableArguments {
     @Option(name: .long, parsing: .unconditional, help: Ranges.retries.help("Whole-session retries per device after its reconnects gave up", valueName: "n"))
     public var retries: Int = 1
 
-    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder.", valueName: "dir"), completion: .directory)
+    @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder (closed as each device ends).", valueName: "dir"), completion: .directory)
     public var logDir: String?
 
     @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone; 'image' for the version an MCUboot image's header carries (an SMP device reports what its active slot runs).", valueName: "version|image"))
     public var skipIfVersion: String?
 
-    @Option(name: .long, help: ArgumentHelp("Write a CSV summary (one row per device) to this file.", valueName: "file"), completion: .file(extensions: ["csv"]))
+    @Option(name: .long, help: ArgumentHelp("Append a CSV row per device to this file as each device ends (docs/EVENTS.md, \"The report\"); a new file gets a header.", valueName: "file"), completion: .file(extensions: ["csv"]))
     public var report: String?
 
     @Option(name: .customLong("sim-device-fault"), help: ArgumentHelp("Make simulated device N (1-based) fail: N:no-ota-service, N:small-slot or N:gone (its link drops and it never comes back). Repeatable.", valueName: "N:mode"))
