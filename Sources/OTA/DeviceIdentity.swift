@@ -1,3 +1,4 @@
+import Foundation
 import GATT
 import OTAWire
 
@@ -34,7 +35,7 @@ public struct DeviceIdentity: Sendable, Hashable {
                 () async throws(GATTError) -> [UInt8] in try await connection.read(c)
             }) else { return nil }
             // UTF-8 strings, often padded with NULs by devices that use fixed-size buffers.
-            let value = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: ["\0", " "])
+            let value = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: CharacterSet(charactersIn: "\0 "))
             return value.isEmpty ? nil : value
         }
         return DeviceIdentity(manufacturer: await text(DeviceInformationService.manufacturerNameUUID),
@@ -42,14 +43,5 @@ public struct DeviceIdentity: Sendable, Hashable {
                               serialNumber: await text(DeviceInformationService.serialNumberUUID),
                               hardwareRevision: await text(DeviceInformationService.hardwareRevisionUUID),
                               firmwareRevision: await text(DeviceInformationService.firmwareRevisionUUID))
-    }
-}
-
-private extension String {
-    func trimmingCharacters(in set: Set<Character>) -> String {
-        var s = Substring(self)
-        while let first = s.first, set.contains(first) { s.removeFirst() }
-        while let last = s.last, set.contains(last) { s.removeLast() }
-        return String(s)
     }
 }

@@ -115,11 +115,6 @@ struct LedgerCommand: AsyncParsableCommand {
         return iso.date(from: text).map(LedgerRecord.timestamp)
     }
 
-    static func csv(_ s: String?) -> String {
-        guard let s else { return "" }
-        return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
-    }
-
     static func json<T: Encodable>(_ value: T) -> String {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -130,12 +125,10 @@ struct LedgerCommand: AsyncParsableCommand {
     static func render(_ records: [LedgerRecord], format: Format) -> String {
         switch format {
         case .csv:
-            return ([LedgerRecord.columns.joined(separator: ",")] + records.map { $0.texts.map(csv).joined(separator: ",") })
+            return ([LedgerRecord.columns.joined(separator: ",")] + records.map { $0.texts.map(csvField).joined(separator: ",") })
                 .joined(separator: "\n") + "\n"
         case .json:
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            return records.map { ((try? encoder.encode($0)).map { String(decoding: $0, as: UTF8.self) } ?? "{}") + "\n" }.joined()
+            return records.map { json($0) + "\n" }.joined()
         case .table:
             let rows = [["started (UTC)", "station", "device", "serial", "result", "error", "attempts", "time", "image", "before", "after"]]
                 + records.map { r in
@@ -158,8 +151,8 @@ struct LedgerCommand: AsyncParsableCommand {
                          "median_seconds,\(s.medianSeconds.map { String(format: "%.3f", $0) } ?? "")",
                          "p95_seconds,\(s.p95Seconds.map { String(format: "%.3f", $0) } ?? "")"]
             lines += s.failuresByErrorCode.map { "failures_\($0.errorCode),\($0.count)" }
-            lines += s.stations.map { "station_\(csv($0.name))_ok,\($0.ok)" } + s.stations.map { "station_\(csv($0.name))_failed,\($0.failed)" }
-            lines += s.adapters.map { "adapter_\(csv($0.name))_ok,\($0.ok)" } + s.adapters.map { "adapter_\(csv($0.name))_failed,\($0.failed)" }
+            lines += s.stations.map { "station_\(csvField($0.name))_ok,\($0.ok)" } + s.stations.map { "station_\(csvField($0.name))_failed,\($0.failed)" }
+            lines += s.adapters.map { "adapter_\(csvField($0.name))_ok,\($0.ok)" } + s.adapters.map { "adapter_\(csvField($0.name))_failed,\($0.failed)" }
             return lines.joined(separator: "\n") + "\n"
         case .table:
             var text = table([

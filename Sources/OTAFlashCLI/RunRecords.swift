@@ -230,16 +230,12 @@ final class ReportFile: Sendable {
 
     /// Appends `record`'s row; returns why it failed, or nil.
     func append(_ r: LedgerRecord) -> String? {
-        func csv(_ s: String?) -> String {
-            guard let s else { return "" }
-            return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
-        }
         let fields: [String?] = [r.startedAt, r.endedAt, r.station, r.device, r.bootloaderAddress, r.adapter, r.serialNumber, r.result,
                                  r.errorCode, r.message, "\(r.attempts)", String(format: "%.3f", r.seconds),
                                  r.rate > 0 ? String(format: "%.0f", r.rate) : nil, "\(r.bytesSent)", "\(r.bytesResent)",
                                  r.firmwareBefore, r.firmwareAfter, r.imageName, r.imageSHA256, r.imageVersion, r.protocolName,
                                  r.otaflashVersion, r.otaflashCommit]
-        return Self.appendBytes(path, fields.map(csv).joined(separator: ",") + "\n")
+        return Self.appendBytes(path, fields.map(csvField).joined(separator: ",") + "\n")
     }
 
     /// One write(2) with O_APPEND, then fsync: rows of concurrent devices never interleave, and
@@ -252,4 +248,10 @@ final class ReportFile: Sendable {
         if close(fd) != 0, problem == nil { problem = String(cString: strerror(errno)) }
         return problem
     }
+}
+
+/// One CSV field (RFC 4180): quoted when it holds a comma, a quote or a line end; nil is empty.
+func csvField(_ s: String?) -> String {
+    guard let s else { return "" }
+    return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
 }
