@@ -193,38 +193,6 @@ struct SQLiteLedgerTests {
             (error as? LedgerError)?.kind == .newerSchema
         }
     }
-
-    @Test func aWriterHoldingTheLockMakesTheNextOneWaitThenFailAsLocked() async throws {
-        let folder = try Folder()
-        let path = folder.path + "/l.sqlite"
-        let ledger = try SQLiteLedger(path: path)
-        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/sqlite3") else {
-            Issue.record("sqlite3 is not installed (scripts/deps.sh installs it)")
-            return
-        }
-        // Another process takes the write lock and keeps it longer than the busy timeout.
-        let holder = Process()
-        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-        holder.arguments = [path]
-        let input = Pipe()
-        holder.standardInput = input
-        try holder.run()
-        input.fileHandleForWriting.write(Data("BEGIN IMMEDIATE; INSERT INTO stations VALUES ('other', 'x');\n".utf8))
-        // The lock is taken once sqlite3 has read the line: wait for it to show.
-        let deadline = Date().addingTimeInterval(10)
-        var locked = false
-        while Date() < deadline, !locked {
-            do {
-                try await ledger.prepare(station: "probe")
-            } catch {
-                locked = error.kind == .locked
-            }
-        }
-        input.fileHandleForWriting.write(Data("ROLLBACK;\n.quit\n".utf8))
-        holder.waitUntilExit()
-        #expect(locked)
-        try await ledger.prepare(station: "after")
-    }
 }
 
 @Suite("Ledger: summary")
