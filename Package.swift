@@ -35,19 +35,20 @@ let package = Package(
         .target(name: "COTADevice"),
         // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT", "COTADevice"]),
-        // In-process simulated peripheral: link model, virtual clock, fault injection.
-        .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // Central side: images, the engine state machine, the session driver, progress.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // In-process simulated peripheral: link model, virtual clock, fault injection; and the soak and
+        // bench strategies' contract (Strategies.swift), whose trials hand a session its profile (OTA).
+        .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice", "OTA"]),
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
         // and the bootloader's device model, each in its own folder.
         .target(name: "NordicDFU", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // MCUmgr/SMP with MCUboot images (Zephyr, nRF Connect SDK): wire codec and CBOR, MCUboot
         // images, the central's engine and the SMP server's device model, each in its own folder.
         .target(name: "SMP", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
         // through GRDB). Knows no protocol and no transport.
@@ -66,10 +67,11 @@ let package = Package(
         // The commit a build is from, for `otaflash --version` (the version itself is in Version.swift).
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
-        // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP", "Ledger"]),
-        // Fault soak on the simulator (run in release mode).
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
+        // Throughput and CPU figures on the link model (run in release mode): each protocol's
+        // BenchStrategy, then the batch and the ledger.
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "NordicDFU", "SMP", "Ledger"]),
+        // Fault soak on the simulator (run in release mode): each protocol's SoakStrategy.
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "NordicDFU", "SMP"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
