@@ -17,6 +17,12 @@ public struct ByteReader {
         /// The bytes the value has from `offset` on.
         public let available: Int
 
+        public init(offset: Int, size: Int, available: Int) {
+            self.offset = offset
+            self.size = size
+            self.available = available
+        }
+
         public var description: String {
             "a \(size)-byte field at offset \(offset) runs past the end (\(available) byte\(available == 1 ? "" : "s") left)"
         }
