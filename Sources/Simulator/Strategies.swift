@@ -83,6 +83,15 @@ public struct SoakScenario: Sendable, CustomStringConvertible {
         }
     }
 
+    /// The same draw with its faults taken out: a device on the same link that confirms everything.
+    public var withoutFaults: SoakScenario {
+        var clean = self
+        clean.faults = .none
+        clean.bitFlip = false
+        clean.neverConfirms = nil
+        return clean
+    }
+
     /// The image sizes most protocols draw: 4 KiB to 256 KiB, each with up to 511 bytes more.
     public static func standardSize(_ rng: inout SeededGenerator) -> Int {
         [4096, 32 * 1024, 100_000, 256 * 1024][Int(rng.next() % 4)] + Int(rng.next() % 512)
@@ -142,6 +151,19 @@ public struct SoakTrial: Sendable {
         self.resendLimit = resendLimit
         self.resendLimitName = resendLimitName
         self.check = check
+    }
+}
+
+extension SoakTrial {
+    /// The session that runs this trial on virtual time: its device alone on a simulated central,
+    /// the settings' engine, timeouts and reconnect window, the backoff seeded with `seed`.
+    public func session(_ settings: SoakSettings, seed: UInt64) -> (session: OTASession, clock: VirtualClock) {
+        let clock = VirtualClock()
+        let central = SimulatedCentral(devices: [device], clock: clock)
+        let session = OTASession(central: central, address: device.config.address, image: image, config: settings.config,
+                                 profile: profile, timeouts: settings.timeouts,
+                                 reconnect: ReconnectPolicy(window: settings.reconnectWindow, seed: seed))
+        return (session, clock)
     }
 }
 
@@ -210,6 +232,15 @@ extension SoakStrategy {
     public var lossScale: Double { 1 }
     public func bound(_ settings: SoakSettings) -> Duration { settings.sessionBound }
     public func summary(_ records: [SoakRecord]) -> [String] { [] }
+}
+
+extension SoakStrategy {
+    /// The trial of `seed`'s scenario with its faults taken out, run to its end: a run every
+    /// strategy's checks must pass, and where its tests start.
+    public func cleanRun(seed: UInt64, settings: SoakSettings = SoakSettings()) async throws(OTAError) -> (trial: SoakTrial, result: OTAResult) {
+        let trial = try trial(SoakScenario(seed: seed, for: self).withoutFaults, seed: seed, settings: settings)
+        return (trial, try await trial.session(settings, seed: seed).session.run())
+    }
 }
 
 // MARK: Bench

@@ -163,11 +163,7 @@ func soak(_ strategy: any SoakStrategy, _ scenario: SoakScenario, seed: UInt64, 
         record.violation = error.message
         return (record, nil)
     }
-    let clock = VirtualClock()
-    let central = SimulatedCentral(devices: [trial.device], clock: clock)
-    let session = OTASession(central: central, address: trial.device.config.address, image: trial.image, config: settings.config,
-                             profile: trial.profile, timeouts: settings.timeouts,
-                             reconnect: ReconnectPolicy(window: settings.reconnectWindow, seed: seed))
+    let (session, clock) = trial.session(settings, seed: seed)
     let run = await runSession(session, clock: clock, trace: trace)
     switch run.result {
     case .success(let r): if trace { print("  stats: \(r.stats)") }
