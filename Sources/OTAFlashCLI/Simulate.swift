@@ -4,6 +4,7 @@ import DBus
 import Dispatch
 import Foundation
 import GATT
+import Native
 import NordicDFU
 import OTA
 import OTADevice
@@ -364,7 +365,7 @@ struct Simulate: AsyncParsableCommand {
         }
         await agent?.unregister()
         for host in hosts { await host.close() }
-        if await peripheral.runsCLibrary {
+        if await peripheral.runsLockstep {
             if let divergence = await peripheral.lockstepDivergence {
                 let line = "the C device library and the Swift device model answered differently: \(divergence)"
                 printer.json(SimulateEvents.Note(message: line))

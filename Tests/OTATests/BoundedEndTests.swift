@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -25,7 +26,7 @@ struct BoundedEndTests {
         let device = simulatedDevice(faults: faults)
         let clock = VirtualClock()
         let central = SimulatedCentral(devices: [device], clock: clock)
-        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config,
+        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config, profile: NativeProfile(),
                                  timeouts: timeouts, reconnect: reconnect)
         let reconnects = Counter()
         do {
