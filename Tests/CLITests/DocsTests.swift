@@ -40,12 +40,16 @@ struct DocsTests {
         }
 
         /// What the test runs: a command marked `# needs a device` on the simulator instead (its
-        /// `--device` and `--devices-file` addresses become simulated devices), on virtual time
-        /// when it flashes.
-        var runArguments: [String] {
+        /// `--device` and `--devices-file` addresses become simulated devices). A flash runs on
+        /// virtual time and, as a real device's would, records to the default ledger (under
+        /// `stateHome`), which a simulated device's run does only when named.
+        func runArguments(stateHome: String) -> [String] {
             guard needsDevice else { return arguments }
             let flashes = arguments.first.map { $0 == "flash" || $0.hasPrefix("-") } ?? false
-            return arguments + ["--simulator"] + (flashes ? ["--sim-time", "virtual"] : [])
+            guard flashes else { return arguments + ["--simulator"] }
+            let ledger = arguments.contains("--ledger") || arguments.contains("--no-ledger")
+                ? [] : ["--ledger", stateHome + "/otaflash/ledger.sqlite"]
+            return arguments + ["--simulator", "--sim-time", "virtual"] + ledger
         }
     }
 
@@ -146,6 +150,33 @@ struct DocsTests {
         }
     }
 
+    /// How a README line becomes the commands the test runs: quotes, comments, `&&`, pipes and
+    /// redirects (whose targets are not arguments).
+    @Test(arguments: [
+        ("otaflash --simulator app.bin   # needs a device; exits 14", [["--simulator", "app.bin"]], "needs a device; exits 14"),
+        ("mkdir -p ~/x && otaflash --generate-completion-script bash > ~/x/otaflash", [["--generate-completion-script", "bash"]], ""),
+        ("otaflash --json 'a b.bin' 2>/dev/null | head -1", [["--json", "a b.bin"]], ""),
+        ("otaflash --name-prefix \"S #1\" x.bin", [["--name-prefix", "S #1", "x.bin"]], ""),
+        ("scripts/demo --json | tail -n 1", [], ""),
+    ])
+    func aShellLineBecomesItsOtaflashCommands(line: String, expected: [[String]], comment: String) {
+        let (words, found) = Self.shellWords(line)
+        #expect(Self.otaflashInvocations(words) == expected, "\(words)")
+        #expect(found == comment)
+    }
+
+    @Test func aCommentSaysWhatACommandNeedsAndHowItExits() {
+        let marked = ReadmeCommand(line: 1, arguments: ["--device", "AA:BB:CC:DD:EE:FF", "app.bin"], comment: "needs a device; exits 14")
+        #expect(marked.needsDevice && marked.expectedExit == 14 && marked.reachesDevice)
+        #expect(marked.runArguments(stateHome: "/s") == ["--device", "AA:BB:CC:DD:EE:FF", "app.bin", "--simulator", "--sim-time", "virtual",
+                                                         "--ledger", "/s/otaflash/ledger.sqlite"])
+        let info = ReadmeCommand(line: 1, arguments: ["info", "--device", "AA:BB:CC:DD:EE:FF"], comment: "needs a device")
+        #expect(info.runArguments(stateHome: "/s") == ["info", "--device", "AA:BB:CC:DD:EE:FF", "--simulator"])
+        let plain = ReadmeCommand(line: 1, arguments: ["ledger", "--since", "8h"], comment: "the shift")
+        #expect(!plain.needsDevice && plain.expectedExit == 0 && !plain.reachesDevice)
+        #expect(!ReadmeCommand(line: 1, arguments: ["--generate-completion-script", "bash"], comment: "").reachesDevice)
+    }
+
     /// README's commands are found: at least one per protocol, the factory line's and the ledger's.
     @Test func readmeShowsACommandPerProtocolAndTheFactoryLine() throws {
         let commands = try Self.readmeCommands()
@@ -183,7 +214,7 @@ struct DocsTests {
         let scratch = try Scratch()
         let fm = FileManager.default
         try fm.createSymbolicLink(atPath: scratch.url.appendingPathComponent("firmware-samples").path,
-                                  withDestinationURL: repositoryRoot.appendingPathComponent("firmware-samples"))
+                                  withDestinationPath: repositoryRoot.appendingPathComponent("firmware-samples").path)
         // README's placeholders for the user's own files.
         for (name, sample) in [("app.bin", "seeded-256k.bin"), ("app.hex", "seeded-256k.hex"),
                                ("app_dfu_package.zip", "nordic/blinky-app.zip"),
@@ -194,14 +225,15 @@ struct DocsTests {
         for folder in ["logs", "home", "state"] {
             try fm.createDirectory(at: scratch.url.appendingPathComponent(folder), withIntermediateDirectories: true)
         }
+        let stateHome = scratch.url.appendingPathComponent("state").path
         var environment = ProcessInfo.processInfo.environment
         environment["HOME"] = scratch.url.appendingPathComponent("home").path
-        environment["XDG_STATE_HOME"] = scratch.url.appendingPathComponent("state").path
+        environment["XDG_STATE_HOME"] = stateHome
         environment["OTAFLASH_DBUS_ADDRESS"] = "unix:path=/nonexistent/no-bus-for-readme-tests"
 
         for (index, command) in commands.enumerated() {
             let started = Date()
-            let outcome = try Self.run(binary, command.runArguments, in: scratch.url, environment: environment,
+            let outcome = try Self.run(binary, command.runArguments(stateHome: stateHome), in: scratch.url, environment: environment,
                                        outputPrefix: "command-\(index)", timeout: 30)
             let seconds = String(format: "%.1f", Date().timeIntervalSince(started))
             print("\(command.testDescription)\(command.needsDevice ? " [run on the simulator]" : ""): exit \(outcome.status.map(String.init) ?? "none (killed at 30 s)"), \(seconds) s")
@@ -221,8 +253,8 @@ struct DocsTests {
     static func run(_ binary: URL, _ arguments: [String], in directory: URL, environment: [String: String],
                     outputPrefix: String, timeout: Double) throws -> Outcome {
         let out = directory.appendingPathComponent(outputPrefix + ".out"), err = directory.appendingPathComponent(outputPrefix + ".err")
-        FileManager.default.createFile(atPath: out.path, contents: nil)
-        FileManager.default.createFile(atPath: err.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: out.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: err.path, contents: nil)
         let process = Process()
         process.executableURL = binary
         process.arguments = arguments
