@@ -7,7 +7,7 @@ import Simulator
 import Testing
 
 // A device that answers but never confirms, or stops answering, must still end: every run ends
-// with a clear error within a bound computed from the options (README, "Time limits").
+// with a clear error within a bound computed from the options (docs/PRODUCTION.md, "Time limits").
 
 @Suite("Every run ends within its bound")
 struct BoundedEndTests {
