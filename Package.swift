@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "OTA", targets: ["OTA"]),
         .library(name: "GATT", targets: ["GATT"]),
         .library(name: "OTAWire", targets: ["OTAWire"]),
+        .library(name: "Native", targets: ["Native"]),
         .library(name: "Simulator", targets: ["Simulator"]),
         .library(name: "NordicDFU", targets: ["NordicDFU"]),
         .library(name: "SMP", targets: ["SMP"]),
@@ -28,18 +29,25 @@ let package = Package(
 
         // Transport abstraction: value types and the connection protocol. No C.
         .target(name: "GATT"),
-        // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
+        // Wire primitives every protocol shares: little-endian reading, CRC32 (zlib's), versions.
         .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
         // The device side of protocol version 2 in portable C99 for microcontrollers (docs/PORTING.md),
         // with a NOR flash model for host tests and the fuzzer.
         .target(name: "COTADevice"),
-        // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
-        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT", "COTADevice"]),
-        // Central side: images, the engine state machine, the session driver, progress.
+        // The device side every protocol's model stands on: the contract a transport hosts
+        // (`PeripheralModel`, in the simulator and in peripheral mode) and the fault plan.
+        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
+        // The protocol-neutral core of the central: images, the profile and engine contracts, the
+        // session and its reconnect supervisor, batches, the journal, pairing, errors.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
-        // In-process simulated peripheral: link model, virtual clock, fault injection; and the soak and
-        // bench strategies' contract (Strategies.swift), whose trials hand a session its profile (OTA).
+        // In-process simulated peripheral: link model, virtual clock, fault injection. Hosts any
+        // protocol's device model. Also the contract of the soak and bench strategies
+        // (Strategies.swift), whose trials hand a session its profile (OTA).
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice", "OTA"]),
+        // otaflash's own protocol (docs/PROTOCOL.md): codec, the central's engine and profile, the
+        // device (state machine, timing, faults; the C library run in lockstep), its simulated device
+        // and its soak and bench strategies.
+        .target(name: "Native", dependencies: ["GATT", "OTAWire", "OTA", "OTADevice", "COTADevice", "Simulator"]),
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
         // and the bootloader's device model, each in its own folder.
         .target(name: "NordicDFU", dependencies: [
@@ -59,7 +67,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP", "Ledger",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -68,26 +76,26 @@ let package = Package(
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode): each protocol's
-        // BenchStrategy, then the batch and the ledger.
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "NordicDFU", "SMP", "Ledger"]),
+        // BenchStrategy, then the ledger.
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "Ledger"]),
         // Fault soak on the simulator (run in release mode): each protocol's SoakStrategy.
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "NordicDFU", "SMP"]),
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP"]),
 
-        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
-        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
+        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
+        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),
         // The C device library and OTATarget held to the same scenarios.
-        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire"]),
-        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
+        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire", "Native"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT", "Native"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
-        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
-        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
+        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "Native", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
-            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger"]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],
     swiftLanguageModes: [.v6]
 )

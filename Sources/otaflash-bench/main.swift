@@ -1,11 +1,11 @@
 // otaflash-bench: throughput and CPU figures on the simulator's link model.
 //
-//   swift run -c release otaflash-bench [--interval-sweep] [--grid] [--v2] [--engine-cpu] [--nordic] [--smp] [--batch] [--ledger]
+//   swift run -c release otaflash-bench [--interval-sweep] [--grid] [--v2] [--batch] [--engine-cpu] [--nordic] [--smp] [--ledger]
 //                                       [--image-kib N] [--json FILE]
 //
 // Every figure comes from one run of this program, so ratios are measured side by side. Each
 // protocol's figures come from its strategy (`BenchStrategy`, listed in Strategies.swift); the
-// batch and the ledger know no protocol. docs/PERFORMANCE.md explains the link model and each figure.
+// ledger knows no protocol. docs/PERFORMANCE.md explains the link model and each figure.
 
 import Foundation
 import GATT
@@ -13,7 +13,7 @@ import OTA
 import Simulator
 
 /// The sections no protocol owns.
-let neutralFlags = ["--batch", "--ledger"]
+let neutralFlags = ["--ledger"]
 let sections = benchStrategies.flatMap(\.sections)
 
 func fail(_ message: String) -> Never {
@@ -60,42 +60,6 @@ var notes: [String] = []
 
 for section in sections where options.selected.contains(section.flag) {
     report += try await section.measure(image)
-}
-
-// MARK: Batch
-
-if options.selected.contains("--batch") {
-    /// Peak resident memory of this process so far, in bytes.
-    func peakRSS() -> Int {
-        var usage = rusage()
-        getrusage(RUSAGE_SELF.rawValue, &usage)
-        return usage.ru_maxrss * 1024
-    }
-    /// Flashes `count` simulated devices at once on the link model in real time; returns wall seconds.
-    func batchWall(_ count: Int) async throws -> Double {
-        let targets = (1...count).map { i -> BatchTarget in
-            let address = DeviceAddress(0xC0, 0xFF, 0xEE, 0x00, UInt8(truncatingIfNeeded: i >> 8), UInt8(truncatingIfNeeded: i))
-            let device = SimulatedDevice(SimulatedDeviceConfig(address: address, link: .default))
-            return BatchTarget(address: address, adapter: nil, central: SimulatedCentral(devices: [device], clock: SystemClock()))
-        }
-        let runner = BatchRunner(image: image, options: BatchOptions(parallel: count, perAdapter: count, readBackVersion: false))
-        let t0 = ContinuousClock.now
-        let outcomes = await runner.run(targets)
-        guard outcomes.allSatisfy(\.succeeded) else { throw BenchFailure("a batch device failed") }
-        return (ContinuousClock.now - t0).seconds
-    }
-    let rssBefore = peakRSS()
-    let one = try await batchWall(1)
-    let rssOne = peakRSS()
-    let many = try await batchWall(32)
-    let rssMany = peakRSS()
-    let perDevice = Double(rssMany - rssOne) / 31 / 1048576
-    print(String(format: "Batch on the link model (real time, %d KiB image, MTU 247 2M 15 ms): 1 device %.2f s, 32 devices in parallel %.2f s (ratio %.2f); peak RSS %.1f MiB -> %.1f MiB -> %.1f MiB, %.2f MiB per extra device",
-                 image.size / 1024, one, many, many / one, Double(rssBefore) / 1048576, Double(rssOne) / 1048576, Double(rssMany) / 1048576, perDevice))
-    report.append(("batch_one_device_seconds", one))
-    report.append(("batch_32_devices_seconds", many))
-    report.append(("batch_wall_ratio", many / one))
-    report.append(("batch_mib_per_device", perDevice))
 }
 
 // MARK: Ledger

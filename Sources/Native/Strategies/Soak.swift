@@ -1,6 +1,6 @@
 import GATT
 import OTA
-import OTADevice
+import Simulator
 
 /// How the soak runs the native protocol: the session with `NativeProfile` against the simulated
 /// `NativePeripheral`; `--device-version 2` runs a version 2 device on NOR flash (4 KiB erase
@@ -43,8 +43,8 @@ public struct NativeSoak: SoakStrategy {
         var rng = SeededGenerator(seed: seed ^ 0xABCDEF)
         let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
         let version2 = version2(settings)
-        let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults,
-                                                           version2: version2, runsCLibrary: version2 != nil))
+        let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults),
+                                     native: NativeDeviceOptions(version2: version2, runsCLibrary: version2 != nil))
         let deviceVersion = settings.deviceVersion
         return SoakTrial(device: device, image: image, profile: NativeProfile(), resendLimit: resendLimit(settings).bytes,
                          resendLimitName: "window") { result in

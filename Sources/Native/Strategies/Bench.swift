@@ -1,12 +1,12 @@
 import Foundation
 import GATT
 import OTA
-import OTADevice
 import OTAWire
+import Simulator
 
 /// How the bench measures the native protocol: the checkpoint interval sweep, the link efficiency
-/// grid against centrals that do not pipeline, protocol version 2, and the engine's CPU path
-/// (docs/PERFORMANCE.md explains each figure).
+/// grid against centrals that do not pipeline, protocol version 2, a batch of native devices in
+/// parallel, and the engine's CPU path (docs/PERFORMANCE.md explains each figure).
 public struct NativeBench: BenchStrategy {
     public init() {}
 
@@ -15,13 +15,14 @@ public struct NativeBench: BenchStrategy {
             BenchSection(flag: "--interval-sweep") { image in try await Self.intervalSweep(image) },
             BenchSection(flag: "--grid") { image in try await Self.grid(image) },
             BenchSection(flag: "--v2") { image in try await Self.version2(image) },
+            BenchSection(flag: "--batch") { image in try await Self.batch(image) },
             BenchSection(flag: "--engine-cpu") { _ in try await Self.engineCPU() },
         ]
     }
 
     static func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writeWithoutResponse, .write],
                        version2: OTATarget.Version2? = nil) -> SimulatedDevice {
-        SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link, dataProperties: dataProperties, version2: version2))
+        SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link), native: NativeDeviceOptions(dataProperties: dataProperties, version2: version2))
     }
 
     /// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
@@ -30,7 +31,7 @@ public struct NativeBench: BenchStrategy {
         let d = device(link, version2: version2)
         let central = SimulatedCentral(devices: [d])
         let session = OTASession(central: central, address: d.config.address, image: image,
-                                 config: EngineConfig(checkpointInterval: interval))
+                                 config: EngineConfig(checkpointInterval: interval), profile: NativeProfile())
         let result = try await session.run()
         guard d.activatedImage == image.bytes else { throw BenchFailure("engine run did not activate the image") }
         return Double(image.size) / result.transferSeconds
@@ -181,6 +182,40 @@ public struct NativeBench: BenchStrategy {
         ]
     }
 
+    /// Native devices flashed at once by `BatchRunner` on the link model in real time: the wall
+    /// time of 1 and of 32, and the peak memory each extra device adds.
+    static func batch(_ image: FirmwareImage) async throws -> [(key: String, value: Any)] {
+        /// Peak resident memory of this process so far, in bytes.
+        func peakRSS() -> Int {
+            var usage = rusage()
+            getrusage(RUSAGE_SELF.rawValue, &usage)
+            return usage.ru_maxrss * 1024
+        }
+        /// Flashes `count` simulated devices at once; returns wall seconds.
+        func batchWall(_ count: Int) async throws -> Double {
+            let targets = (1...count).map { i -> BatchTarget in
+                let address = DeviceAddress(0xC0, 0xFF, 0xEE, 0x00, UInt8(truncatingIfNeeded: i >> 8), UInt8(truncatingIfNeeded: i))
+                let device = SimulatedDevice(SimulatedDeviceConfig(address: address, link: .default))
+                return BatchTarget(address: address, adapter: nil, central: SimulatedCentral(devices: [device], clock: SystemClock()))
+            }
+            let runner = BatchRunner(plan: UpdatePlan(firmware: image, profile: NativeProfile()),
+                                     options: BatchOptions(parallel: count, perAdapter: count, readBackVersion: false))
+            let t0 = ContinuousClock.now
+            let outcomes = await runner.run(targets)
+            guard outcomes.allSatisfy(\.succeeded) else { throw BenchFailure("a batch device failed") }
+            return (ContinuousClock.now - t0).seconds
+        }
+        let rssBefore = peakRSS()
+        let one = try await batchWall(1)
+        let rssOne = peakRSS()
+        let many = try await batchWall(32)
+        let rssMany = peakRSS()
+        let perDevice = Double(rssMany - rssOne) / 31 / 1048576
+        print(String(format: "Batch on the link model (real time, %d KiB image, MTU 247 2M 15 ms): 1 device %.2f s, 32 devices in parallel %.2f s (ratio %.2f); peak RSS %.1f MiB -> %.1f MiB -> %.1f MiB, %.2f MiB per extra device",
+                     image.size / 1024, one, many, many / one, Double(rssBefore) / 1048576, Double(rssOne) / 1048576, Double(rssMany) / 1048576, perDevice))
+        return [("batch_one_device_seconds", one), ("batch_32_devices_seconds", many), ("batch_wall_ratio", many / one), ("batch_mib_per_device", perDevice)]
+    }
+
     /// The engine and the simulated device on an unlimited link: MiB/s of wall time and CPU
     /// seconds per MiB for a 32 MiB image, best of 3.
     static func engineCPU() async throws -> [(key: String, value: Any)] {
@@ -198,7 +233,7 @@ public struct NativeBench: BenchStrategy {
             let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 64 << 20, link: .unlimited))
             let central = SimulatedCentral(devices: [d])
             let session = OTASession(central: central, address: d.config.address, image: big,
-                                     config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval))
+                                     config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval), profile: NativeProfile())
             let c0 = cpuSeconds()
             let t0 = ContinuousClock.now
             _ = try await session.run()
