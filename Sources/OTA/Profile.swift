@@ -40,6 +40,112 @@ public struct TransferStats: Sendable, Hashable {
     public init() {}
 }
 
+/// The resend figures of `TransferStats`, counted the same way for every engine: the engine says
+/// when a connection begins, where the device resumed, what it streams and where the link was
+/// lost; the tally works out what went on the link again. An engine keeps one and adds its own
+/// counters (checkpoints, rewinds…) to `stats`.
+public struct ResendTally: Sendable, Hashable {
+    public var stats = TransferStats()
+    /// The highest image offset ever streamed.
+    public private(set) var highWater = 0
+    /// Where the stream stood when the link was last lost.
+    private var lostAt: Int?
+    /// On a connection after the first, where the stream stood before it, until the first packet
+    /// after the device said where it resumes measures what the resume sends again.
+    private var pendingResume: Int?
+    private var armed = false
+    /// The same for bytes a protocol sends ahead of the image (Secure DFU's init packet): counted in
+    /// `bytesSent` and `bytesResent`, never in the image's offsets.
+    private var preambleHighWater = 0
+
+    public init() {}
+
+    /// A connection begins: its resends are counted apart, and on a reconnect the next resume is
+    /// measured against where the stream stood when the link was lost.
+    public mutating func connectionBegan() {
+        stats.resentPerConnection.append(0)
+        pendingResume = stats.connections > 1 ? (lostAt ?? highWater) : nil
+        armed = false
+        lostAt = nil
+    }
+
+    /// The link was lost with the stream at `position`.
+    public mutating func linkLost(at position: Int) {
+        lostAt = position
+    }
+
+    /// The device holds the image up to `offset` on this connection: the resume point. The next
+    /// packet streamed measures the resume.
+    public mutating func resumed(from offset: Int) {
+        stats.resumedFrom.append(offset)
+        armed = pendingResume != nil
+    }
+
+    /// The device lost what it held and the transfer starts over: not a resume to measure.
+    public mutating func startedOver() {
+        pendingResume = nil
+        armed = false
+    }
+
+    /// `count` image bytes from `offset` go on the link.
+    public mutating func streamed(offset: Int, count: Int) {
+        if armed, let from = pendingResume {
+            armed = false
+            pendingResume = nil
+            stats.resumeResends.append(max(0, from - offset))
+        }
+        if offset < highWater { countResent(min(count, highWater - offset)) }
+        highWater = max(highWater, offset + count)
+        stats.bytesSent += count
+        stats.packets += 1
+    }
+
+    /// `count` bytes of what a protocol sends ahead of the image go on the link, from `offset` in it.
+    public mutating func streamedPreamble(offset: Int, count: Int) {
+        if offset < preambleHighWater { countResent(min(count, preambleHighWater - offset)) }
+        preambleHighWater = max(preambleHighWater, offset + count)
+        stats.bytesSent += count
+        stats.packets += 1
+    }
+
+    private mutating func countResent(_ bytes: Int) {
+        stats.bytesResent += bytes
+        if !stats.resentPerConnection.isEmpty { stats.resentPerConnection[stats.resentPerConnection.count - 1] += bytes }
+    }
+}
+
+/// What a transfer may do and how long it waits, the same for every protocol. A protocol's own
+/// settings (the native checkpoint interval, Secure DFU's receipts, SMP's window) are its profile's.
+public struct EngineConfig: Sendable, Hashable {
+    /// Activate the image once the device checked it.
+    public var activate: Bool
+    /// Ignore a partial transfer the device holds and start from zero.
+    public var restart: Bool
+    /// How often a command is sent again after an ATT error or a lost reply.
+    public var commandRetries: Int
+    /// How often in a row the engine may fall back (rewind, roll back, restart) without the device
+    /// confirming new data before it gives up.
+    public var maxRecoveries: Int
+    public var replyTimeout: Duration
+    public var verifyTimeout: Duration
+    public var activateTimeout: Duration
+    /// Leave a device alone when it already runs this version.
+    public var skipIfVersion: FirmwareVersion?
+
+    public init(activate: Bool = true, restart: Bool = false, commandRetries: Int = 3, maxRecoveries: Int = 64,
+                replyTimeout: Duration = .seconds(5), verifyTimeout: Duration = .seconds(30),
+                activateTimeout: Duration = .seconds(10), skipIfVersion: FirmwareVersion? = nil) {
+        self.activate = activate
+        self.restart = restart
+        self.commandRetries = commandRetries
+        self.maxRecoveries = maxRecoveries
+        self.replyTimeout = replyTimeout
+        self.verifyTimeout = verifyTimeout
+        self.activateTimeout = activateTimeout
+        self.skipIfVersion = skipIfVersion
+    }
+}
+
 /// The part a characteristic plays in a protocol. An open set: a protocol may name its own.
 public struct CharacteristicRole: Hashable, Sendable, CustomStringConvertible {
     public let name: String

@@ -452,8 +452,7 @@ public actor OTASession {
             guard engine.acked != journaled, let journal else { return }
             journaled = engine.acked
             let entry = TransferJournal(device: device, imageSize: image.size, imageCRC: hex32(image.crc32),
-                                        confirmedOffset: engine.acked, confirmedCRC: engine.ackedCRC,
-                                        checkpointInterval: config.checkpointInterval, updated: Date())
+                                        confirmedOffset: engine.acked, confirmedCRC: engine.ackedCRC, updated: Date())
             do { try journal.save(entry, image: image) } catch {
                 logger.warning("cannot write the journal", metadata: ["path": "\(journal.path(device: device, image: image))", "error": "\(error)"])
             }

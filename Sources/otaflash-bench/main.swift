@@ -66,12 +66,12 @@ func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writ
 }
 
 /// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
-func engineGoodput(_ link: LinkModel, interval: Int = EngineConfig.defaultCheckpointInterval,
+func engineGoodput(_ link: LinkModel, interval: Int = OTAEngine.Settings.defaultCheckpointInterval,
                    version2: OTATarget.Version2? = nil) async throws -> Double {
     let d = device(link, version2: version2)
     let central = SimulatedCentral(devices: [d])
     let session = OTASession(central: central, address: d.config.address, image: image,
-                             config: EngineConfig(checkpointInterval: interval))
+                             profile: NativeProfile(settings: OTAEngine.Settings(checkpointInterval: interval)))
     let result = try await session.run()
     guard d.activatedImage == image.bytes else { throw BenchError("engine run did not activate the image") }
     return Double(image.size) / result.transferSeconds
@@ -428,8 +428,7 @@ if options.cpu {
     for _ in 0..<3 {
         let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 64 << 20, link: .unlimited))
         let central = SimulatedCentral(devices: [d])
-        let session = OTASession(central: central, address: d.config.address, image: big,
-                                 config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval))
+        let session = OTASession(central: central, address: d.config.address, image: big, profile: NativeProfile())
         let c0 = cpuSeconds()
         let t0 = ContinuousClock.now
         _ = try await session.run()

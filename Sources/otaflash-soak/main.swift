@@ -245,6 +245,8 @@ extension RunRecord {
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 let config = EngineConfig()
+/// The native protocol's checkpoint window at the default interval.
+let nativeWindow = OTAEngine.Settings().window
 let timeouts = SessionTimeouts()
 let reconnectWindow: Duration = .seconds(60)
 /// The documented bound after the last progress (README, "Time limits").
@@ -260,12 +262,12 @@ let smpBound = bound + (SMPEngine.firstRequestTimeout - config.replyTimeout) * (
 /// buf_count requests, checked per run against its server's buffers; the largest is printed).
 let resendLimit = nordic ? NordicDFUBootloader.Config().dataMaxSize
     : smp ? smpBufferConfigs.map { $0.count * smpRequestData(bufferSize: $0.size) }.max() ?? 0
-    : config.window + (options.deviceVersion == 2 ? OTATarget.Version2().eraseUnit : 0)
+    : nativeWindow + (options.deviceVersion == 2 ? OTATarget.Version2().eraseUnit : 0)
 let resendLimitName = nordic ? "data object" : smp ? "window of buf_count requests" : "window"
 /// A version 2 device: its flash, and what it adds to the bound (a CHECKPOINT or STATUS waits a
 /// window's erases longer on each try) and to a resume (a commit rounds down to an erase unit).
 let version2 = options.deviceVersion == 2 ? OTATarget.Version2() : nil
-let nativeBound = bound + (version2.map { .milliseconds(Int($0.eraseTimeMs)) * (config.window / $0.eraseUnit + 1) } ?? .zero)
+let nativeBound = bound + (version2.map { .milliseconds(Int($0.eraseTimeMs)) * (nativeWindow / $0.eraseUnit + 1) } ?? .zero)
     * (config.commandRetries + 1)
 var records: [RunRecord] = []
 let soakStart = ContinuousClock.now
