@@ -46,7 +46,7 @@ public struct TransferStats: Sendable, Hashable {
 /// counters (checkpoints, rewinds…) to `stats`.
 public struct ResendTally: Sendable, Hashable {
     public var stats = TransferStats()
-    /// The highest image offset ever streamed.
+    /// The highest image offset ever streamed, or that the device reported holding.
     public private(set) var highWater = 0
     /// Where the stream stood when the link was last lost.
     private var lostAt: Int?
@@ -78,6 +78,9 @@ public struct ResendTally: Sendable, Hashable {
     /// packet streamed measures the resume.
     public mutating func resumed(from offset: Int) {
         stats.resumedFrom.append(offset)
+        // What the device holds was sent before (by this run or an earlier one): sending it
+        // again is a resend.
+        highWater = max(highWater, offset)
         armed = pendingResume != nil
     }
 
