@@ -430,7 +430,6 @@ func sampleKeyCheck() throws -> NordicDFUBootloader.SignatureCheck {
         }
         #expect(bench.run() == .finished)
         let s = bench.engine.stats
-        let c = bench.engine.counts
         #expect(bench.linkLosses == 1)
         #expect(s.resumedFrom == [0, 4096])
         #expect(s.rollbacks == 1)
