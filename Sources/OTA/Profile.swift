@@ -13,11 +13,13 @@ public enum TransferPhase: String, Sendable, Hashable {
     case idle, beginning, streaming, verifying, activating, done, failed
 }
 
-/// Counters for reports, the soak and benchmarks, kept by every engine.
+/// Counters for reports, the soak and benchmarks. The byte, packet and resume figures are kept by
+/// `ResendTally` the same way for every engine; the others by each engine.
 public struct TransferStats: Sendable, Hashable {
     /// Image bytes put on the data characteristic, resends included.
     public var bytesSent = 0
-    /// Bytes sent again after a rewind, resume or restart.
+    /// Bytes put on the link again at offsets this run had sent before, or the device reported
+    /// holding: after a rewind, resume or restart.
     public var bytesResent = 0
     public var packets = 0
     /// Points at which the device confirmed what it holds (checkpoints, receipts, checksums).
@@ -26,13 +28,14 @@ public struct TransferStats: Sendable, Hashable {
     public var rollbacks = 0
     public var restarts = 0
     public var commandRetries = 0
-    /// The device's offset each time the engine (re)started on a connection.
+    /// The device's offset each time it said where the transfer stands on a connection.
     public var resumedFrom: [Int] = []
     /// Bytes re-sent on each connection, first connection first: after a resume, what the
     /// device had lost (at most one checkpoint window).
     public var resentPerConnection: [Int] = []
-    /// For each resume (a connection after the first): the bytes it had to send again, from
-    /// where streaming restarted up to where the engine stood when the link was lost.
+    /// For each resume (a connection after the first, where the device said where it stands):
+    /// the bytes it had to send again, from where streaming restarted up to where the engine
+    /// stood when the link was lost.
     public var resumeResends: [Int] = []
     /// Connections used (1 + reconnects).
     public var connections: Int { resentPerConnection.count }
@@ -47,13 +50,15 @@ public struct TransferStats: Sendable, Hashable {
 public struct ResendTally: Sendable, Hashable {
     public var stats = TransferStats()
     /// The highest image offset ever streamed, or that the device reported holding.
-    public private(set) var highWater = 0
+    public var highWater: Int { mark }
+    @usableFromInline var mark = 0
     /// Where the stream stood when the link was last lost.
     private var lostAt: Int?
-    /// On a connection after the first, where the stream stood before it, until the first packet
-    /// after the device said where it resumes measures what the resume sends again.
-    private var pendingResume: Int?
-    private var armed = false
+    /// On a connection after the first, where the stream stood before it, until the device says
+    /// where it resumes; then `measuringFrom` until the first packet measures what the resume
+    /// sends again.
+    private var lossMark: Int?
+    @usableFromInline var measuringFrom: Int?
     /// The same for bytes a protocol sends ahead of the image (Secure DFU's init packet): counted in
     /// `bytesSent` and `bytesResent`, never in the image's offsets.
     private var preambleHighWater = 0
@@ -64,8 +69,8 @@ public struct ResendTally: Sendable, Hashable {
     /// measured against where the stream stood when the link was lost.
     public mutating func connectionBegan() {
         stats.resentPerConnection.append(0)
-        pendingResume = stats.connections > 1 ? (lostAt ?? highWater) : nil
-        armed = false
+        lossMark = stats.connections > 1 ? (lostAt ?? mark) : nil
+        measuringFrom = nil
         lostAt = nil
     }
 
@@ -80,25 +85,29 @@ public struct ResendTally: Sendable, Hashable {
         stats.resumedFrom.append(offset)
         // What the device holds was sent before (by this run or an earlier one): sending it
         // again is a resend.
-        highWater = max(highWater, offset)
-        armed = pendingResume != nil
+        mark = max(mark, offset)
+        if let lossMark {
+            measuringFrom = lossMark
+            self.lossMark = nil
+        }
     }
 
     /// The device lost what it held and the transfer starts over: not a resume to measure.
     public mutating func startedOver() {
-        pendingResume = nil
-        armed = false
+        lossMark = nil
+        measuringFrom = nil
     }
 
-    /// `count` image bytes from `offset` go on the link.
+    /// `count` image bytes from `offset` go on the link. Called per packet, so inlined into each
+    /// protocol's engine.
+    @inlinable
     public mutating func streamed(offset: Int, count: Int) {
-        if armed, let from = pendingResume {
-            armed = false
-            pendingResume = nil
+        if let from = measuringFrom {
+            measuringFrom = nil
             stats.resumeResends.append(max(0, from - offset))
         }
-        if offset < highWater { countResent(min(count, highWater - offset)) }
-        highWater = max(highWater, offset + count)
+        if offset < mark { countResent(min(count, mark - offset)) }
+        mark = max(mark, offset + count)
         stats.bytesSent += count
         stats.packets += 1
     }
@@ -111,7 +120,8 @@ public struct ResendTally: Sendable, Hashable {
         stats.packets += 1
     }
 
-    private mutating func countResent(_ bytes: Int) {
+    @usableFromInline
+    mutating func countResent(_ bytes: Int) {
         stats.bytesResent += bytes
         if !stats.resentPerConnection.isEmpty { stats.resentPerConnection[stats.resentPerConnection.count - 1] += bytes }
     }
@@ -229,7 +239,7 @@ public protocol TransferEngine: Sendable {
     /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
     var acked: Int { get }
     var ackedCRC: UInt32 { get }
-    /// The highest offset ever sent.
+    /// The highest offset ever sent, or that the device reported holding.
     var highWater: Int { get }
     /// The furthest position the device reported with a CRC that matched the image: what the
     /// session's stall budget watches.
