@@ -303,7 +303,7 @@ func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, ver
                                                        version2: version2, runsCLibrary: version2 != nil))
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
-    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config, profile: NativeProfile(),
                              timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
     let run = await runSession(session, clock: clock, trace: trace)
     var record = RunRecord(run, neverConfirms: scenario.neverConfirms != nil)

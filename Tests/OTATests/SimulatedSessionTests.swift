@@ -347,7 +347,7 @@ struct SimulatedSessionTests {
     @Test func unknownAddressIsDeviceNotFound() async {
         let device = simulatedDevice()
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(central: central, address: DeviceAddress("AA:BB:CC:DD:EE:FF")!, image: Self.image)
+        let session = OTASession(central: central, address: DeviceAddress("AA:BB:CC:DD:EE:FF")!, image: Self.image, profile: NativeProfile())
         do {
             _ = try await session.run()
             Issue.record("flashed a device that does not exist")
