@@ -105,6 +105,37 @@ public struct SessionTimeouts: Sendable, Hashable {
     }
 }
 
+/// The supervisor's reconnects after a link loss: attempts back off within the policy's window,
+/// and a connection that moved the transfer forward ends the outage.
+struct Outage {
+    let policy: ReconnectPolicy
+    private var rng: SeededGenerator
+    private(set) var attempt = 0
+    private var start: Duration?
+
+    init(policy: ReconnectPolicy) {
+        self.policy = policy
+        rng = SeededGenerator(seed: policy.seed)
+    }
+
+    /// The wait before the next attempt after `failure`.
+    /// - Throws: `failure`, saying so, once the next attempt would start past the window.
+    mutating func nextDelay(after failure: OTAError, progressed: Bool, at now: Duration) throws(OTAError) -> Duration {
+        if progressed || start == nil {
+            start = now
+            attempt = 0
+        }
+        attempt += 1
+        let delay = policy.delay(attempt: attempt, using: &rng)
+        guard let start, now + delay - start <= policy.window else {
+            throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(policy.window.seconds)) s)",
+                           hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
+                           cause: failure.cause)
+        }
+        return delay
+    }
+}
+
 /// How long a session may go on without progress, counted over connected time while data is
 /// being sent (not while reconnecting, verifying or activating, which have limits of their own):
 /// the budget is spent while no new data is confirmed, and refilled whenever the device confirms
@@ -222,58 +253,50 @@ public actor OTASession {
             engine.seed(confirmedOffset: entry.confirmedOffset, crc: entry.confirmedCRC)
             logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
         }
-        var rng = SeededGenerator(seed: reconnect.seed)
         var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
-        var attempt = 0
-        var outageStart: Duration?
+        var outage = Outage(policy: reconnect)
         let started = clock.now
         while true {
             try checkCancelled(confirmed: engine.acked)
             events(.connecting(device: device))
             let ackedBefore = engine.acked
-            let failure: OTAError
             do {
-                let connection = try await connectOrThrow()
-                do {
-                    var result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
-                    await connection.disconnect()
-                    journal?.remove(device: device, image: image)
-                    result.seconds = (clock.now - started).seconds
-                    return result
-                } catch {
-                    await connection.disconnect()
-                    failure = error
+                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, events: events)
+                journal?.remove(device: device, image: image)
+                result.seconds = (clock.now - started).seconds
+                return result
+            } catch {
+                if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
+                if error.code == .verifyFailed { journal?.remove(device: device, image: image) }
+                // A new connection helps a lost or stuck link; it cannot make a device confirm data it
+                // keeps losing (the stall budget is spent) or verify faster.
+                let exhausted = stall.left <= .zero || (error.code == .timeout && engine.failedIn == .verifying)
+                guard error.resumable, error.code == .connection || error.code == .timeout, reconnect.window > .zero, !exhausted else {
+                    throw error
                 }
-            } catch {
-                failure = error
+                let delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore, at: clock.now)
+                logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(outage.attempt)", "reason": "\(error.message)"])
+                events(.reconnecting(device: device, attempt: outage.attempt, reason: error.message, delay: delay))
+                do {
+                    try await clock.sleep(for: delay)
+                } catch {
+                    throw interrupted(confirmed: engine.acked)
+                }
             }
-            if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
-            if failure.code == .verifyFailed { journal?.remove(device: device, image: image) }
-            // A new connection helps a lost or stuck link; it cannot make a device confirm data it
-            // keeps losing (the stall budget is spent) or verify faster.
-            let exhausted = stall.left <= .zero || (failure.code == .timeout && engine.failedIn == .verifying)
-            guard failure.resumable, failure.code == .connection || failure.code == .timeout, reconnect.window > .zero, !exhausted else {
-                throw failure
-            }
-            // A connection that moved the transfer forward ends the outage; a new one begins.
-            if engine.acked > ackedBefore || outageStart == nil {
-                outageStart = clock.now
-                attempt = 0
-            }
-            attempt += 1
-            let delay = reconnect.delay(attempt: attempt, using: &rng)
-            guard clock.now + delay - outageStart! <= reconnect.window else {
-                throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(reconnect.window.seconds)) s)",
-                               hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
-                               cause: failure.cause)
-            }
-            logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(attempt)", "reason": "\(failure.message)"])
-            events(.reconnecting(device: device, attempt: attempt, reason: failure.message, delay: delay))
-            do {
-                try await clock.sleep(for: delay)
-            } catch {
-                throw interrupted(confirmed: engine.acked)
-            }
+        }
+    }
+
+    /// One connection: connects, drives the engine over it, and disconnects.
+    private func connectAndDrive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, stall: inout StallBudget,
+                                                      events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        let connection = try await connectOrThrow()
+        do {
+            let result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
+            await connection.disconnect()
+            return result
+        } catch {
+            await connection.disconnect()
+            throw error
         }
     }
 
