@@ -316,7 +316,10 @@ struct SMPEngineTests {
         #expect(second.offset == UInt64(opening.data.count))
     }
 
-    @Test func aBusyServerDropsTheWindowToOne() throws {
+    /// The note names the refusal by its code, whatever the device's own words (`rsn`) say.
+    @Test(arguments: [(SMPDeviceError.general(.busy), "busy (10)"),
+                      (.general(.noMemory, reason: "netbuf: no room: 4 held"), "out of memory (2)")])
+    func aServerOutOfBuffersDropsTheWindowToOne(refusal: SMPDeviceError, name: String) throws {
         var engine = Self.engine()
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
@@ -326,32 +329,18 @@ struct SMPEngineTests {
         let window = try server.drain(&engine)
         #expect(window.count == 4)
         #expect(engine.notes.isEmpty)
-        _ = engine.handle(try ScriptedServer.answer(.error(.general(.busy)), to: window[1].header))
+        _ = engine.handle(try ScriptedServer.answer(.error(refusal), to: window[1].header))
         #expect(engine.window == 1)
         #expect(engine.notes.count == 1)
         #expect(engine.notes.first?.contains("one request in flight") == true)
-        #expect(engine.notes.first?.hasPrefix("the device answered busy (10) with 4 requests") == true)
+        #expect(engine.notes.first?.hasPrefix("the device answered \(name) with 4 requests") == true, "\(engine.notes)")
         #expect(try server.drain(&engine).count == 1)
         // Said once: a second refusal on a later connection adds nothing.
         _ = engine.handle(.disconnected(.linkLost("test")))
         _ = engine.handle(.connected(Self.link, mtu: 247))
         let again = try server.drain(&engine)
-        _ = engine.handle(try ScriptedServer.answer(.error(.general(.busy)), to: again[0].header))
+        _ = engine.handle(try ScriptedServer.answer(.error(refusal), to: again[0].header))
         #expect(engine.notes.count == 1)
-    }
-
-    /// The note names the refusal by its code, whatever the device's own words (`rsn`) say.
-    @Test func anOutOfMemoryServerIsNamedByItsCode() throws {
-        var engine = Self.engine()
-        var server = ScriptedServer()
-        _ = engine.handle(.connected(Self.link, mtu: 247))
-        let first = try server.drain(&engine)
-        guard case .imageUpload(let opening) = first[0].request else { return }
-        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
-        let window = try server.drain(&engine)
-        _ = engine.handle(try ScriptedServer.answer(.error(.general(.noMemory, reason: "netbuf: no room: 4 held")), to: window[0].header))
-        #expect(engine.window == 1)
-        #expect(engine.notes.first?.hasPrefix("the device answered out of memory (2) with 4 requests in flight") == true, "\(engine.notes)")
     }
 
     @Test func aLinkLostWhileResettingIsTheReset() throws {
