@@ -44,16 +44,14 @@ public struct TransferStats: Sendable, Hashable {
 }
 
 /// The resend figures of `TransferStats`, counted the same way for every engine: the engine says
-/// when a connection begins, where the device resumed, what it streams and where the link was
-/// lost; the tally works out what went on the link again. An engine keeps one and adds its own
+/// when a connection begins (and where its stream stood then), where the device resumed and what
+/// it streams; the tally works out what went on the link again. An engine keeps one and adds its own
 /// counters (checkpoints, rewinds…) to `stats`.
 public struct ResendTally: Sendable, Hashable {
     public var stats = TransferStats()
     /// The highest image offset ever streamed, or that the device reported holding.
     public var highWater: Int { mark }
     @usableFromInline var mark = 0
-    /// Where the stream stood when the link was last lost.
-    private var lostAt: Int?
     /// On a connection after the first, where the stream stood before it, until the device says
     /// where it resumes; then `measuringFrom` until the first packet measures what the resume
     /// sends again.
@@ -65,18 +63,13 @@ public struct ResendTally: Sendable, Hashable {
 
     public init() {}
 
-    /// A connection begins: its resends are counted apart, and on a reconnect the next resume is
-    /// measured against where the stream stood when the link was lost.
-    public mutating func connectionBegan() {
+    /// A connection begins with the engine's stream at `position` (where it stood when the last
+    /// connection ended): its resends are counted apart, and on a reconnect the next resume is
+    /// measured against `position`.
+    public mutating func connectionBegan(streamAt position: Int) {
         stats.resentPerConnection.append(0)
-        lossMark = stats.connections > 1 ? (lostAt ?? mark) : nil
+        lossMark = stats.connections > 1 ? position : nil
         measuringFrom = nil
-        lostAt = nil
-    }
-
-    /// The link was lost with the stream at `position`.
-    public mutating func linkLost(at position: Int) {
-        lostAt = position
     }
 
     /// The device holds the image up to `offset` on this connection: the resume point. The next

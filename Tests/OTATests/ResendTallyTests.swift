@@ -6,7 +6,7 @@ import Testing
 struct ResendTallyTests {
     @Test func aCleanStreamResendsNothing() {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.resumed(from: 0)
         for offset in stride(from: 0, to: 1000, by: 100) { tally.streamed(offset: offset, count: 100) }
         #expect(tally.stats.bytesSent == 1000)
@@ -21,7 +21,7 @@ struct ResendTallyTests {
     /// a packet that straddles the mark counts only its part below it.
     @Test func bytesBelowTheHighWaterMarkAreResent() {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.resumed(from: 0)
         tally.streamed(offset: 0, count: 600)
         tally.streamed(offset: 400, count: 300)
@@ -31,15 +31,15 @@ struct ResendTallyTests {
     }
 
     /// A reconnect measures its resume at the first packet after the device said where it
-    /// stands: from there up to where the stream stood when the link was lost.
+    /// stands: from there up to where the stream stood when the link was lost, not the furthest
+    /// it ever went.
     @Test(arguments: [(1000, 800, 200), (1000, 1000, 0), (600, 800, 0)])
     func aResumeIsMeasuredFromWhereTheLinkWasLost(lostAt: Int, resumeAt: Int, expected: Int) {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.resumed(from: 0)
         tally.streamed(offset: 0, count: 1000)
-        tally.linkLost(at: lostAt)
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: lostAt)
         tally.streamed(offset: 0, count: 10)  // before the device said where it stands: not the resume
         #expect(tally.stats.resumeResends.isEmpty)
         tally.resumed(from: resumeAt)
@@ -51,10 +51,10 @@ struct ResendTallyTests {
 
     @Test func aDeviceThatStartedOverIsNotAResume() {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.resumed(from: 0)
         tally.streamed(offset: 0, count: 500)
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 500)
         tally.resumed(from: 0)
         tally.startedOver()
         tally.streamed(offset: 0, count: 500)
@@ -66,7 +66,7 @@ struct ResendTallyTests {
     /// transfer and then falls back below it sends those bytes again.
     @Test func whatTheDeviceHeldCountsAsSent() {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.resumed(from: 4096)
         tally.streamed(offset: 2048, count: 2048)
         #expect(tally.stats.bytesResent == 2048)
@@ -76,7 +76,7 @@ struct ResendTallyTests {
     /// Bytes sent ahead of the image (an init packet) have their own mark.
     @Test func aPreambleIsCountedApartFromTheImageOffsets() {
         var tally = ResendTally()
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: 0)
         tally.streamedPreamble(offset: 0, count: 100)
         tally.streamed(offset: 0, count: 100)
         tally.streamedPreamble(offset: 0, count: 100)

@@ -94,7 +94,7 @@ private struct SinkEngine: TransferEngine {
         switch event {
         case .connected(_, let mtu):
             chunkSize = mtu - 3
-            tally.connectionBegan()
+            tally.connectionBegan(streamAt: sent)
             phase = .beginning
             isAwaitingReply = true
             return [.write(TransferWrite([0x01] + Sink.le32(image.size)))]

@@ -372,7 +372,7 @@ public struct NordicDFUEngine: TransferEngine {
         guard mtu >= 23 else {
             return fail(OTAError(.incompatibleDevice, "the link reports ATT MTU \(mtu), below the minimum of 23 every BLE link supports; the transport is misbehaving"))
         }
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: sent)
         chunkSize = ATTWriteLimit.value(mtu: mtu)
         streamsBeforeCreateResponse = config.streamBeforeCreateResponse ?? keepsWriteOrder
         // Until SELECT reports the object size, assume the SDK's 4096 bytes.

@@ -226,7 +226,6 @@ public struct OTAEngine: TransferEngine {
                 return [.failed(OTAError(.connection, "\(reason) while activating: the image was verified, but activation was not confirmed",
                                          hint: "run the same command again: it checks what the device runs before sending anything", resumable: true))]
             case .idle, .beginning, .streaming, .verifying:
-                tally.linkLost(at: sent)
                 let where_ = acked > 0 ? " (\(acked) of \(image.size) bytes confirmed)" : ""
                 return fail(OTAError(.connection, "\(reason)\(where_)", hint: "run the same command again to resume", resumable: true))
             }
@@ -241,7 +240,7 @@ public struct OTAEngine: TransferEngine {
         let activationUnconfirmed = self.activationUnconfirmed
         deviceInfo = info
         state = .idle
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: sent)
         guard OTAProtocol.versions.contains(info.protocolVersion) else {
             return fail(OTAError(.incompatibleDevice, "device speaks OTA protocol version \(info.protocolVersion); this otaflash speaks versions \(OTAProtocol.versions.lowerBound) to \(OTAProtocol.versions.upperBound)",
                                  hint: "update otaflash, or flash the device with firmware whose OTA service speaks one of these"))

@@ -268,7 +268,6 @@ public struct SMPEngine: TransferEngine {
                 state = .done
                 return [.finished]
             }
-            tally.linkLost(at: sent)
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
         }
@@ -288,7 +287,7 @@ public struct SMPEngine: TransferEngine {
         queue = []
         queueHead = 0
         retries = 0
-        tally.connectionBegan()
+        tally.connectionBegan(streamAt: sent)
         if let parameters = link.parameters, parameters.bufferSize > 0 {
             frameLimit = Int(parameters.bufferSize)
             let count = max(1, Int(parameters.bufferCount))
