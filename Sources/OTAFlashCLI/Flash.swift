@@ -139,7 +139,7 @@ struct Flash: AsyncParsableCommand {
     var sdReq: FWIDList?
 
     @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("Bytes between checkpoints (write with response carrying offset and CRC32)", valueName: "bytes"))
-    var checkpointInterval: Int = EngineConfig.defaultCheckpointInterval
+    var checkpointInterval: Int = OTAEngine.Settings.defaultCheckpointInterval
 
     @Flag(name: .customLong("no-activate"), help: "Stop after the device verified the image; do not activate it.")
     var noActivate = false
@@ -211,7 +211,8 @@ struct Flash: AsyncParsableCommand {
 
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations, smp: smp.settings(noReset: smp.noReset))
+        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations, native: nativeSettings,
+                                      smp: smp.settings(noReset: smp.noReset))
         let native = plan.profile is NativeProfile
         if native, !expectations.isEmpty {
             throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
@@ -408,9 +409,14 @@ extension Flash {
     }
 
     var engineConfig: EngineConfig {
-        EngineConfig(checkpointInterval: checkpointInterval, activate: !noActivate, restart: restart,
+        EngineConfig(activate: !noActivate, restart: restart,
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
-                     activateTimeout: Ranges.activateTimeout.duration(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
+                     activateTimeout: Ranges.activateTimeout.duration(activateTimeout),
                      skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
+    }
+
+    /// What `--checkpoint-interval` and `--image-version` set for the native protocol.
+    var nativeSettings: OTAEngine.Settings {
+        OTAEngine.Settings(checkpointInterval: checkpointInterval, imageVersion: imageVersion.flatMap(FirmwareVersion.init))
     }
 }

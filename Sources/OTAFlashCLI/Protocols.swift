@@ -10,7 +10,12 @@ extension ProtocolRegistry {
     /// Every protocol the command line speaks, in order of preference: otaflash's own, Nordic
     /// Secure DFU, then MCUmgr's SMP. (The OTA library cannot see NordicDFU or SMP, so the list is
     /// made here.)
-    static let cli = ProtocolRegistry([NativeProfile(), NordicDFUProfile(), SMPProfile()])
+    static let cli = cli(native: OTAEngine.Settings())
+
+    /// The same, with the native protocol's settings (`--checkpoint-interval`, `--image-version`).
+    static func cli(native: OTAEngine.Settings) -> ProtocolRegistry {
+        ProtocolRegistry([NativeProfile(settings: native), NordicDFUProfile(), SMPProfile()])
+    }
 
     /// The values `--protocol` takes.
     static var choices: [String] { [auto] + cli.names }
@@ -53,7 +58,7 @@ extension FlashPlan {
     ///   that does not check out; `.incompatibleDevice` (exit 7) for a package `expect` says the
     ///   device would refuse.
     static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init(),
-                     smp: SMPFlashOptions.Settings = .init()) throws(CLIFailure) -> FlashPlan {
+                     native: OTAEngine.Settings = .init(), smp: SMPFlashOptions.Settings = .init()) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: path)
@@ -73,7 +78,7 @@ extension FlashPlan {
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
         do {
-            let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
+            let resolution = try ProtocolRegistry.cli(native: native).resolve(name, format: format)
             return FlashPlan(update: UpdatePlan(firmware: firmware, profile: resolution.profile, format: format, reason: resolution.reason))
         } catch {
             throw CLIFailure(.imageFile, refusal(path, error))
