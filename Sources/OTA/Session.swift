@@ -229,7 +229,7 @@ public actor OTASession {
 
     /// The longest a run goes on after the device last confirmed new data (or after it started),
     /// whatever the device does: the stall budget, the reconnect window, one more connection's
-    /// connect and discovery, one VERIFY, and one command's retries (README, "Time limits").
+    /// connect and discovery, one VERIFY, and one command's retries (docs/PRODUCTION.md, "Time limits").
     public static func bound(config: EngineConfig, timeouts: SessionTimeouts, reconnect: ReconnectPolicy) -> Duration {
         max(timeouts.stall, config.replyTimeout) + reconnect.window + timeouts.connect + timeouts.discovery
             + config.verifyTimeout + max(config.replyTimeout, config.activateTimeout) * (config.commandRetries + 1)

@@ -30,7 +30,7 @@ public struct SoakSettings: Sendable {
         self.deviceVersion = deviceVersion
     }
 
-    /// The session's documented bound after the last progress (README, "Time limits").
+    /// The session's documented bound after the last progress (docs/PRODUCTION.md, "Time limits").
     public var sessionBound: Duration {
         OTASession.bound(config: config, timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow))
     }

@@ -191,7 +191,7 @@ let strategy = options.strategy
 let settings = SoakSettings(deviceVersion: options.deviceVersion)
 /// Wall-clock limit of one run: every wait is virtual, so a run that takes this long is stuck.
 let hangLimit: Duration = .seconds(20)
-/// The documented bound after the last progress (README, "Time limits"), and what the protocol adds to it.
+/// The documented bound after the last progress (docs/PRODUCTION.md, "Time limits"), and what the protocol adds to it.
 let runBound = strategy.bound(settings)
 let (resendLimit, resendLimitName) = strategy.resendLimit(settings)
 var records: [SoakRecord] = []

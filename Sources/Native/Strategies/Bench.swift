@@ -26,12 +26,12 @@ public struct NativeBench: BenchStrategy {
     }
 
     /// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
-    static func engineGoodput(_ image: FirmwareImage, _ link: LinkModel, interval: Int = EngineConfig.defaultCheckpointInterval,
+    static func engineGoodput(_ image: FirmwareImage, _ link: LinkModel, interval: Int = OTAEngine.Settings.defaultCheckpointInterval,
                               version2: OTATarget.Version2? = nil) async throws -> Double {
         let d = device(link, version2: version2)
         let central = SimulatedCentral(devices: [d])
         let session = OTASession(central: central, address: d.config.address, image: image,
-                                 config: EngineConfig(checkpointInterval: interval), profile: NativeProfile())
+                                 profile: NativeProfile(settings: OTAEngine.Settings(checkpointInterval: interval)))
         let result = try await session.run()
         guard d.activatedImage == image.bytes else { throw BenchFailure("engine run did not activate the image") }
         return Double(image.size) / result.transferSeconds
@@ -233,7 +233,7 @@ public struct NativeBench: BenchStrategy {
             let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 64 << 20, link: .unlimited))
             let central = SimulatedCentral(devices: [d])
             let session = OTASession(central: central, address: d.config.address, image: big,
-                                     config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval), profile: NativeProfile())
+                                     profile: NativeProfile(settings: OTAEngine.Settings()))
             let c0 = cpuSeconds()
             let t0 = ContinuousClock.now
             _ = try await session.run()

@@ -29,14 +29,14 @@ public struct NativeSoak: SoakStrategy {
     /// The session's bound, and for a version 2 device what its flash adds: a CHECKPOINT or
     /// STATUS waits a window's erases longer on each try.
     public func bound(_ settings: SoakSettings) -> Duration {
-        let config = settings.config
-        return settings.sessionBound + (version2(settings).map { .milliseconds(Int($0.eraseTimeMs)) * (config.window / $0.eraseUnit + 1) } ?? .zero)
-            * (config.commandRetries + 1)
+        let window = OTAEngine.Settings().window
+        return settings.sessionBound + (version2(settings).map { .milliseconds(Int($0.eraseTimeMs)) * (window / $0.eraseUnit + 1) } ?? .zero)
+            * (settings.config.commandRetries + 1)
     }
 
     /// One checkpoint window, and for a version 2 device an erase unit more (a commit rounds down to one).
     public func resendLimit(_ settings: SoakSettings) -> (bytes: Int, name: String) {
-        (settings.config.window + (version2(settings)?.eraseUnit ?? 0), "window")
+        (OTAEngine.Settings().window + (version2(settings)?.eraseUnit ?? 0), "window")
     }
 
     public func trial(_ scenario: SoakScenario, seed: UInt64, settings: SoakSettings) throws(OTAError) -> SoakTrial {
