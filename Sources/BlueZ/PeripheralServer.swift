@@ -116,64 +116,124 @@ public final class PeripheralServer: Sendable {
     public func serve(_ device: Device, trace: (@Sendable (String) -> Void)? = nil, logger: Logger,
                       until stop: @escaping @Sendable () async -> Void,
                       events: @escaping @Sendable (Event) -> Void) async throws(PeripheralError) -> Result {
-        let host = self.host
         let endings = AsyncStream.makeStream(of: Ending.self)
         // The device's address changes (a buttonless reset), for the task that moves the bootloader's advertising.
         let moves = AsyncStream.makeStream(of: DeviceAddress?.self)
-        let peripheral = OTAPeripheral(model: device.model, storeDirectory: device.storeDirectory, trace: trace,
-                                       security: device.security, events: { event in
+        let parts = Parts(device, hosts: hosts, trace: trace, logger: logger) { event in
             if case .moved(let address) = event { moves.continuation.yield(address) }
             events(.device(event))
-        })
-        let application = PeripheralApplication(connection: host.connection, root: Self.applicationRoot,
-                                                services: peripheral.services)
-        let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
-                                                    localName: device.name, serviceUUIDs: device.model.advertisedServices)
-        // The bootloader's GATT application on the second adapter, registered throughout and
-        // advertised only while the device runs its bootloader. The application's advertisement
-        // stays registered meanwhile, as through a reboot (withdrawing and registering it again on
-        // BlueZ 5.66 left it unseen by other controllers' scans), and its table answers nothing then.
-        var bootloader: BootloaderSite?
-        if let table = device.bootloaderServices, hosts.count > 1 {
-            bootloader = BootloaderSite(host: hosts[1], application: PeripheralApplication(
-                connection: hosts[1].connection, root: Self.applicationRoot, services: peripheral.services(for: table)))
         }
-        // The device's own agent, bluetoothd's default, answers the pairings centrals start.
-        let agent = device.security == .none ? nil : BlueZAgent(
-            bus: host.connection, path: Self.applicationRoot + "/agent",
-            policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: device.passkey,
-                                                                confirmsComparison: device.security == .authenticate && device.passkey == nil),
-                                      servesPeripheral: true),
-            logger: logger)
-
         var mover: Task<Void, Never>?
         var waiter: Task<Void, Never>?
         var failure: PeripheralError?
         var ending = Ending.stopped
         do {
-            if let agent {
-                do {
-                    try await agent.register()
-                } catch {
-                    throw PeripheralError(.bluetoothUnavailable, error.message)
+            try await parts.register(on: hosts) { endings.continuation.yield(.stackGone) }
+            if let bootloader = parts.bootloader {
+                let (home, peripheral) = (host.adapter, parts.peripheral)
+                mover = Task {
+                    for await address in moves.stream {
+                        await Self.move(to: address, device: device, bootloader: bootloader, home: home,
+                                        peripheral: peripheral, events: events)
+                    }
                 }
             }
-            try await application.export()
-            try await advertisement.export()
-            if let bootloader {
-                try await bootloader.application.export()
-                let applications = [application, bootloader.application]
-                try await peripheral.attach(link: AdapterLinks(hosts)) { uuid, value in
-                    let holder = applications.first { $0.characteristicPaths[uuid] != nil } ?? application
-                    try await holder.notify(uuid, value)
-                }
+            events(.serving(bootloaderAdapter: parts.bootloader?.host.adapter))
+            waiter = Task {
+                await stop()
+                endings.continuation.yield(.stopped)
+            }
+            for await first in endings.stream {
+                ending = first
+                break
+            }
+        } catch {
+            failure = error
+        }
+        waiter?.cancel()
+        await parts.peripheral.stop()
+        moves.continuation.finish()
+        endings.continuation.finish()
+        mover?.cancel()
+        await mover?.value
+        await parts.tearDown()
+        await close()
+        if let failure { throw failure }
+        let peripheral = parts.peripheral
+        return Result(ending: ending, activations: await peripheral.activations,
+                      runsLockstep: await peripheral.runsLockstep, lockstepDivergence: await peripheral.lockstepDivergence)
+    }
+
+    /// What serving one device puts on the bus: the model's host, its application and
+    /// advertisement, a bootloader site, the agent.
+    private struct Parts {
+        let peripheral: OTAPeripheral
+        let application: PeripheralApplication
+        let advertisement: PeripheralAdvertisement
+        /// The bootloader's GATT application on the second adapter, registered throughout and
+        /// advertised only while the device runs its bootloader. The application's advertisement
+        /// stays registered meanwhile, as through a reboot (withdrawing and registering it again on
+        /// BlueZ 5.66 left it unseen by other controllers' scans), and its table answers nothing then.
+        let bootloader: BootloaderSite?
+        /// The device's own agent, bluetoothd's default, answers the pairings centrals start.
+        let agent: BlueZAgent?
+
+        init(_ device: Device, hosts: [PeripheralHost], trace: (@Sendable (String) -> Void)?, logger: Logger,
+             events: @escaping @Sendable (OTAPeripheralEvent) -> Void) {
+            let host = hosts[0]
+            peripheral = OTAPeripheral(model: device.model, storeDirectory: device.storeDirectory, trace: trace,
+                                       security: device.security, events: events)
+            application = PeripheralApplication(connection: host.connection, root: PeripheralServer.applicationRoot,
+                                                services: peripheral.services)
+            advertisement = PeripheralAdvertisement(connection: host.connection, path: PeripheralServer.applicationRoot + "/advertisement0",
+                                                    localName: device.name, serviceUUIDs: device.model.advertisedServices)
+            if let table = device.bootloaderServices, hosts.count > 1 {
+                bootloader = BootloaderSite(host: hosts[1], application: PeripheralApplication(
+                    connection: hosts[1].connection, root: PeripheralServer.applicationRoot, services: peripheral.services(for: table)))
             } else {
-                try await peripheral.attach(link: host, application: application)
+                bootloader = nil
             }
-            try await host.connection.subscribe(DBusMatchRule(
-                sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
-                member: "NameOwnerChanged", arg0: "org.bluez")) { signal in
-                if signal.arguments.count == 3, signal.arguments[2].string?.isEmpty == true { endings.continuation.yield(.stackGone) }
+            agent = device.security == .none ? nil : BlueZAgent(
+                bus: host.connection, path: PeripheralServer.applicationRoot + "/agent",
+                policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: device.passkey,
+                                                                    confirmsComparison: device.security == .authenticate && device.passkey == nil),
+                                          servesPeripheral: true),
+                logger: logger)
+        }
+
+        /// Exports and registers everything; `stackGone` is called when bluetoothd leaves the bus.
+        func register(on hosts: [PeripheralHost], stackGone: @escaping @Sendable () -> Void) async throws(PeripheralError) {
+            let host = hosts[0]
+            do {
+                if let agent {
+                    do {
+                        try await agent.register()
+                    } catch {
+                        throw PeripheralError(.bluetoothUnavailable, error.message)
+                    }
+                }
+                try await application.export()
+                try await advertisement.export()
+                if let bootloader {
+                    try await bootloader.application.export()
+                    let applications = [application, bootloader.application]
+                    let application = application
+                    try await peripheral.attach(link: AdapterLinks(hosts)) { uuid, value in
+                        let holder = applications.first { $0.characteristicPaths[uuid] != nil } ?? application
+                        try await holder.notify(uuid, value)
+                    }
+                } else {
+                    try await peripheral.attach(link: host, application: application)
+                }
+                try await host.connection.subscribe(DBusMatchRule(
+                    sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                    member: "NameOwnerChanged", arg0: "org.bluez")) { signal in
+                    if signal.arguments.count == 3, signal.arguments[2].string?.isEmpty == true { stackGone() }
+                }
+            } catch let error as PeripheralError {
+                throw error
+            } catch {
+                throw PeripheralError.from(error, "setting up the GATT application")
             }
             for (served, on) in [(application, host)] + (bootloader.map { [($0.application, $0.host)] } ?? []) {
                 do {
@@ -187,48 +247,21 @@ public final class PeripheralServer: Sendable {
             } catch {
                 throw PeripheralError.from(error, "registering the advertisement on \(host.adapter) (LEAdvertisingManager1.RegisterAdvertisement)")
             }
-            if let bootloader {
-                mover = Task {
-                    for await address in moves.stream {
-                        await Self.move(to: address, device: device, bootloader: bootloader, home: host.adapter,
-                                        peripheral: peripheral, events: events)
-                    }
-                }
-            }
-            events(.serving(bootloaderAdapter: bootloader?.host.adapter))
-            waiter = Task {
-                await stop()
-                endings.continuation.yield(.stopped)
-            }
-            for await first in endings.stream {
-                ending = first
-                break
-            }
-        } catch {
-            failure = PeripheralError.from(error, "setting up the GATT application")
         }
 
-        // Teardown, each step bounded by its own call timeout.
-        waiter?.cancel()
-        await peripheral.stop()
-        moves.continuation.finish()
-        endings.continuation.finish()
-        mover?.cancel()
-        await mover?.value
-        try? await advertisement.unregister()
-        try? await application.unregister()
-        await advertisement.unexport()
-        await application.unexport()
-        if let bootloader {
-            await bootloader.withdraw()
-            try? await bootloader.application.unregister()
-            await bootloader.application.unexport()
+        /// Unregisters and unexports everything, each step bounded by its own call timeout.
+        func tearDown() async {
+            try? await advertisement.unregister()
+            try? await application.unregister()
+            await advertisement.unexport()
+            await application.unexport()
+            if let bootloader {
+                await bootloader.withdraw()
+                try? await bootloader.application.unregister()
+                await bootloader.application.unexport()
+            }
+            await agent?.unregister()
         }
-        await agent?.unregister()
-        await close()
-        if let failure { throw failure }
-        return Result(ending: ending, activations: await peripheral.activations,
-                      runsLockstep: await peripheral.runsLockstep, lockstepDivergence: await peripheral.lockstepDivergence)
     }
 
     /// The device reset and answers at `address`: advertise the bootloader on its adapter once the
