@@ -23,6 +23,8 @@ struct Options {
     var smp = false
     var v2 = false
     var ledger = false
+    /// A PostgreSQL ledger to measure too (a database the bench may fill): scripts/pg-server.
+    var ledgerURL: String?
     var json: String?
     var imageSize = 256 * 1024
 
@@ -38,10 +40,11 @@ struct Options {
             case "--smp": smp = true
             case "--v2": v2 = true
             case "--ledger": ledger = true
+            case "--ledger-url": i += 1; ledgerURL = i < args.count ? args[i] : nil; ledger = true
             case "--json": i += 1; json = i < args.count ? args[i] : nil
             case "--image-kib": i += 1; imageSize = (Int(args[i]) ?? 256) * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--batch] [--ledger] [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench [--grid] [--interval-sweep] [--nordic] [--smp] [--v2] [--engine-cpu] [--batch] [--ledger] [--ledger-url postgres://…] [--image-kib N] [--json FILE]")
                 exit(0)
             default:
                 FileHandle.standardError.write(Data("otaflash-bench: unknown argument \(args[i])\n".utf8))
@@ -451,6 +454,15 @@ if options.ledger {
         print(String(format: "Ledger (SQLite, WAL, synchronous FULL): %d records, %.0f µs per committed record, summary of all in %.1f ms, %.1f KiB on disk",
                      count, perRecord, queryMs, Double(bytes) / 1024))
         report.append(("ledger_\(count)_microseconds_per_record", perRecord))
+    }
+    if let url = options.ledgerURL {
+        for (count, claims) in [(100, false), (10_000, false), (1000, true)] {
+            let (perRecord, queryMs, _) = try await ledgerFigures(count: count, url: url, claims: claims)
+            let server = url.replacing(/:[^:@\/]*@/, with: "@")
+            print("Ledger (PostgreSQL, \(server)): \(count) records\(claims ? ", each after its device's claim" : "")"
+                  + String(format: ", %.0f µs per committed record, summary of all in %.1f ms", perRecord, queryMs))
+            report.append(("ledger_postgres_\(count)\(claims ? "_claimed" : "")_microseconds_per_record", perRecord))
+        }
     }
 }
 
