@@ -220,6 +220,19 @@ public actor PostgresLedger: LedgerStore {
         }
     }
 
+    /// A connection must be closed before it is released (PostgresNIO asserts it): a ledger
+    /// dropped without `close()` hands its connection to a task that closes it.
+    deinit {
+        let open = connection
+        let pending = connecting
+        if open != nil || pending != nil {
+            Task {
+                try? await (open?.close() as EventLoopFuture<Void>?)?.get()
+                if let c = try? await pending?.value { try? await (c.close() as EventLoopFuture<Void>).get() }
+            }
+        }
+    }
+
     // MARK: - Schema
 
     /// The schema's migrations, in order, as the SQLite ledger's (same names, tables, columns and

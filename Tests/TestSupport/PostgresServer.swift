@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -9,7 +8,8 @@ import Musl
 
 /// A private PostgreSQL server for one test process (scripts/pg-server): a cluster in a temp
 /// folder, on a free loopback port, password authentication. Started once, on first use, and
-/// stopped when the process exits; each test takes a database of its own (`database()`).
+/// stopped when the process ends, however it ends (scripts/pg-server watches it); each test
+/// takes a database of its own (`database()`).
 public final class PostgresServer: Sendable {
     /// `postgres://otaflash:PASSWORD@127.0.0.1:PORT/otaflash`.
     public let url: String
@@ -39,10 +39,7 @@ public final class PostgresServer: Sendable {
     public static let shared: Result<PostgresServer, HarnessError> = {
         do {
             _ = try bin.get()
-            let server = try PostgresServer(password: "pw-" + String(UInt32.random(in: 0...UInt32.max), radix: 16))
-            running.withLock { $0 = server.folder }
-            atexit { PostgresServer.stopRunning() }
-            return .success(server)
+            return .success(try PostgresServer(password: "pw-" + String(UInt32.random(in: 0...UInt32.max), radix: 16)))
         } catch let error as HarnessError {
             return .failure(error)
         } catch {
@@ -50,16 +47,11 @@ public final class PostgresServer: Sendable {
         }
     }()
 
-    private static let running = Mutex<String?>(nil)
-
-    private static func stopRunning() {
-        if let folder = running.withLock({ $0 }) { _ = runToCompletion([script, "stop", folder], timeoutMilliseconds: 70_000) }
-    }
-
-    /// Starts a server of its own (`stop()` ends it).
+    /// Starts a server of its own, stopped by `stop()` or when this process ends.
     public init(password: String) throws {
         folder = NSTemporaryDirectory() + "otaflash-pg-" + UUID().uuidString.prefix(8)
-        let child = try SpawnedProcess.spawn([Self.script, "start", folder, password], stderrPath: folder + ".log")
+        let child = try SpawnedProcess.spawn(["/usr/bin/env", "OTAFLASH_PG_OWNER=\(getpid())", Self.script, "start", folder, password],
+                                             stderrPath: folder + ".log")
         let lines = child.remainingLines(timeoutMilliseconds: 120_000)
         if lines == nil { child.stop() }
         let status = child.waitForExit()
@@ -82,14 +74,13 @@ public final class PostgresServer: Sendable {
     public func database(_ prefix: String = "t") throws -> String {
         let name = prefix + "_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
         try psql("CREATE DATABASE \(name)")
-        return url.replacingOccurrences(of: "/otaflash", with: "/" + name, options: .backwards)
+        return String(url[..<url.lastIndex(of: "/")!]) + "/" + name
     }
 
     /// Runs one SQL command through psql as the cluster's superuser.
     public func psql(_ sql: String, database: String = "postgres") throws {
         let bin = try Self.bin.get()
-        setenv("PGPASSWORD", password, 1)
-        let status = runToCompletion([bin + "/psql", "-h", "127.0.0.1", "-p", "\(port)", "-U", "otaflash", "-d", database,
+        let status = runToCompletion(["/usr/bin/env", "PGPASSWORD=" + password, bin + "/psql", "-h", "127.0.0.1", "-p", "\(port)", "-U", "otaflash", "-d", database,
                                       "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
         guard status == 0 else { throw HarnessError("psql -c \"\(sql)\" exited \(status)") }
     }
@@ -107,7 +98,7 @@ public final class SilentListener {
     public let port: Int
 
     public init() throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -120,6 +111,7 @@ public final class SilentListener {
             if fd >= 0 { close(fd) }
             throw HarnessError("cannot listen on loopback: \(why)")
         }
+        self.fd = fd
         port = Int(UInt16(bigEndian: address.sin_port))
     }
 
