@@ -328,6 +328,7 @@ public actor PostgresLedger: LedgerStore {
         if let connecting { return try await connecting.value }
         let configuration = configuration
         let limit = connectTimeout
+        let queryLimit = queryTimeout
         let location = location
         let task = Task { () throws -> PostgresConnection in
             let fired = Fired()
@@ -351,10 +352,21 @@ public actor PostgresLedger: LedgerStore {
                 }
                 throw error
             }
+            // Migrating is statements too: bounded as each operation is.
+            let stuck = Fired()
+            let guardTimer = Task {
+                try await Task.sleep(for: queryLimit)
+                stuck.set()
+                _ = c.close() as EventLoopFuture<Void>
+            }
+            defer { guardTimer.cancel() }
             do {
                 try await Self.migrate(c, location: location)
             } catch {
                 try? await (c.close() as EventLoopFuture<Void>).get()
+                if stuck.isSet {
+                    throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(queryLimit)) (migrating its schema); check the server, or choose another --ledger")
+                }
                 throw error
             }
             return c
@@ -373,7 +385,7 @@ public actor PostgresLedger: LedgerStore {
         if let error = error as? PostgresLedgerError { return LedgerError(.failed, "\(doing) \(ledger) failed: \(error.message)") }
         guard let psql = error as? PSQLError else {
             if error is CancellationError { return LedgerError(.unreachable, "\(doing) \(ledger) was interrupted") }
-            return LedgerError(.unreachable, "cannot reach \(ledger): \(Self.oneLine("\(error)")); check that the server runs and the URL's host and port, or choose another --ledger")
+            return LedgerError(.unreachable, "cannot reach \(ledger): \(Self.reason(error)); check that the server runs and the URL's host and port, or choose another --ledger")
         }
         switch psql.code {
         case .server:
@@ -398,7 +410,7 @@ public actor PostgresLedger: LedgerStore {
                 return LedgerError(.failed, "\(doing) \(ledger) failed: \(message) (SQLSTATE \(state))")
             }
         case .connectionError:
-            let why = psql.underlying.map { Self.oneLine("\($0)") } ?? "connection failed"
+            let why = psql.underlying.map(Self.reason) ?? "connection failed"
             return LedgerError(.unreachable, "cannot reach \(ledger): \(why); check that the server runs and the URL's host and port, or choose another --ledger")
         case .serverClosedConnection, .clientClosedConnection, .uncleanShutdown:
             return LedgerError(.unreachable, "the connection to \(ledger) was lost (\(doing) it); check the server, then run again")
@@ -431,6 +443,20 @@ public actor PostgresLedger: LedgerStore {
     static func format(_ d: Duration) -> String {
         let s = d.seconds
         return s == s.rounded() ? "\(Int(s)) s" : String(format: "%.1f s", s)
+    }
+
+    /// Why a connection failed, as the system says it ("Connection refused"), in one line.
+    static func reason(_ error: any Error) -> String {
+        if let error = error as? NIOConnectionError {
+            if let io = error.connectionErrors.lazy.compactMap({ $0.error as? IOError }).first {
+                return String(cString: strerror(io.errnoCode))
+            }
+            if error.connectionErrors.isEmpty, error.dnsAError != nil || error.dnsAAAAError != nil {
+                return "the host name \(error.host) does not resolve"
+            }
+        }
+        if let io = error as? IOError { return String(cString: strerror(io.errnoCode)) }
+        return oneLine("\(error)")
     }
 
     static func oneLine(_ text: String) -> String {
