@@ -20,6 +20,7 @@ let package = Package(
         .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
         .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -59,8 +60,12 @@ let package = Package(
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
-        // through GRDB). Knows no protocol and no transport.
-        .target(name: "Ledger", dependencies: [.product(name: "GRDB", package: "GRDB.swift")]),
+        // through GRDB, or PostgreSQL through PostgresNIO for several stations, with claims).
+        // Knows no protocol and no transport.
+        .target(name: "Ledger", dependencies: [
+            .product(name: "GRDB", package: "GRDB.swift"), .product(name: "PostgresNIO", package: "postgres-nio"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
@@ -94,7 +99,7 @@ let package = Package(
         .testTarget(name: "SMPTests", dependencies: [
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
         ]),
-        .testTarget(name: "LedgerTests", dependencies: ["Ledger"]),
+        .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],
     swiftLanguageModes: [.v6]

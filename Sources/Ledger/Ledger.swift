@@ -16,6 +16,22 @@ public protocol LedgerStore: Sendable {
     /// The records `query` selects, oldest first (with a limit: the newest that many, oldest first).
     func records(_ query: LedgerQuery) async throws(LedgerError) -> [LedgerRecord]
 
+    /// Claims `device` for `holder` to flash it with the image of SHA-256 `image`, for `lease`
+    /// (docs/LEDGER.md, "Claims"): granted when nobody holds it or the holder's lease has expired;
+    /// held while another holder's lease runs; done when a record shows it `ok` (or `skipped`)
+    /// with this image. Atomic: of holders claiming one device at once, one is granted.
+    func claim(_ device: String, image: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> ClaimResult
+
+    /// Extends `holder`'s claim on `device` to `lease` from now; false when the claim is no longer
+    /// `holder`'s (its lease expired and another holder took it, or it was released).
+    func renew(_ device: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool
+
+    /// Gives up `holder`'s claim on `device` without a record; another holder may take it at once.
+    func release(_ device: String, by holder: ClaimHolder) async throws(LedgerError)
+
+    /// Every claim the ledger holds (held, released and done), by device.
+    func claims() async throws(LedgerError) -> [Claim]
+
     /// Releases the store's resources; nothing is lost by not calling it.
     func close() async
 }
@@ -56,9 +72,76 @@ public struct LedgerError: Error, Sendable, Hashable, CustomStringConvertible {
     public var description: String { message }
 }
 
+/// Who claims a device: a station, and the run on it (two runs on one station are two holders,
+/// so a second otaflash started by mistake does not flash what the first is flashing).
+public struct ClaimHolder: Sendable, Hashable {
+    public var station: String
+    public var run: String
+
+    public init(station: String, run: String) {
+        self.station = station
+        self.run = run
+    }
+}
+
+/// What a claim came to.
+public enum ClaimResult: Sendable, Hashable {
+    /// Flash it: the claim is the holder's until this time (renew before then).
+    case granted(until: String)
+    /// Another holder flashes it: leave it until its lease ends (or its record releases it).
+    case held(by: String, until: String)
+    /// A record shows it updated with this image already (by that station, ended then).
+    case done(by: String, at: String)
+}
+
+/// A device's row in the claims table (docs/LEDGER.md). Times are ledger timestamps (UTC, ISO 8601)
+/// of the ledger's clock: the server's for PostgreSQL, so stations' clocks do not matter.
+public struct Claim: Sendable, Hashable, Codable {
+    public enum State: String, Sendable, Hashable, Codable {
+        /// Its holder is flashing it; until `expiresAt`, nobody else may.
+        case held
+        /// Its holder gave it up, or recorded an attempt that did not succeed.
+        case released
+        /// Its holder recorded an `ok` (or `skipped`) attempt with `imageSHA256`.
+        case done
+    }
+
+    /// The address, upper-case.
+    public var device: String
+    public var imageSHA256: String
+    public var station: String
+    public var run: String
+    public var state: State
+    public var claimedAt: String
+    /// When a held claim's lease ends; when it was released or done, the time it was.
+    public var expiresAt: String
+
+    public init(device: String, imageSHA256: String, station: String, run: String, state: State, claimedAt: String, expiresAt: String) {
+        self.device = device
+        self.imageSHA256 = imageSHA256
+        self.station = station
+        self.run = run
+        self.state = state
+        self.claimedAt = claimedAt
+        self.expiresAt = expiresAt
+    }
+
+    /// Whether `holder` may take this claim for `image` at `now` (both stores' rule; docs/LEDGER.md):
+    /// not when it is done with that image; otherwise when its lease is over, or it is the holder's own.
+    public func free(for holder: ClaimHolder, image: String, now: String) -> Bool {
+        if state == .done, imageSHA256 == image { return false }
+        return expiresAt <= now || (station == holder.station && run == holder.run)
+    }
+}
+
 public enum Ledger {
     /// The current schema version (docs/LEDGER.md): a store migrates an older ledger up to it.
-    public static let schemaVersion = 1
+    /// 1: attempts, stations. 2: claims.
+    public static let schemaVersion = 2
+
+    /// The longest lease a claim may ask for, and the shortest: a lease is renewed while the device
+    /// is flashed, and ends that long after a station dies.
+    public static let leaseRange: ClosedRange<Duration> = .milliseconds(100) ... .seconds(3600)
 
     /// The default ledger: `$XDG_STATE_HOME/otaflash/ledger.sqlite`, or `~/.local/state/...`
     /// when `XDG_STATE_HOME` is unset or not absolute (XDG Base Directory Specification).
@@ -68,14 +151,28 @@ public enum Ledger {
         return state + "/otaflash/ledger.sqlite"
     }
 
-    /// Opens the ledger `location` names: a path (SQLite), or a `postgres://` / `postgresql://` URL.
+    /// Whether `location` names a PostgreSQL server rather than a file.
+    public static func isServer(_ location: String) -> Bool {
+        location.hasPrefix("postgres://") || location.hasPrefix("postgresql://")
+    }
+
+    /// Opens the ledger `location` names: a path (SQLite), or a `postgres://` / `postgresql://` URL
+    /// (nothing is sent until the first use: `prepare` connects, migrates and proves a write).
     public static func open(_ location: String) throws(LedgerError) -> any LedgerStore {
-        if location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") {
-            throw LedgerError(.badLocation, "--ledger \(location): a PostgreSQL ledger is not available in this build; give a file path for an SQLite ledger")
+        if isServer(location) {
+            return try PostgresLedger(url: location)
         }
         if location.contains("://") {
             throw LedgerError(.badLocation, "--ledger \(location): not a path or a postgres:// URL")
         }
         return try SQLiteLedger(path: location)
+    }
+}
+
+extension Duration {
+    /// The duration in seconds, as a Double.
+    var seconds: Double {
+        let (s, attoseconds) = components
+        return Double(s) + Double(attoseconds) / 1e18
     }
 }

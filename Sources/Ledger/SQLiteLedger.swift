@@ -93,6 +93,19 @@ public final class SQLiteLedger: LedgerStore {
                 t.column("last_seen", .text).notNull()
             }
         }
+        migrator.registerMigration("v2") { db in
+            try db.create(table: "claims") { t in
+                t.primaryKey("device", .text)
+                t.column("image_sha256", .text).notNull()
+                t.column("station", .text).notNull()
+                t.column("run_id", .text).notNull()
+                t.column("state", .text).notNull()
+                t.column("claimed_at", .text).notNull()
+                t.column("expires_at", .text).notNull()
+            }
+            // A claim asks whether the device is done with the image: by address, in any case.
+            try db.execute(sql: "CREATE INDEX attempts_device_nocase ON attempts (device COLLATE NOCASE, image_sha256)")
+        }
         return migrator
     }
 
@@ -115,6 +128,12 @@ public final class SQLiteLedger: LedgerStore {
                 var row = record
                 row.id = nil
                 try row.insert(db)
+                // The record ends its holder's claim, in the same transaction.
+                try db.execute(sql: """
+                    UPDATE claims SET state = ?, image_sha256 = ?, expires_at = ?
+                    WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'
+                    """, arguments: [Self.succeeded(record.result) ? "done" : "released", record.imageSHA256,
+                                     LedgerRecord.timestamp(Date()), record.device.uppercased(), record.station, record.runID])
                 return db.lastInsertedRowID
             }
         } catch {
@@ -157,6 +176,79 @@ public final class SQLiteLedger: LedgerStore {
             throw Self.failure(error, path: location, doing: "reading")
         }
     }
+
+    public func claim(_ device: String, image: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> ClaimResult {
+        let key = device.uppercased()
+        do {
+            // One write transaction: SQLite's write lock makes it atomic among processes.
+            return try await queue.write { db in
+                let now = LedgerRecord.timestamp(Date())
+                if let row = try Row.fetchOne(db, sql: """
+                    SELECT station, ended_at FROM attempts WHERE device = ? COLLATE NOCASE AND image_sha256 = ? AND result IN ('ok', 'skipped')
+                    ORDER BY id DESC LIMIT 1
+                    """, arguments: [key, image]) {
+                    return .done(by: row["station"], at: row["ended_at"])
+                }
+                let existing = try Self.claim(db, key)
+                if let existing, !existing.free(for: holder, image: image, now: now) {
+                    return existing.state == .done ? .done(by: existing.station, at: existing.expiresAt)
+                        : .held(by: existing.station, until: existing.expiresAt)
+                }
+                let until = LedgerRecord.timestamp(Date().addingTimeInterval(lease.seconds))
+                try db.execute(sql: """
+                    INSERT INTO claims (device, image_sha256, station, run_id, state, claimed_at, expires_at) VALUES (?, ?, ?, ?, 'held', ?, ?)
+                    ON CONFLICT(device) DO UPDATE SET image_sha256 = excluded.image_sha256, station = excluded.station, run_id = excluded.run_id,
+                        state = 'held', claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+                    """, arguments: [key, image, holder.station, holder.run, now, until])
+                return .granted(until: until)
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func renew(_ device: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool {
+        do {
+            return try await queue.write { db in
+                try db.execute(sql: "UPDATE claims SET expires_at = ? WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'",
+                               arguments: [LedgerRecord.timestamp(Date().addingTimeInterval(lease.seconds)), device.uppercased(),
+                                           holder.station, holder.run])
+                return db.changesCount == 1
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func release(_ device: String, by holder: ClaimHolder) async throws(LedgerError) {
+        do {
+            try await queue.write { db in
+                try db.execute(sql: "UPDATE claims SET state = 'released', expires_at = ? WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'",
+                               arguments: [LedgerRecord.timestamp(Date()), device.uppercased(), holder.station, holder.run])
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func claims() async throws(LedgerError) -> [Claim] {
+        do {
+            return try await queue.read { db in
+                try String.fetchAll(db, sql: "SELECT device FROM claims ORDER BY device").compactMap { try Self.claim(db, $0) }
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "reading")
+        }
+    }
+
+    private static func claim(_ db: Database, _ device: String) throws -> Claim? {
+        guard let row = try Row.fetchOne(db, sql: "SELECT * FROM claims WHERE device = ?", arguments: [device]) else { return nil }
+        return Claim(device: row["device"], imageSHA256: row["image_sha256"], station: row["station"], run: row["run_id"],
+                     state: Claim.State(rawValue: row["state"]) ?? .released, claimedAt: row["claimed_at"], expiresAt: row["expires_at"])
+    }
+
+    /// A result that leaves the device done with its image.
+    static func succeeded(_ result: String) -> Bool { result == "ok" || result == "skipped" }
 
     public func close() async {
         try? queue.close()

@@ -71,7 +71,7 @@ struct LedgerCommand: AsyncParsableCommand {
 
     func run() async throws {
         let path = ledger ?? Ledger.defaultPath()
-        guard FileManager.default.fileExists(atPath: path) else {
+        guard Ledger.isServer(path) || FileManager.default.fileExists(atPath: path) else {
             throw CLIFailure(.ledgerFailed, "no ledger at \(path): nothing was recorded there yet (flashing real devices records to it; --ledger PATH names another)")
         }
         let records: [LedgerRecord]

@@ -2,21 +2,33 @@ import Foundation
 import Ledger
 import Simulator
 
-/// The ledger's cost per record: `count` records appended one transaction each (WAL, synchronous
-/// FULL: each is on disk when `append` returns), then one summary query over all of them.
-func ledgerFigures(count: Int) async throws -> (microsecondsPerRecord: Double, queryMilliseconds: Double, fileBytes: Int) {
+/// The ledger's cost per record: `count` records appended one transaction each (each is
+/// committed when `append` returns: SQLite in WAL with synchronous FULL, or PostgreSQL), then
+/// one summary query over all of them. With `claims`, each record is preceded by its device's
+/// claim, as a station sharing the ledger does.
+func ledgerFigures(count: Int, url: String? = nil, claims: Bool = false) async throws
+    -> (microsecondsPerRecord: Double, queryMilliseconds: Double, fileBytes: Int) {
     let folder = NSTemporaryDirectory() + "otaflash-bench-ledger-\(getpid())"
     try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(atPath: folder) }
-    let ledger = try SQLiteLedger(path: folder + "/ledger.sqlite")
+    let ledger: any LedgerStore = try url.map { try PostgresLedger(url: $0) } ?? SQLiteLedger(path: folder + "/ledger.sqlite")
+    try await ledger.prepare(station: "bench")
+    let before = try await ledger.records(LedgerQuery()).count
     let sha = String(repeating: "5e", count: 32)
+    let run = UUID().uuidString
+    let holder = ClaimHolder(station: "bench", run: run)
     let started = ContinuousClock.now
     for i in 0..<count {
         let device = String(format: "C0:FF:EE:%02X:%02X:%02X", (i >> 16) & 0xFF, (i >> 8) & 0xFF, i & 0xFF)
+        if claims {
+            guard case .granted = try await ledger.claim(device, image: run, by: holder, lease: .seconds(60)) else {
+                throw BenchError("\(device) was not granted")
+            }
+        }
         let now = LedgerRecord.timestamp(Date())
-        try await ledger.append(LedgerRecord(runID: "bench", startedAt: now, endedAt: now, station: "bench", adapter: "hci0", device: device,
+        try await ledger.append(LedgerRecord(runID: run, startedAt: now, endedAt: now, station: "bench", adapter: "hci0", device: device,
                                              manufacturer: "otaflash", model: "bench", serialNumber: "SN\(i)", firmwareBefore: "1.0.0",
-                                             protocolName: "native", imageName: "app.bin", imageSize: 262_144, imageSHA256: sha,
+                                             protocolName: "native", imageName: "app.bin", imageSize: 262_144, imageSHA256: claims ? run : sha,
                                              firmwareAfter: "2.0.0", bytesSent: 262_144, seconds: 2.1, rate: 124_000,
                                              result: i % 50 == 0 ? "error" : "ok", exitCode: i % 50 == 0 ? 10 : 0,
                                              errorCode: i % 50 == 0 ? "timeout" : nil, otaflashVersion: "bench", otaflashCommit: "bench"))
@@ -25,7 +37,7 @@ func ledgerFigures(count: Int) async throws -> (microsecondsPerRecord: Double, q
     let q0 = ContinuousClock.now
     let summary = LedgerSummary(try await ledger.records(LedgerQuery()))
     let query = (ContinuousClock.now - q0).seconds
-    guard summary.attempts == count else { throw BenchFailure("the ledger holds \(summary.attempts) records, expected \(count)") }
+    guard summary.attempts == before + count else { throw BenchFailure("the ledger holds \(summary.attempts) records, expected \(before + count)") }
     await ledger.close()
     let bytes = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).reduce(0) { total, name in
         total + (((try? FileManager.default.attributesOfItem(atPath: folder + "/" + name))?[.size] as? Int) ?? 0)

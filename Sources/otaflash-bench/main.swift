@@ -23,6 +23,8 @@ func fail(_ message: String) -> Never {
 
 struct Options {
     var selected: Set<String> = []
+    /// A PostgreSQL ledger to measure too (a database the bench may fill): scripts/pg-server.
+    var ledgerURL: String?
     var json: String?
     var imageSize = 256 * 1024
 
@@ -38,11 +40,14 @@ struct Options {
             switch args[i] {
             case let flag where flags.contains(flag): selected.insert(flag)
             case "--json": json = value()
+            case "--ledger-url":
+                ledgerURL = value()
+                selected.insert("--ledger")
             case "--image-kib":
                 guard let kib = Int(value()), kib > 0 else { fail("--image-kib takes a positive whole number") }
                 imageSize = kib * 1024
             case "--help", "-h":
-                print("usage: otaflash-bench " + flags.map { "[\($0)]" }.joined(separator: " ") + " [--image-kib N] [--json FILE]")
+                print("usage: otaflash-bench " + flags.map { "[\($0)]" }.joined(separator: " ") + " [--ledger-url postgres://…] [--image-kib N] [--json FILE]")
                 exit(0)
             default: fail("unknown argument \(args[i])")
             }
@@ -70,6 +75,15 @@ if options.selected.contains("--ledger") {
         print(String(format: "Ledger (SQLite, WAL, synchronous FULL): %d records, %.0f µs per committed record, summary of all in %.1f ms, %.1f KiB on disk",
                      count, perRecord, queryMs, Double(bytes) / 1024))
         report.append(("ledger_\(count)_microseconds_per_record", perRecord))
+    }
+    if let url = options.ledgerURL {
+        for (count, claims) in [(100, false), (10_000, false), (1000, true)] {
+            let (perRecord, queryMs, _) = try await ledgerFigures(count: count, url: url, claims: claims)
+            let server = url.replacing(/:[^:@\/]*@/, with: "@")
+            print("Ledger (PostgreSQL, \(server)): \(count) records\(claims ? ", each after its device's claim" : "")"
+                  + String(format: ", %.0f µs per committed record, summary of all in %.1f ms", perRecord, queryMs))
+            report.append(("ledger_postgres_\(count)\(claims ? "_claimed" : "")_microseconds_per_record", perRecord))
+        }
     }
 }
 

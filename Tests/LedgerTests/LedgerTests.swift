@@ -179,7 +179,7 @@ struct SQLiteLedgerTests {
         // What a newer otaflash would leave: a migration this one does not know.
         let shell = Process()
         shell.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-        shell.arguments = [path, "INSERT INTO grdb_migrations VALUES ('v2')"]
+        shell.arguments = [path, "INSERT INTO grdb_migrations VALUES ('v\(Ledger.schemaVersion + 1)')"]
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/sqlite3") else {
             Issue.record("sqlite3 is not installed (scripts/deps.sh installs it)")
             return

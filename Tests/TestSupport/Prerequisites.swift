@@ -8,7 +8,7 @@ import Musl
 #endif
 
 /// The test suites that need something from the machine besides the toolchain: a `dbus-daemon`,
-/// or Python with `dbus_fast` for the fake bluetoothd. scripts/deps.sh installs all of it.
+/// Python with `dbus_fast` for the fake bluetoothd, a PostgreSQL server. scripts/deps.sh installs all of it.
 public enum MachineSuite: String, CaseIterable, Sendable {
     /// Tests/DBusTests: the libdbus wrapper against a private dbus-daemon.
     case dbus
@@ -16,6 +16,9 @@ public enum MachineSuite: String, CaseIterable, Sendable {
     case bluez
     /// Tests/BlueZTests/PeripheralTests: peripheral mode against a stand-in bluetoothd on a private bus.
     case peripheral
+    /// Tests/LedgerTests/PostgresLedgerTests: the PostgreSQL ledger against a private server
+    /// (Debian's postgresql, started by scripts/pg-server).
+    case postgres
 }
 
 /// What a machine suite needs, and what happens when it is missing.
@@ -79,6 +82,10 @@ public enum Prerequisites {
 
     /// Why `suite` cannot run on this machine, or nil when it can.
     public static func missing(_ suite: MachineSuite) -> String? {
+        if suite == .postgres {
+            if case .failure(let why) = PostgresServer.bin { return why.description }
+            return nil
+        }
         var checks: [Result<String, HarnessError>] = [dbusDaemon()]
         if suite == .bluez { checks.append(fakeBlueZPython) }
         for case .failure(let why) in checks { return why.description }
