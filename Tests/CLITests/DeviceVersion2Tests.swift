@@ -74,10 +74,10 @@ struct DeviceVersion2Tests {
     }
 
     @Test func helpStatesBothOptionsWithTheirRange() async {
-        let flash = await otaflash(["flash", "--help"])
+        let flash = await otaflash(["help", "simulator"])
         #expect(flash.stdout.contains("--sim-device-version"))
         let simulate = await otaflash(["simulate", "--help"])
-        #expect(simulate.stdout.contains("--device-version"))
+        #expect(simulate.stdout.contains("--sim-device-version"))
         for run in [flash, simulate] {
             // Help wraps its lines: compare the words.
             let words = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
