@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "OTA", targets: ["OTA"]),
         .library(name: "GATT", targets: ["GATT"]),
         .library(name: "OTAWire", targets: ["OTAWire"]),
+        .library(name: "Native", targets: ["Native"]),
         .library(name: "Simulator", targets: ["Simulator"]),
         .library(name: "NordicDFU", targets: ["NordicDFU"]),
         .library(name: "SMP", targets: ["SMP"]),
@@ -28,26 +29,32 @@ let package = Package(
 
         // Transport abstraction: value types and the connection protocol. No C.
         .target(name: "GATT"),
-        // The OTA wire format shared by both ends of the link: messages, status codes, CRC32.
+        // Wire primitives every protocol shares: little-endian reading, CRC32 (zlib's), versions.
         .target(name: "OTAWire", dependencies: ["OTAZlib", "GATT"]),
         // The device side of protocol version 2 in portable C99 for microcontrollers (docs/PORTING.md),
         // with a NOR flash model for host tests and the fuzzer.
         .target(name: "COTADevice"),
-        // Device side of the protocol: flash slot and target state machine (simulator and peripheral mode).
-        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT", "COTADevice"]),
-        // In-process simulated peripheral: link model, virtual clock, fault injection.
+        // The device side every protocol's model stands on: the contract a transport hosts
+        // (`PeripheralModel`, in the simulator and in peripheral mode) and the fault plan.
+        .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
+        // In-process simulated peripheral: link model, virtual clock, fault injection. Hosts any
+        // protocol's device model.
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
-        // Central side: images, the engine state machine, the session driver, progress.
+        // The protocol-neutral core of the central: images, the profile and engine contracts, the
+        // session and its reconnect supervisor, batches, the journal, pairing, errors.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // otaflash's own protocol (docs/PROTOCOL.md): codec, the central's engine and profile, the
+        // device (state machine, timing, faults; the C library run in lockstep) and its simulated device.
+        .target(name: "Native", dependencies: ["GATT", "OTAWire", "OTA", "OTADevice", "COTADevice", "Simulator"]),
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
         // and the bootloader's device model, each in its own folder.
         .target(name: "NordicDFU", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // MCUmgr/SMP with MCUboot images (Zephyr, nRF Connect SDK): wire codec and CBOR, MCUboot
         // images, the central's engine and the SMP server's device model, each in its own folder.
         .target(name: "SMP", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
         // through GRDB). Knows no protocol and no transport.
@@ -58,7 +65,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "NordicDFU", "SMP", "Ledger",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -67,25 +74,25 @@ let package = Package(
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP", "Ledger"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "Ledger"]),
         // Fault soak on the simulator (run in release mode).
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "NordicDFU", "SMP"]),
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native", "NordicDFU", "SMP"]),
 
-        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
-        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator"]),
+        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
+        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),
         // The C device library and OTATarget held to the same scenarios.
-        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire"]),
-        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT"]),
+        .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire", "Native"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT", "Native"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
         .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
-        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
-        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator"], exclude: ["FuzzCrashes"]),
+        .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "Native", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
-            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger"]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],
     swiftLanguageModes: [.v6]
 )

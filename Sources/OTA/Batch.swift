@@ -28,11 +28,8 @@ public struct BatchOptions: Sendable {
     /// Whole-session attempts after the first, once a session's own reconnects gave up.
     public var retries: Int
     public var config: EngineConfig
-    /// The protocol spoken to every device, when the runner is given one image
-    /// (`BatchRunner(image:options:)`); a plan names its own.
-    public var profile: any OTAProfile
-    /// The protocols the plan's protocol is checked among, against each device's services.
-    public var registry: ProtocolRegistry
+    /// The protocols `protocolName` `auto` chooses from; nil: the plan's own.
+    public var registry: ProtocolRegistry?
     /// `auto` or a registered name (`--protocol`).
     public var protocolName: String
     public var timeouts: SessionTimeouts
@@ -46,14 +43,13 @@ public struct BatchOptions: Sendable {
     public var readsIdentity = false
 
     public init(parallel: Int = 1, perAdapter: Int = 4, retries: Int = 1, config: EngineConfig = EngineConfig(),
-                profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
-                registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
+                timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                registry: ProtocolRegistry? = nil, protocolName: String = ProtocolRegistry.auto,
                 journal: JournalStore? = nil, readBackVersion: Bool = true, pairing: PairingPolicy = .none) {
         self.parallel = parallel
         self.perAdapter = perAdapter
         self.retries = retries
         self.config = config
-        self.profile = profile
         self.registry = registry
         self.protocolName = protocolName
         self.timeouts = timeouts
@@ -140,12 +136,6 @@ public struct BatchRunner: Sendable {
         self.options = options
         self.clock = clock
         self.logger = logger
-    }
-
-    /// One image over `options.profile`.
-    public init(image: FirmwareImage, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
-                logger: Logger = Logger(label: "otaflash.batch")) {
-        self.init(plan: UpdatePlan(firmware: image, profile: options.profile), options: options, clock: clock, logger: logger)
     }
 
     /// Runs every target and returns their outcomes in the targets' order. Every event carries

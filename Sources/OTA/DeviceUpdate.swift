@@ -86,13 +86,13 @@ public struct DeviceUpdater: Sendable {
     /// what a ledger records of it.
     public var readsIdentity = false
 
-    public init(plan: UpdatePlan, registry: ProtocolRegistry = .standard, protocolName: String = ProtocolRegistry.auto,
+    public init(plan: UpdatePlan, registry: ProtocolRegistry? = nil, protocolName: String = ProtocolRegistry.auto,
                 config: EngineConfig = EngineConfig(), timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
                 logger: Logger = Logger(label: "otaflash.session"), namesSessionsByDevice: Bool = false, readsBack: Bool = false,
                 pairing: PairingPolicy = .none) {
         self.plan = plan
-        self.registry = registry
+        self.registry = registry ?? ProtocolRegistry(plan.parts.map(\.profile))
         self.protocolName = protocolName
         self.config = config
         self.timeouts = timeouts

@@ -2,16 +2,13 @@ import GATT
 
 /// The protocols otaflash speaks, by name, and the choice `--protocol auto` makes among them.
 ///
-/// A protocol is added by registering its profile in `standard` (docs/ARCHITECTURE.md, "Adding a
+/// The command line registers every protocol it speaks (docs/ARCHITECTURE.md, "Adding a
 /// protocol"); the session, batch, journal, events and exit codes need no change.
 public struct ProtocolRegistry: Sendable {
     /// In order of preference: when several fit, `auto` picks the first.
     public let profiles: [any OTAProfile]
 
     public init(_ profiles: [any OTAProfile]) { self.profiles = profiles }
-
-    /// Every protocol this build speaks.
-    public static let standard = ProtocolRegistry([NativeProfile()])
 
     /// The name that asks for a choice from the image and the device.
     public static let auto = "auto"

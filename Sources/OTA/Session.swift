@@ -168,7 +168,7 @@ public actor OTASession {
     public static let progressInterval: Duration = .milliseconds(250)
 
     public init(device: String, image: FirmwareImage, config: EngineConfig = EngineConfig(),
-                profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                profile: any OTAProfile, timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
                 journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
                 logger: Logger = Logger(label: "otaflash.session"),
                 connect: @escaping @Sendable () async throws(GATTError) -> any GATTConnection) {
@@ -186,7 +186,7 @@ public actor OTASession {
 
     /// Connects to `address` through `central`.
     public init(central: any GATTCentral, address: DeviceAddress, image: FirmwareImage,
-                config: EngineConfig = EngineConfig(), profile: any OTAProfile = NativeProfile(), timeouts: SessionTimeouts = SessionTimeouts(),
+                config: EngineConfig = EngineConfig(), profile: any OTAProfile, timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
                 logger: Logger = Logger(label: "otaflash.session")) {
         let connectTimeout = timeouts.connect

@@ -1,5 +1,7 @@
 import ArgumentParser
+import BlueZ
 import GATT
+import Native
 import NordicDFU
 import OTA
 import Simulator
@@ -78,11 +80,8 @@ enum SimulatedTime: String, CaseIterable, ExpressibleByArgument, Sendable {
     case unlimited
 }
 
-/// What a Secure DFU device runs: its application or its bootloader (`simulate`'s `moved` event).
-public enum DeviceMode: String, Codable, Sendable {
-    case application
-    case bootloader
-}
+/// What a served Secure DFU device runs (`simulate`'s `moved` event): its application or its bootloader.
+extension PeripheralServer.Mode: Encodable {}
 
 /// A ledger record's result (`ledger --result`), as `RunRecords` writes it.
 enum RecordResult: String, CaseIterable, ExpressibleByArgument, Sendable {

@@ -1,3 +1,5 @@
+import BlueZ
+import Native
 import OTA
 import OTAWire
 
@@ -371,7 +373,7 @@ public enum SimulateEvents {
         public static let name = "moved"
         public var address: String?
         public var adapter: String
-        public var mode: DeviceMode
+        public var mode: PeripheralServer.Mode
     }
 
     public struct Connected: JSONEvent {

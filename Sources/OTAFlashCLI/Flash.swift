@@ -2,6 +2,7 @@ import ArgumentParser
 import BlueZ
 import GATT
 import Logging
+import Native
 import NordicDFU
 import OTA
 import OTAWire

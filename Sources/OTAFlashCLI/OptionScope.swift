@@ -1,3 +1,4 @@
+import Native
 import NordicDFU
 import OTA
 import SMP

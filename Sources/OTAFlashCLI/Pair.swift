@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import Native
 import OTA
 import Simulator
 
@@ -30,7 +31,7 @@ struct Pair: AsyncParsableCommand {
         try await printer.endingWith(PairEvents.Done.self) {
             let address = try target.address(simulator: simulator.enabled)
             let central: any GATTCentral = simulator.enabled
-                ? SimulatedCentral(devices: [SimulatedDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)))], clock: SystemClock())
+                ? SimulatedCentral(devices: [SimulatedDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)), native: simulator.native)], clock: SystemClock())
                 : bluezCentral(adapter: target.adapter)
             let policy = PairingPolicy(pair: true, credentials: answers.credentials(for: address, file: try answers.passkeys()),
                                        timeout: answers.timeout)

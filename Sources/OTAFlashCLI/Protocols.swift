@@ -1,4 +1,5 @@
 import Foundation
+import Native
 import NordicDFU
 import OTA
 import Crypto

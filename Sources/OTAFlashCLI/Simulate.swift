@@ -4,6 +4,7 @@ import DBus
 import Dispatch
 import Foundation
 import GATT
+import Native
 import NordicDFU
 import OTA
 import OTADevice
@@ -22,7 +23,7 @@ struct Simulate: AsyncParsableCommand {
             --protocol native (the default) serves otaflash's own OTA service and the Device Information Service: \
             after an ACTIVATE it answers, then reboots into the image, refusing centrals for the reboot time. One \
             central's transfer at a time: a second central's commands fail with ATT error 0x89 (busy). \
-            --device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
+            --sim-device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
             library (Sources/COTADevice) in lockstep: every write goes to both, and any difference between their \
             answers is reported when serving stops, with exit 1.
 
@@ -32,16 +33,16 @@ struct Simulate: AsyncParsableCommand {
             image once its hash matched and resets into it.
 
             --protocol smp serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service \
-            8D53DC1D with its characteristic DA2E7828, write without response and notify): --buf-size and \
-            --buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
-            --slot-size each of its two slots, --firmware-version the version of the image it runs in slot 0, \
-            --cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
+            8D53DC1D with its characteristic DA2E7828, write without response and notify): --sim-smp-buf-size and \
+            --sim-smp-buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
+            --sim-slot-size each of its two slots, --sim-firmware-version the version of the image it runs in slot 0, \
+            --sim-smp-cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
             Uploads go to slot 1 and resume by the file's SHA-256; an image marked for test is swapped in at the \
             next reset and runs unconfirmed, a second reset without a confirm reverts it; one confirmed stays. \
             `smpmgr --ble <address> upgrade --slot 1 app.signed.bin` or `otaflash --protocol smp --device \
             <address> app.signed.bin` can update it.
 
-            --buttonless (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
+            --sim-buttonless unbonded (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
             buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its \
             Secure DFU bootloader answers at the address whose least significant octet is one higher. A BlueZ \
             adapter cannot change its address, so the bootloader is served and advertised on \
@@ -50,15 +51,19 @@ struct Simulate: AsyncParsableCommand {
             --adapter again. --name is the application's name; the bootloader advertises DfuTarg, or the name \
             the central gave it.
 
+            The device options have the names `otaflash --simulator` gives the same devices (`otaflash help simulator`); \
+            their former names (--slot-size, --firmware-version, --public-key, --buf-size, --buf-count, --cbor, \
+            --device-version, --security, --passkey, --buttonless) are still taken.
+
             Serves until SIGINT or SIGTERM, then unregisters and exits 0.
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
-              otaflash simulate --adapter hci1 --device-version 2
+              otaflash simulate --adapter hci1 --sim-device-version 2
               otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --public-key firmware-samples/nordic/test-key-public.pem
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --buttonless --bootloader-adapter hci2
-              otaflash simulate --adapter hci1 --protocol smp --buf-size 2475 --slot-size 262144
+              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-public-key firmware-samples/nordic/test-key-public.pem
+              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-buttonless unbonded --bootloader-adapter hci2
+              otaflash simulate --adapter hci1 --protocol smp --sim-smp-buf-size 2475 --sim-slot-size 262144
             """
     )
 
@@ -229,8 +234,6 @@ struct Simulate: AsyncParsableCommand {
         try await printer.endingWith(SimulateEvents.Done.self) { try await serve(printer) }
     }
 
-    static let applicationRoot = "/org/otaflash/simulate"
-
     private func serve(_ printer: EventPrinter) async throws {
         if let store { try Self.prepareStore(store) }
         // Signals first: a SIGINT during setup still ends in a clean teardown.
@@ -239,160 +242,44 @@ struct Simulate: AsyncParsableCommand {
         defer { signals.cancel() }
         CLIContext.output.onFailure { stop.fire(.outputFailed) }
 
-        var hosts: [PeripheralHost] = []
+        let server: PeripheralServer
         do {
-            for name in [adapter] + (buttonless != nil ? [bootloaderAdapter] : []) {
-                hosts.append(try await PeripheralHost.open(adapter: name))
-            }
+            server = try await PeripheralServer.open(adapter: adapter, bootloaderAdapter: buttonless != nil ? bootloaderAdapter : nil)
         } catch {
-            for host in hosts { await host.close() }
             throw Self.failure(error, "")
         }
-        let host = hosts[0]
-        var trace: (@Sendable (String) -> Void)?
-        if output.verbose {
-            trace = { line in StandardOutput().err("otaflash: \(line)\n") }
-        }
+        let host = server.host
         let device: ServedDevice
         do {
             device = try served(address: (applicationAddress ?? host.address).flatMap(DeviceAddress.init))
         } catch {
-            for host in hosts { await host.close() }
+            await server.close()
             throw error
         }
-        let name = device.name
-        // The device's address changes (`--sim-buttonless`), for the task that moves the bootloader's advertising.
-        let moves = AsyncStream.makeStream(of: DeviceAddress?.self)
         let security = security
-        let peripheral = OTAPeripheral(model: device.model, storeDirectory: store, trace: trace, security: security, events: { event in
-            if case .moved(let address) = event { moves.continuation.yield(address) }
-            Self.print(event, printer)
-        })
-        let application = PeripheralApplication(connection: host.connection, root: Self.applicationRoot,
-                                                services: peripheral.services)
-        let advertisement = PeripheralAdvertisement(connection: host.connection, path: Self.applicationRoot + "/advertisement0",
-                                                    localName: name, serviceUUIDs: device.model.advertisedServices)
-        // `--sim-buttonless`: the bootloader's GATT application on the second adapter, registered throughout
-        // and advertised only while the device runs its bootloader. The application's advertisement
-        // stays registered meanwhile, as through a reboot (withdrawing and registering it again on
-        // BlueZ 5.66 left it unseen by other controllers' scans), and its table answers nothing then.
-        var bootloader: BootloaderSite?
-        if let table = device.bootloaderServices, hosts.count > 1 {
-            bootloader = BootloaderSite(host: hosts[1], application: PeripheralApplication(
-                connection: hosts[1].connection, root: Self.applicationRoot, services: peripheral.services(for: table)))
+        var trace: (@Sendable (String) -> Void)?
+        if output.verbose {
+            trace = { line in StandardOutput().err("otaflash: \(line)\n") }
         }
-        var mover: Task<Void, Never>?
-        // The device's own agent, bluetoothd's default, answers the pairings centrals start.
-        let agent = security == .none ? nil : BlueZAgent(
-            bus: host.connection, path: Self.applicationRoot + "/agent",
-            policy: BlueZAgent.Policy(credentials: PairingCredentials(passkey: passkey.map { UInt32($0) },
-                                                                confirmsComparison: security == .authenticate && passkey == nil),
-                                      servesPeripheral: true),
-            logger: output.logger("otaflash.agent"))
-
-        var failure: CLIFailure?
+        let served = PeripheralServer.Device(model: device.model, name: device.name, bootloaderAddress: device.bootloaderAddress,
+                                             bootloaderServices: device.bootloaderServices, security: security,
+                                             passkey: passkey.map { UInt32($0) }, storeDirectory: store)
+        let serving = Serving(protocolName: protocolName, slotSize: slotSize, store: store, applicationAddress: applicationAddress,
+                              security: security, passkey: passkey.map { UInt32($0) })
+        let result: PeripheralServer.Result
         do {
-            if let agent {
-                do {
-                    try await agent.register()
-                } catch {
-                    throw CLIFailure(.bluetoothUnavailable, "\(error.message)")
+            result = try await server.serve(served, trace: trace, logger: output.logger("otaflash.agent"), until: {
+                if case .signal(let number) = await stop.wait() {
+                    printer.note("\(number == SIGINT ? "SIGINT" : "SIGTERM"): unregistering and exiting")
                 }
-            }
-            try await application.export()
-            try await advertisement.export()
-            if let bootloader {
-                try await bootloader.application.export()
-                let applications = [application, bootloader.application]
-                try await peripheral.attach(link: AdapterLinks(hosts)) { uuid, value in
-                    let holder = applications.first { $0.characteristicPaths[uuid] != nil } ?? application
-                    try await holder.notify(uuid, value)
-                }
-            } else {
-                try await peripheral.attach(link: host, application: application)
-            }
-            // bluetoothd going away ends the service with the bluetooth_unavailable code.
-            try await host.connection.subscribe(DBusMatchRule(
-                sender: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
-                member: "NameOwnerChanged", arg0: "org.bluez")) { signal in
-                if signal.arguments.count == 3, signal.arguments[2].string?.isEmpty == true { stop.fire(.stackGone) }
-            }
-            for (served, on) in [(application, host)] + (bootloader.map { [($0.application, $0.host)] } ?? []) {
-                do {
-                    try await served.register(on: on.adapterPath)
-                } catch {
-                    throw Self.failure(error, "registering the GATT application on \(on.adapter) (GattManager1.RegisterApplication)")
-                }
-            }
-            do {
-                try await advertisement.register(on: host.adapterPath)
-            } catch {
-                throw Self.failure(error, "registering the advertisement on \(host.adapter) (LEAdvertisingManager1.RegisterAdvertisement)")
-            }
-            if let bootloader {
-                let home = host.adapter
-                mover = Task {
-                    for await address in moves.stream {
-                        let mode: DeviceMode = address == device.bootloaderAddress ? .bootloader : .application
-                        if mode == .bootloader {
-                            // Advertised once the reset is over, as the device comes up.
-                            await peripheral.waitUntilBack()
-                            let advertised = await peripheral.model.advertisedName ?? "DfuTarg"
-                            if let problem = await bootloader.advertise(advertised, services: device.model.advertisedServices) {
-                                printer.json(SimulateEvents.Note(message: problem))
-                                printer.note(problem)
-                                continue
-                            }
-                            printer.note("the device reset into its bootloader: \"\(advertised)\" at \(address?.description ?? "?") on \(bootloader.host.adapter)")
-                        } else {
-                            await bootloader.withdraw()
-                            printer.note("the device reset into its application at \(address?.description ?? "?") on \(home)")
-                        }
-                        printer.json(SimulateEvents.Moved(address: address?.description, adapter: mode == .bootloader ? bootloader.host.adapter : home,
-                                                          mode: mode))
-                    }
-                }
-            }
-            printer.json(SimulateEvents.Serving(adapter: host.adapter, address: applicationAddress.flatMap(DeviceAddress.init)?.description ?? host.address, name: name, protocol: protocolName,
-                                                slotSize: slotSize, firmwareVersion: device.firmwareVersion, store: store,
-                                                bootloaderAdapter: bootloader?.host.adapter, bootloaderAddress: device.bootloaderAddress?.description))
-            printer.note("serving \(device.what) \"\(name)\" on \(host.adapter)\((applicationAddress ?? host.address).map { " (\($0))" } ?? ""): "
-                         + "slot \(formatBytes(slotSize)), firmware \(device.firmwareVersion)"
-                         + (bootloader.map { "; its bootloader on \($0.host.adapter)\(device.bootloaderAddress.map { " (\($0))" } ?? "")" } ?? "")
-                         + (security == .none ? "" : "; requires an \(security == .encrypt ? "encrypted" : "authenticated") link\(passkey.map { " (passkey \(PairingCredentials.text(UInt32($0))))" } ?? "")")
-                         + "; Ctrl-C to stop")
-            switch await stop.wait() {
-            case .signal(let number):
-                printer.note("\(number == SIGINT ? "SIGINT" : "SIGTERM"): unregistering and exiting")
-            case .stackGone:
-                failure = CLIFailure(.bluetoothUnavailable, "bluetoothd stopped (org.bluez left the bus); the OTA target is gone")
-            case .outputFailed:
-                break  // runOtaflash reports it and exits outputFailed
-            }
-        } catch let error as CLIFailure {
-            failure = error
+            }, events: { event in
+                serving.report(event, device: device, host: host, printer)
+            })
         } catch {
-            failure = Self.failure(error, "setting up the GATT application")
+            throw Self.failure(error, "")
         }
-
-        // Teardown, each step bounded by its own call timeout.
-        await peripheral.stop()
-        moves.continuation.finish()
-        mover?.cancel()
-        await mover?.value
-        try? await advertisement.unregister()
-        try? await application.unregister()
-        await advertisement.unexport()
-        await application.unexport()
-        if let bootloader {
-            await bootloader.withdraw()
-            try? await bootloader.application.unregister()
-            await bootloader.application.unexport()
-        }
-        await agent?.unregister()
-        for host in hosts { await host.close() }
-        if await peripheral.runsCLibrary {
-            if let divergence = await peripheral.lockstepDivergence {
+        if result.runsLockstep {
+            if let divergence = result.lockstepDivergence {
                 let line = "the C device library and the Swift device model answered differently: \(divergence)"
                 printer.json(SimulateEvents.Note(message: line))
                 printer.note(line)
@@ -403,9 +290,53 @@ struct Simulate: AsyncParsableCommand {
             printer.json(SimulateEvents.Note(message: line))
             printer.note(line)
         }
-        if let failure { throw failure }
-        let activated = await peripheral.activations
-        printer.json(SimulateEvents.Done(activations: activated))
+        if result.ending == .stackGone {
+            throw CLIFailure(.bluetoothUnavailable, "bluetoothd stopped (org.bluez left the bus); the OTA target is gone")
+        }
+        printer.json(SimulateEvents.Done(activations: result.activations))
+    }
+
+    /// The `serving` event and line: what is served where, how, and how to stop it.
+    struct Serving: Sendable {
+        var protocolName: String
+        var slotSize: Int
+        var store: String?
+        var applicationAddress: String?
+        var security: LinkSecurity
+        var passkey: UInt32?
+
+        /// What the server reports, as events and lines.
+        func report(_ event: PeripheralServer.Event, device: ServedDevice, host: PeripheralHost, _ printer: EventPrinter) {
+            switch event {
+            case .device(let event):
+                Simulate.print(event, printer)
+            case .serving(let bootloaderAdapter):
+                print(device, adapter: host.adapter, address: host.address, bootloaderAdapter: bootloaderAdapter, printer)
+            case .moved(let address, let adapter, let mode, let name):
+                let at = address?.description ?? "?"
+                printer.note(mode == .bootloader ? "the device reset into its bootloader: \"\(name ?? "DfuTarg")\" at \(at) on \(adapter)"
+                                                 : "the device reset into its application at \(at) on \(adapter)")
+                printer.json(SimulateEvents.Moved(address: address?.description, adapter: adapter, mode: mode))
+            case .problem(let line):
+                printer.json(SimulateEvents.Note(message: line))
+                printer.note(line)
+            }
+        }
+
+        func print(_ device: ServedDevice, adapter: String, address: String?, bootloaderAdapter: String?, _ printer: EventPrinter) {
+            let address = applicationAddress ?? address
+            printer.json(SimulateEvents.Serving(adapter: adapter, address: address.flatMap(DeviceAddress.init)?.description ?? address,
+                                                name: device.name, protocol: protocolName, slotSize: slotSize,
+                                                firmwareVersion: device.firmwareVersion, store: store, bootloaderAdapter: bootloaderAdapter,
+                                                bootloaderAddress: device.bootloaderAddress?.description))
+            let requirement = security == .none ? ""
+                : "; requires an \(security == .encrypt ? "encrypted" : "authenticated") link"
+                  + (passkey.map { " (passkey \(PairingCredentials.text($0)))" } ?? "")
+            printer.note("serving \(device.what) \"\(device.name)\" on \(adapter)\(address.map { " (\($0))" } ?? ""): "
+                         + "slot \(formatBytes(slotSize)), firmware \(device.firmwareVersion)"
+                         + (bootloaderAdapter.map { "; its bootloader on \($0)\(device.bootloaderAddress.map { " (\($0))" } ?? "")" } ?? "")
+                         + requirement + "; Ctrl-C to stop")
+        }
     }
 
     /// What `simulate` serves: the model, its name and starting version, and for a device whose
@@ -508,49 +439,9 @@ struct Simulate: AsyncParsableCommand {
     }
 }
 
-/// The adapter a `--sim-buttonless` device's bootloader answers on: its GATT application stays
-/// registered; its advertisement is there only while the device runs its bootloader.
-actor BootloaderSite {
-    nonisolated let host: PeripheralHost
-    nonisolated let application: PeripheralApplication
-    private var advertisement: PeripheralAdvertisement?
-    private var count = 0
-
-    init(host: PeripheralHost, application: PeripheralApplication) {
-        self.host = host
-        self.application = application
-    }
-
-    /// Starts advertising `name`; a line saying what failed, or nil.
-    func advertise(_ name: String, services: [BluetoothUUID]) async -> String? {
-        await withdraw()
-        count += 1
-        let made = PeripheralAdvertisement(connection: host.connection, path: Simulate.applicationRoot + "/bootloader\(count)",
-                                           localName: String(name.utf8.prefix(29)) ?? "DfuTarg", serviceUUIDs: services)
-        do {
-            try await made.export()
-            try await made.register(on: host.adapterPath)
-        } catch {
-            await made.unexport()
-            return "advertising the bootloader on \(host.adapter) failed: \(Simulate.failure(error, "LEAdvertisingManager1.RegisterAdvertisement").message)"
-        }
-        advertisement = made
-        return nil
-    }
-
-    /// Stops advertising, if it does.
-    func withdraw() async {
-        guard let advertisement else { return }
-        self.advertisement = nil
-        try? await advertisement.unregister()
-        await advertisement.unexport()
-    }
-}
-
 /// Why serving stopped.
 enum StopReason: Sendable {
     case signal(Int32)
-    case stackGone
     /// stdout or stderr could not be written.
     case outputFailed
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import Native
 import NordicDFU
 import Simulator
 

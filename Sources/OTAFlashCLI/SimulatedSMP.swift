@@ -1,5 +1,6 @@
 import ArgumentParser
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -106,13 +107,14 @@ extension SimulatorOptions {
     /// The simulated device `plan` goes to, with `config`'s address, link and faults: an SMP
     /// server for an MCUboot image, a Secure DFU bootloader (or buttonless application) for a
     /// Nordic package, otherwise a native device.
-    func device(for plan: FlashPlan, config: SimulatedDeviceConfig) throws -> SimulatedDevice {
-        guard config.hasOTAService else { return SimulatedDevice(config) }
+    func device(for plan: FlashPlan, config: SimulatedDeviceConfig, native: NativeDeviceOptions? = nil) throws -> SimulatedDevice {
+        let native = native ?? self.native
+        guard native.hasOTAService else { return SimulatedDevice(config, native: native) }
         switch plan.profile {
         case is SMPProfile:
             return SimulatedSMP.device(config: config, options: smp)
         case is NativeProfile where buttonless == nil:
-            return SimulatedDevice(config)
+            return SimulatedDevice(config, native: native)
         default:
             return try nordicDevice(config: config, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
         }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import GATT
+import Native
 import NordicDFU
 import OTADevice
 import OTAWire
@@ -155,14 +156,20 @@ public struct SimulatorOptions: ParsableArguments {
         var config = security.apply(to: device.deviceConfig(address: address))
         config.link = link
         config.faults = faults
-        config.dataProperties = dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse]
         return config
+    }
+
+    /// What makes the simulated device a native one.
+    public var native: NativeDeviceOptions {
+        var native = device.native
+        native.dataProperties = dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse]
+        return native
     }
 
     /// The simulated device (restored from `--sim-state` when given) and a central that reaches it.
     public func makeCentral(address: DeviceAddress) throws -> (SimulatedCentral, SimulatedDevice) {
         let config = deviceConfig(address: address)
-        let device = try stateDir.map { try SimulatorState.load(from: $0, config: config) } ?? SimulatedDevice(config)
+        let device = try stateDir.map { try SimulatorState.load(from: $0, config: config, native: native) } ?? SimulatedDevice(config, native: native)
         return (SimulatedCentral(devices: [device], clock: clock), device)
     }
 
@@ -187,15 +194,19 @@ extension SimulatedDeviceOptions {
     /// The simulated device at `address`, with the default link and no faults.
     public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig {
         var config = SimulatedDeviceConfig(address: address, slotSize: slotSize,
-                                           firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0),
-                                           hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
+                                           firmwareVersion: FirmwareVersion(firmwareVersion) ?? FirmwareVersion(major: 1, minor: 0, patch: 0))
         config.advertisesServices = !advertisesNoUUID
         return config
     }
 
+    /// What makes the simulated device a native one.
+    public var native: NativeDeviceOptions {
+        NativeDeviceOptions(hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
+    }
+
     /// A central that reaches the simulated device at `address` on the real clock.
     func central(address: DeviceAddress) -> any GATTCentral {
-        SimulatedCentral(devices: [SimulatedDevice(deviceConfig(address: address))], clock: SystemClock())
+        SimulatedCentral(devices: [SimulatedDevice(deviceConfig(address: address), native: native)], clock: SystemClock())
     }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import Native
 import OTADevice
 import Simulator
 
@@ -6,17 +7,17 @@ import Simulator
 /// that "run the same command again" resumes on the simulator as it does on a real device.
 /// `state.json` holds the transfer's position, `flash.bin` the slot; both are replaced atomically.
 enum SimulatorState {
-    static func load(from dir: String, config: SimulatedDeviceConfig) throws -> SimulatedDevice {
+    static func load(from dir: String, config: SimulatedDeviceConfig, native: NativeDeviceOptions) throws -> SimulatedDevice {
         let stateURL = URL(fileURLWithPath: dir).appendingPathComponent("state.json")
         let flashURL = URL(fileURLWithPath: dir).appendingPathComponent("flash.bin")
-        guard FileManager.default.fileExists(atPath: stateURL.path) else { return SimulatedDevice(config) }
+        guard FileManager.default.fileExists(atPath: stateURL.path) else { return SimulatedDevice(config, native: native) }
         do {
             let snapshot = try JSONDecoder().decode(OTATarget.Snapshot.self, from: Data(contentsOf: stateURL))
             let flash = (try? Data(contentsOf: flashURL)).map { [UInt8]($0) } ?? []
             guard let target = OTATarget(snapshot: snapshot, flash: flash) else {
                 throw CLIFailure(.usage, "simulator state in \(dir) is inconsistent (flash.bin does not match state.json); delete the folder to start afresh")
             }
-            return SimulatedDevice(config, restoring: target)
+            return SimulatedDevice(config, native: native, restoring: target)
         } catch let failure as CLIFailure {
             throw failure
         } catch {

@@ -58,7 +58,7 @@ public struct WireError: Error, Sendable, Hashable, CustomStringConvertible {
     public init(_ description: String) { self.description = description }
 }
 
-func hexDump(_ bytes: ArraySlice<UInt8>, limit: Int = 24) -> String {
+public func hexDump(_ bytes: ArraySlice<UInt8>, limit: Int = 24) -> String {
     let shown = bytes.prefix(limit).map { b -> String in
         let s = String(b, radix: 16)
         return s.count == 1 ? "0" + s : s

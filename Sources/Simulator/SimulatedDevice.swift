@@ -14,19 +14,6 @@ public struct SimulatedDeviceConfig: Sendable {
     public var model: String
     public var link: LinkModel
     public var faults: FaultPlan
-    /// False: the device does not expose the OTA service (e.g. it runs a firmware without it).
-    public var hasOTAService: Bool
-    /// Properties of the data characteristic; remove `.writeWithoutResponse` to model a broken table.
-    public var dataProperties: CharacteristicProperties
-    /// How long a CHECKPOINT ahead of its data is held for it (`DeviceModel.Timing`). Nil, the
-    /// default, answers `gap` at once: the simulated link never reorders writes.
-    public var holdEarlyCheckpoint: Duration?
-    /// A device that speaks protocol version 2 with this flash (erase unit, reorder capacity, erase
-    /// and program times); nil, the default, speaks version 1.
-    public var version2: OTATarget.Version2?
-    /// With `version2`: the C device library runs in lockstep with the Swift model and must answer
-    /// alike (`OTATarget.runCLibraryInLockstep`; the divergence is in `target?.lockstepDivergence`).
-    public var runsCLibrary: Bool
     /// What the device requires of the link before it serves its characteristics.
     public var security: LinkSecurity = .none
     /// With `security` `.authenticate`: the passkey the device expects (passkey entry); nil:
@@ -42,9 +29,7 @@ public struct SimulatedDeviceConfig: Sendable {
     public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 manufacturer: String = "otaflash", model: String = "simulated-peripheral",
-                link: LinkModel = .default, faults: FaultPlan = .none, hasOTAService: Bool = true,
-                dataProperties: CharacteristicProperties = [.writeWithoutResponse], holdEarlyCheckpoint: Duration? = nil,
-                version2: OTATarget.Version2? = nil, runsCLibrary: Bool = false) {
+                link: LinkModel = .default, faults: FaultPlan = .none) {
         self.address = address
         self.name = name
         self.rssi = rssi
@@ -54,21 +39,11 @@ public struct SimulatedDeviceConfig: Sendable {
         self.model = model
         self.link = link
         self.faults = faults
-        self.hasOTAService = hasOTAService
-        self.dataProperties = dataProperties
-        self.holdEarlyCheckpoint = holdEarlyCheckpoint
-        self.version2 = version2
-        self.runsCLibrary = runsCLibrary
     }
 
     /// From a device's last answer to its reboot into a new image: two connection intervals, time
     /// enough for the answer to go out.
     public var bootDelay: Duration { link.timed ? link.connectionInterval * 2 : .zero }
-
-    /// The device's timing: it boots a new image `bootDelay` after its ACTIVATE reply.
-    var timing: DeviceModel.Timing {
-        DeviceModel.Timing(holdEarlyCheckpoint: holdEarlyCheckpoint, bootDelay: bootDelay)
-    }
 }
 
 /// A simulated peripheral that outlives its connections: its flash and transfer state persist
@@ -76,7 +51,7 @@ public struct SimulatedDeviceConfig: Sendable {
 ///
 /// It hosts any protocol's device model (`PeripheralModel`): the model says what the device
 /// exposes and does, the device gives its characteristics handles and the link carries out the
-/// model's timed outputs. The native OTA device (`NativePeripheral`) is the default.
+/// model's timed outputs.
 public final class SimulatedDevice: Sendable {
     public let config: SimulatedDeviceConfig
     let state: Mutex<DeviceState>
@@ -109,23 +84,6 @@ public final class SimulatedDevice: Sendable {
         }
     }
 
-    public convenience init(_ config: SimulatedDeviceConfig) {
-        var target = OTATarget(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion, version2: config.version2)
-        if config.runsCLibrary {
-            target.deferEarlyCheckpoints = config.holdEarlyCheckpoint != nil
-            _ = target.runCLibraryInLockstep()
-        }
-        self.init(config, restoring: target)
-    }
-
-    /// A device that continues from a saved state (see `saveState`), e.g. across runs of a tool.
-    public convenience init(_ config: SimulatedDeviceConfig, restoring target: OTATarget) {
-        let model = DeviceModel(device: FaultyDevice(target: target, faults: config.faults), timing: config.timing)
-        self.init(config, model: NativePeripheral(model: model, manufacturer: config.manufacturer, modelNumber: config.model,
-                                                  serialNumber: config.serialNumber, hasOTAService: config.hasOTAService,
-                                                  dataProperties: config.dataProperties))
-    }
-
     /// A device running `model`, another protocol's device among them. Of `config`, only the
     /// identity (address, name, RSSI) and the link apply; the model brings the rest, and may move
     /// the device to another address or name (`PeripheralModel.currentAddress`).
@@ -155,15 +113,6 @@ public final class SimulatedDevice: Sendable {
     public func model<M: PeripheralModel>(as type: M.Type) -> M? {
         state.withLock { $0.model as? M }
     }
-
-    /// The native OTA state machine, for inspection by tests and tools (nil for another protocol's model).
-    public var target: OTATarget? { model(as: NativePeripheral.self)?.model.target }
-
-    /// The image most recently activated by the native model, if any.
-    public var activatedImage: [UInt8]? { target?.lastActivation?.image }
-
-    /// The firmware version the native model runs (nil for another protocol's model).
-    public var firmwareVersion: FirmwareVersion? { target?.firmwareVersion }
 
     /// Number of connections accepted so far.
     public var connectionCount: Int { state.withLock { $0.connections } }

@@ -7,6 +7,7 @@
 
 import Foundation
 import GATT
+import Native
 import NordicDFU
 import OTA
 import OTADevice
@@ -62,7 +63,7 @@ var notes: [String] = []
 
 func device(_ link: LinkModel, dataProperties: CharacteristicProperties = [.writeWithoutResponse, .write],
             version2: OTATarget.Version2? = nil) -> SimulatedDevice {
-    SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link, dataProperties: dataProperties, version2: version2))
+    SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link), native: NativeDeviceOptions(dataProperties: dataProperties, version2: version2))
 }
 
 /// Goodput of otaflash's engine: image bytes over the streaming time (BEGIN reply to last checkpoint reply).
@@ -71,7 +72,7 @@ func engineGoodput(_ link: LinkModel, interval: Int = EngineConfig.defaultCheckp
     let d = device(link, version2: version2)
     let central = SimulatedCentral(devices: [d])
     let session = OTASession(central: central, address: d.config.address, image: image,
-                             config: EngineConfig(checkpointInterval: interval))
+                             config: EngineConfig(checkpointInterval: interval), profile: NativeProfile())
     let result = try await session.run()
     guard d.activatedImage == image.bytes else { throw BenchError("engine run did not activate the image") }
     return Double(image.size) / result.transferSeconds
@@ -392,7 +393,7 @@ if options.batch {
             let device = SimulatedDevice(SimulatedDeviceConfig(address: address, link: .default))
             return BatchTarget(address: address, adapter: nil, central: SimulatedCentral(devices: [device], clock: SystemClock()))
         }
-        let runner = BatchRunner(image: image, options: BatchOptions(parallel: count, perAdapter: count, readBackVersion: false))
+        let runner = BatchRunner(plan: UpdatePlan(firmware: image, profile: NativeProfile()), options: BatchOptions(parallel: count, perAdapter: count, readBackVersion: false))
         let t0 = ContinuousClock.now
         let outcomes = await runner.run(targets)
         guard outcomes.allSatisfy(\.succeeded) else { throw BenchError("a batch device failed") }
@@ -429,7 +430,7 @@ if options.cpu {
         let d = SimulatedDevice(SimulatedDeviceConfig(slotSize: 64 << 20, link: .unlimited))
         let central = SimulatedCentral(devices: [d])
         let session = OTASession(central: central, address: d.config.address, image: big,
-                                 config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval))
+                                 config: EngineConfig(checkpointInterval: EngineConfig.defaultCheckpointInterval), profile: NativeProfile())
         let c0 = cpuSeconds()
         let t0 = ContinuousClock.now
         _ = try await session.run()

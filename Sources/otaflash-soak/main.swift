@@ -15,6 +15,7 @@
 
 import Foundation
 import GATT
+import Native
 import NordicDFU
 import OTA
 import OTADevice
@@ -297,12 +298,11 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
 func runNative(_ scenario: Scenario, seed scenarioSeed: UInt64, trace: Bool, verbose: Bool) async -> RunRecord {
     var rng = SeededGenerator(seed: scenarioSeed ^ 0xABCDEF)
     let image = FirmwareImage(bytes: (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
-    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults,
-                                                       version2: version2, runsCLibrary: version2 != nil))
+    let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link, faults: scenario.faults), native: NativeDeviceOptions(version2: version2, runsCLibrary: version2 != nil))
     let clock = VirtualClock()
     let central = SimulatedCentral(devices: [device], clock: clock)
     let session = OTASession(central: central, address: device.config.address, image: image, config: config,
-                             timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
+                             profile: NativeProfile(), timeouts: timeouts, reconnect: ReconnectPolicy(window: reconnectWindow, seed: scenarioSeed))
     let run = await runSession(session, clock: clock, trace: trace)
     var record = RunRecord(run, neverConfirms: scenario.neverConfirms != nil)
     let activation = device.target?.lastActivation

@@ -1,6 +1,7 @@
 import BlueZ
 import Foundation
 import GATT
+import Native
 import OTAFlashCLI
 import OTAWire
 import TestSupport

@@ -2,6 +2,7 @@ import BlueZ
 import DBus
 import Foundation
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -52,7 +53,7 @@ actor SimulatorUnderTest: DeviceUnderTest {
     private var infoCharacteristic: GATTCharacteristic?
 
     init(faults: FaultPlan, holdEarlyCheckpoint: Duration? = nil) {
-        device = SimulatedDevice(SimulatedDeviceConfig(faults: faults, holdEarlyCheckpoint: holdEarlyCheckpoint))
+        device = SimulatedDevice(SimulatedDeviceConfig(faults: faults), native: NativeDeviceOptions(holdEarlyCheckpoint: holdEarlyCheckpoint))
         central = SimulatedCentral(devices: [device], clock: clock)
     }
 

@@ -2,6 +2,7 @@ import BlueZ
 import DBus
 import Foundation
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAFlashCLI
@@ -728,4 +729,9 @@ extension ProcessBusSuites.PeripheralTests {
             await fake.connection.close()
         }
     }
+}
+
+extension OTAPeripheral {
+    /// The served native device (its OTA state machine and faults), when that is what is served.
+    var device: FaultyDevice? { (model as? NativePeripheral)?.model.device }
 }

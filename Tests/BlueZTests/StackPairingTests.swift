@@ -2,6 +2,7 @@ import BlueZ
 import Foundation
 import GATT
 import Ledger
+import Native
 import Testing
 
 /// What the central's own stack does about a device that wants a bonded link, and the bonds

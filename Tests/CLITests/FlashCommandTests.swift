@@ -281,7 +281,7 @@ struct OutputFailureTests {
 }
 
 /// A device that accepts commands but never confirms data still ends, with its own exit code and
-/// a line that says why, within the bound the options give (README, "Time limits").
+/// a line that says why, within the bound the options give (docs/PRODUCTION.md, "Time limits").
 @Suite("otaflash flash: devices that never confirm")
 struct NeverConfirmingDeviceTests {
     @Test(arguments: [

@@ -1,3 +1,4 @@
+import Native
 import OTADevice
 
 /// The C device library on its NOR flash model, as the conformance tests set it up.

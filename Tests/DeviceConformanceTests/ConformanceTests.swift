@@ -1,3 +1,4 @@
+import Native
 import OTADevice
 import OTAWire
 import Testing

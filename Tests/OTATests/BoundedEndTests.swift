@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -6,7 +7,7 @@ import Simulator
 import Testing
 
 // A device that answers but never confirms, or stops answering, must still end: every run ends
-// with a clear error within a bound computed from the options (README, "Time limits").
+// with a clear error within a bound computed from the options (docs/PRODUCTION.md, "Time limits").
 
 @Suite("Every run ends within its bound")
 struct BoundedEndTests {
@@ -25,7 +26,7 @@ struct BoundedEndTests {
         let device = simulatedDevice(faults: faults)
         let clock = VirtualClock()
         let central = SimulatedCentral(devices: [device], clock: clock)
-        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config,
+        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config, profile: NativeProfile(),
                                  timeouts: timeouts, reconnect: reconnect)
         let reconnects = Counter()
         do {

@@ -1,3 +1,4 @@
+import Native
 import OTA
 import OTAWire
 import Testing

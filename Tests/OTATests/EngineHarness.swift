@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTAWire
 import Testing

@@ -1,5 +1,6 @@
 import Foundation
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -114,7 +115,7 @@ struct JournalTests {
 
     func session(_ device: SimulatedDevice, through central: SimulatedCentral, store: JournalStore,
                  config: EngineConfig = JournalTests.config) -> OTASession {
-        OTASession(central: central, address: device.config.address, image: Self.image, config: config,
+        OTASession(central: central, address: device.config.address, image: Self.image, config: config, profile: NativeProfile(),
                    reconnect: .never, journal: store)
     }
 

@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTAWire
 import Simulator
@@ -15,7 +16,7 @@ struct PairingRefusalTests {
         let device = simulatedDevice()
         let clock = VirtualClock()
         let central = SimulatedCentral(devices: [device], clock: clock)
-        let session = OTASession(device: device.config.address.description, image: Self.image, reconnect: .never, clock: clock) {
+        let session = OTASession(device: device.config.address.description, image: Self.image, profile: NativeProfile(), reconnect: .never, clock: clock) {
             () async throws(GATTError) in
             wrap(try await central.connect(to: device.config.address, timeout: .seconds(5)))
         }

@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTAWire
 import Testing
@@ -27,12 +28,12 @@ private struct OtherProfile: OTAProfile {
         OtherProfile(name: "raw", serviceUUID: BluetoothUUID(uint16: 0x1234), imageFormats: [.rawBinary]),
     ])
 
-    @Test func theStandardRegistryHasNative() throws {
-        #expect(ProtocolRegistry.standard.names == ["native"])
-        let profile = try #require(ProtocolRegistry.standard.profile(named: "native"))
+    @Test func aRegistryFindsItsProfilesByName() throws {
+        #expect(registry.names == ["native", "package", "raw"])
+        let profile = try #require(registry.profile(named: "native"))
         #expect(profile.serviceUUID == OTAProtocol.serviceUUID)
-        #expect(profile.imageFormats == [.rawBinary, .intelHex])
-        #expect(ProtocolRegistry.standard.profile(named: "nordic") == nil)
+        #expect(profile.imageFormats == Set<ImageFormat.Kind>([.rawBinary, .intelHex]))
+        #expect(registry.profile(named: "nordic") == nil)
     }
 
     @Test(arguments: [(ImageFormat.Kind.intelHex, "native"), (.nordicDFUPackage, "package"), (.rawBinary, "native")])

@@ -1,5 +1,6 @@
 import Foundation
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -15,7 +16,7 @@ import Testing
 func flash(_ image: FirmwareImage, to device: SimulatedDevice, through central: SimulatedCentral? = nil,
            config: EngineConfig = EngineConfig(), reconnect: ReconnectPolicy = .never) async -> Result<OTAResult, OTAError> {
     let central = central ?? SimulatedCentral(devices: [device], clock: VirtualClock())
-    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config, profile: NativeProfile(),
                              reconnect: reconnect)
     do {
         return .success(try await session.run())
@@ -26,8 +27,7 @@ func flash(_ image: FirmwareImage, to device: SimulatedDevice, through central: 
 
 func simulatedDevice(slot: Int = 1 << 20, link: LinkModel = .default, faults: FaultPlan = .none,
                      hasOTAService: Bool = true, dataProperties: CharacteristicProperties = [.writeWithoutResponse]) -> SimulatedDevice {
-    SimulatedDevice(SimulatedDeviceConfig(slotSize: slot, link: link, faults: faults, hasOTAService: hasOTAService,
-                                          dataProperties: dataProperties))
+    SimulatedDevice(SimulatedDeviceConfig(slotSize: slot, link: link, faults: faults), native: NativeDeviceOptions(hasOTAService: hasOTAService, dataProperties: dataProperties))
 }
 
 @Suite("Simulated sessions")
@@ -100,7 +100,7 @@ struct SimulatedSessionTests {
     static func session(on device: SimulatedDevice, reconnect: ReconnectPolicy,
                         wrap: @escaping @Sendable (any GATTConnection) -> any GATTConnection) -> OTASession {
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        return OTASession(device: device.config.address.description, image: image, config: config,
+        return OTASession(device: device.config.address.description, image: image, config: config, profile: NativeProfile(),
                           reconnect: reconnect, clock: central.clock) { () async throws(GATTError) in
             wrap(try await central.connect(to: device.config.address, timeout: .seconds(5)))
         }
@@ -345,7 +345,7 @@ struct SimulatedSessionTests {
     @Test func unknownAddressIsDeviceNotFound() async {
         let device = simulatedDevice()
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(central: central, address: DeviceAddress("AA:BB:CC:DD:EE:FF")!, image: Self.image)
+        let session = OTASession(central: central, address: DeviceAddress("AA:BB:CC:DD:EE:FF")!, image: Self.image, profile: NativeProfile())
         do {
             _ = try await session.run()
             Issue.record("flashed a device that does not exist")

@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTAWire
 import Simulator
@@ -10,7 +11,7 @@ import Testing
     let image = FirmwareImage(bytes: bytes)
     let device = SimulatedDevice(SimulatedDeviceConfig())
     let central = SimulatedCentral(devices: [device])
-    let session = OTASession(central: central, address: device.config.address, image: image)
+    let session = OTASession(central: central, address: device.config.address, image: image, profile: NativeProfile())
     let result = try await session.run()
     #expect(result.crc32 == CRC32.checksum(bytes))
     #expect(device.activatedImage == bytes)

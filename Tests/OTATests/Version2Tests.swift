@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire
@@ -78,9 +79,7 @@ struct Version2Tests {
 
     /// A version 2 device that holds early CHECKPOINTs, with the C library in lockstep.
     static func device(faults: FaultPlan = .none, unit: Int = 4096) -> SimulatedDevice {
-        SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, faults: faults, holdEarlyCheckpoint: .milliseconds(300),
-                                              version2: .init(eraseUnit: unit, reorderCapacity: 32 * 1024, reorderRanges: 16, eraseTimeMs: 85),
-                                              runsCLibrary: true))
+        SimulatedDevice(SimulatedDeviceConfig(slotSize: 1 << 20, faults: faults), native: NativeDeviceOptions(holdEarlyCheckpoint: .milliseconds(300), version2: .init(eraseUnit: unit, reorderCapacity: 32 * 1024, reorderRanges: 16, eraseTimeMs: 85), runsCLibrary: true))
     }
 
     /// Whole sessions against a version 2 device with NOR timing (85 ms per 4 KiB erase, 40 µs

@@ -1,3 +1,4 @@
+import Native
 import OTAWire
 import Testing
 

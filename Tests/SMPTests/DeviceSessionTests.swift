@@ -1,5 +1,6 @@
 import Crypto
 import GATT
+import Native
 import OTA
 import OTADevice
 import OTAWire

@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTAWire
 @testable import Simulator
 import Testing

@@ -1,4 +1,5 @@
 import GATT
+import Native
 import OTADevice
 import OTAWire
 import Simulator
@@ -29,7 +30,7 @@ struct SimulatedTransportTests {
     @Test func scanReportsDevicesStrongestFirstAndFiltersOnTheOTAService() async throws {
         let near = SimulatedDevice(SimulatedDeviceConfig(address: DeviceAddress("00:00:00:00:00:01")!, rssi: -40))
         let far = SimulatedDevice(SimulatedDeviceConfig(address: DeviceAddress("00:00:00:00:00:02")!, rssi: -80))
-        let plain = SimulatedDevice(SimulatedDeviceConfig(address: DeviceAddress("00:00:00:00:00:03")!, rssi: -30, hasOTAService: false))
+        let plain = SimulatedDevice(SimulatedDeviceConfig(address: DeviceAddress("00:00:00:00:00:03")!, rssi: -30), native: NativeDeviceOptions(hasOTAService: false))
         let central = SimulatedCentral(devices: [far, plain, near], clock: VirtualClock())
         let all = try await central.scan(filter: ScanFilter(), timeout: .seconds(1))
         #expect(all.map(\.address.description) == ["00:00:00:00:00:03", "00:00:00:00:00:01", "00:00:00:00:00:02"])

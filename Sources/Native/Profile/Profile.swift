@@ -1,4 +1,5 @@
 import GATT
+import OTA
 import OTAWire
 
 /// otaflash's own protocol (docs/PROTOCOL.md): the OTA service with its control point, data and

@@ -1,4 +1,5 @@
 import GATT
+import OTADevice
 import OTAWire
 
 /// An `OTATarget` behind a `FaultPlan`: decides, for each write the device receives, whether a

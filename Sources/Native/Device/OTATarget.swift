@@ -1,3 +1,4 @@
+import GATT
 import OTAWire
 
 /// The device side of the OTA protocol: a flash slot and the rules of docs/PROTOCOL.md.

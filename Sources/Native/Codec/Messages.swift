@@ -1,3 +1,6 @@
+import GATT
+import OTAWire
+
 /// Command opcodes written to the control point (docs/PROTOCOL.md, "Commands").
 public struct OTAOpcode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
     public let rawValue: UInt8

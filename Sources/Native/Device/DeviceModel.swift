@@ -1,3 +1,5 @@
+import GATT
+import OTADevice
 import OTAWire
 
 /// When an OTA device answers, drops its link and is away: one behaviour for every transport.
