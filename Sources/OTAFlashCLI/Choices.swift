@@ -1,8 +1,6 @@
 import ArgumentParser
 import BlueZ
 import GATT
-import Native
-import NordicDFU
 import OTA
 import Simulator
 import SMP
@@ -38,18 +36,8 @@ struct ServedProtocol: ExpressibleByArgument, Hashable, Sendable, CustomStringCo
 
     private init(checked name: String) { self.name = name }
 
-    static let native = ServedProtocol(checked: NativeProfile.name)
-    static let nordicDFU = ServedProtocol(checked: NordicDFUProfile.name)
-    static let smp = ServedProtocol(checked: SMPProfile.name)
-
-    /// What a device of this protocol is, for the line that refuses another protocol's options.
-    var device: String {
-        switch self {
-        case .smp: "SMP server"
-        case .nordicDFU: "Secure DFU bootloader"
-        default: "native OTA device"
-        }
-    }
+    /// The default: the first protocol registered, otaflash's own.
+    static let native = ServedProtocol(checked: CLIProtocol.all[0].name)
 
     init?(argument: String) {
         guard Self.allValueStrings.contains(argument) else { return nil }

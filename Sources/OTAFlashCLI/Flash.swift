@@ -266,18 +266,14 @@ struct Flash: AsyncParsableCommand {
         try await report(outcome, plan: plan, address: address, seconds: (central.clock.now - started).seconds, book: book, printer: printer)
     }
 
-    /// The central that reaches the device at `address`, and the simulated device when it is one.
+    /// The central that reaches the device at `address`, and the simulated device when it is one
+    /// (restored from `--sim-state` when given: a native device, the only one that keeps state).
     private func connection(for plan: FlashPlan, address: DeviceAddress, pairs: Bool) throws -> (any GATTCentral, SimulatedDevice?) {
         let simulator = target.simulator
         guard simulator.enabled else { return (target.bluezCentral().refusingStackPairing(!pairs), nil) }
-        guard plan.profile is NativeProfile, simulator.buttonless == nil else {
-            guard simulator.stateDir == nil else {
-                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) device in the simulator")
-            }
-            let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address))
-            return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
-        }
-        return try simulator.makeCentral(address: address)
+        if simulator.stateDir != nil { return try simulator.makeCentral(address: address) }
+        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address))
+        return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
     }
 
     /// The update of one device as the options describe it.
@@ -351,9 +347,8 @@ struct Flash: AsyncParsableCommand {
             printer.json(FlashEvents.Note(device: address.description, message: line))
             printer.note(line)
         }
-        if let model = simulated.model(as: NordicButtonlessDevice.self) {
-            printer.note("simulated device: runs its \(model.mode) at \(simulated.address)"
-                         + (model.application.map { ", the application flashed with CRC32 \(hex32(CRC32.checksum($0)))" } ?? ""))
+        if let state = CLIProtocol.all.lazy.compactMap({ $0.describe(simulated) }).first {
+            printer.note("simulated device: \(state)")
         }
     }
 

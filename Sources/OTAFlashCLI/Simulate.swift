@@ -155,7 +155,9 @@ struct Simulate: AsyncParsableCommand {
             throw ValidationError("\(formerNames.passkey != nil ? "--passkey" : "--sim-passkey") is what an authenticated pairing expects; add --sim-security authenticate")
         }
         try Ranges.simDeviceVersion.check(deviceVersionOption)
-        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
+        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize,
+                                                 option: formerNames.deviceVersion != nil ? "--device-version" : "--sim-device-version",
+                                                 slotOption: formerNames.slotSize != nil ? "--slot-size" : "--sim-slot-size")
         try Ranges.smpBufferSize.check(bufferSizeOption)
         try Ranges.smpBufferCount.check(bufferCountOption)
         try refuseOptionsOfOtherProtocols()
@@ -183,24 +185,26 @@ struct Simulate: AsyncParsableCommand {
     /// Each served device's own options, refused with another protocol: one line that says which
     /// protocol they configure.
     private func refuseOptionsOfOtherProtocols() throws {
-        let given: [(String, Bool, ServedProtocol)] = [
-            ("--sim-device-version", deviceVersion != 1, .native),
-            ("--sim-smp-buf-size", bufferSizeOption != nil, .smp), ("--buf-size", formerNames.bufferSize != nil, .smp),
-            ("--sim-smp-buf-count", bufferCountOption != nil, .smp), ("--buf-count", formerNames.bufferCount != nil, .smp),
-            ("--sim-smp-cbor", cborOption != nil, .smp), ("--cbor", formerNames.cborText != nil, .smp),
-            ("--sim-public-key", publicKeyOption != nil, .nordicDFU), ("--public-key", formerNames.publicKey != nil, .nordicDFU),
-            ("--sd-after-update", softDeviceAfterUpdate != nil, .nordicDFU), ("--sim-app-version", applicationVersionOption != nil, .nordicDFU),
+        let given: [(String, Bool)] = [
+            (deviceVersionOption != nil ? "--sim-device-version" : "--device-version", deviceVersion != 1),
+            ("--sim-smp-buf-size", bufferSizeOption != nil), ("--buf-size", formerNames.bufferSize != nil),
+            ("--sim-smp-buf-count", bufferCountOption != nil), ("--buf-count", formerNames.bufferCount != nil),
+            ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil),
+            ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
+            ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
         ]
-        for (option, isGiven, owner) in given where isGiven && owner != served {
+        for (option, isGiven) in given where isGiven && !(CLIProtocol.named(protocolName)?.servedOptions.contains(option) ?? false) {
+            guard let owner = CLIProtocol.all.first(where: { $0.servedOptions.contains(option) }) else { continue }
             throw ValidationError("\(option) configures a simulated \(owner.device); add --protocol \(owner.name)")
         }
-        if firmwareVersionOption != nil, served == .nordicDFU {
+        let takesVersions = CLIProtocol.named(protocolName)?.takes.contains("--sim-firmware-version") ?? false
+        if firmwareVersionOption != nil, !takesVersions {
             throw ValidationError("--sim-firmware-version is a native or SMP device's version; a Secure DFU bootloader's application version is --sim-app-version")
         }
         if let version = formerNames.firmwareVersion {
-            if served == .nordicDFU, UInt32(version) == nil {
-                throw ValidationError("--firmware-version for nordic-dfu is the application version, a number 0-\(UInt32.max), got '\(version)'")
-            } else if served != .nordicDFU, FirmwareVersion(version) == nil {
+            if !takesVersions, UInt32(version) == nil {
+                throw ValidationError("--firmware-version for \(protocolName) is the application version, a number 0-\(UInt32.max), got '\(version)'")
+            } else if takesVersions, FirmwareVersion(version) == nil {
                 throw ValidationError("--firmware-version must look like 1.2.3, got '\(version)'")
             }
         }
@@ -214,7 +218,7 @@ struct Simulate: AsyncParsableCommand {
             }
             return
         }
-        guard name == NordicDFUProfile.name else {
+        guard CLIProtocol.named(name)?.servedOptions.contains("--sim-buttonless") == true else {
             throw ValidationError("--sim-buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
         }
         guard let bootloaderAdapter else {
@@ -350,44 +354,13 @@ struct Simulate: AsyncParsableCommand {
         var bootloaderServices: [OTADevice.PeripheralService]?
     }
 
-    /// The device `--protocol` names, as its options configure it.
+    /// The device `--protocol` names, as its options configure it (its protocol's registration).
     /// `address`: the served adapter's, where a `--sim-buttonless` application answers.
     private func served(address: DeviceAddress?) throws -> ServedDevice {
-        if protocolName == SMPProfile.name {
-            let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            let model = SMPPeripheral(bufferSize: bufferSize ?? SMPServer.Config().bufferSize, bufferCount: bufferCount ?? SMPServer.Config().bufferCount,
-                                      slotSize: slotSize, firmwareVersion: version, encoding: cbor ?? .zephyr, faults: faults.plan)
-            return ServedDevice(model: model, name: name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
-                                what: "SMP server (MCUmgr with MCUboot, \(model.server.config.bufferCount) × \(model.server.config.bufferSize) B buffers, \(model.server.config.encoding) answers)")
+        guard let registration = CLIProtocol.named(protocolName) else {
+            throw CLIFailure(.internalError, "the \(protocolName) protocol registers no served device; please report this")
         }
-        guard protocolName == NordicDFUProfile.name else {
-            let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            var config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
-            if deviceVersion == 2 {
-                config.version2 = OTATarget.Version2()
-                config.runsCLibrary = true
-            }
-            return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
-                                what: deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
-        }
-        var config = NordicDFUBootloader.Config()
-        config.bankSize = slotSize
-        config.applicationVersion = firmwareVersion.flatMap { UInt32($0) } ?? 0
-        if let publicKey {
-            config.signatureCheck = try SecureDFUSimulatorOptions.signatureCheck(publicKeyFile: publicKey, option: publicKeyOption != nil ? "--sim-public-key" : "--public-key")
-        }
-        let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
-                                        softDeviceAfterUpdate: softDeviceAfterUpdate?.value)
-        guard let buttonless else {
-            return ServedDevice(model: model, name: name ?? "DfuTarg", firmwareVersion: "\(config.applicationVersion)", what: "Secure DFU bootloader")
-        }
-        guard let address else {
-            throw CLIFailure(.bluetoothUnavailable, "--sim-buttonless: BlueZ did not report \(adapter ?? "the adapter")'s address, which the bootloader's is derived from")
-        }
-        let device = buttonless.device(address: address, bootloader: model)
-        return ServedDevice(model: device, name: name ?? "otaflash-app", firmwareVersion: "\(config.applicationVersion)",
-                            what: "Secure DFU application with the buttonless service", bootloaderAddress: device.bootloaderAddress,
-                            bootloaderServices: device.bootloader.services)
+        return try registration.served(self, address)
     }
 
 

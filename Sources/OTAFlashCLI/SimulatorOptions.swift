@@ -304,7 +304,10 @@ public struct SecureDFUSimulatorOptions: ParsableArguments {
         try Ranges.simBootloaderVersion.check(bootloaderVersion)
     }
 
-    /// The options given, by name: for the line that refuses them with a native image.
+    static let names: Set<String> = ["--sim-hw-version", "--sim-softdevice", "--sim-app-version", "--sim-bootloader-version",
+                                     "--sim-public-key", "--sim-open-bootloader", "--sim-debug-bootloader"]
+
+    /// The options given, by name: for the line that refuses them with another protocol's image.
     var given: [String] {
         [("--sim-hw-version", hardwareVersion != nil), ("--sim-softdevice", softDevice != nil),
          ("--sim-app-version", applicationVersion != nil), ("--sim-bootloader-version", bootloaderVersion != nil),
