@@ -2,12 +2,9 @@ import ArgumentParser
 import BlueZ
 import GATT
 import Logging
-import Native
-import NordicDFU
 import OTA
 import OTAWire
 import Simulator
-import SMP
 
 /// The device a command connects to and the adapter it goes through (`flash`, `info`).
 public struct ConnectionOptions: ParsableArguments {
@@ -138,11 +135,7 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
-    @Option(name: .customLong("hw-version"), parsing: .unconditional, help: Ranges.hwVersion.help("nordic-dfu: the device's hardware version. Every image's init packet must name it (nrfutil pkg generate --hw-version); checked before any radio time, so a package for other hardware costs no transfer", valueName: "n"))
-    var hwVersion: Int?
-
-    @Option(name: .customLong("sd-req"), parsing: .unconditional, help: ArgumentHelp("nordic-dfu: the SoftDevice FWID the device runs, or several separated by commas for devices on either (0xAF or 0xAF,0xB6; each \(Ranges.sdReq.text)). The first image's sd_req must list each, or 0xFFFE (any); checked before any radio time.", valueName: "fwid,..."))
-    var sdReq: FWIDList?
+    @OptionGroup(title: "Nordic Secure DFU devices") var nordic: NordicDFUFlashOptions
 
     @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(EngineConfig.defaultCheckpointInterval))", valueName: "bytes"))
     var checkpointInterval: Int?
@@ -182,8 +175,6 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
-        try Ranges.hwVersion.check(hwVersion)
-        try Ranges.sdReq.check(sdReq?.values ?? [])
         try smp.check(protocolName: protocolName)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
@@ -210,7 +201,7 @@ struct Flash: AsyncParsableCommand {
     /// The steps of a run: everything that can be checked is checked before any radio time.
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations, smp: smp.settings(noReset: smp.noReset))
+        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: nordic.expectations, smp: smp.settings(noReset: smp.noReset))
         try refuseOptionsThatDoNotApply(to: plan)
         let book = try openRecords(plan: plan, printer: printer)
         if batch.isBatch(devices: target.device) {
@@ -401,11 +392,6 @@ extension GATTCentral {
 }
 
 extension Flash {
-    /// What `--hw-version` and `--sd-req` say the device is.
-    var expectations: DFUPackage.Expectations {
-        DFUPackage.Expectations(hardwareVersion: hwVersion.map { UInt32(clamping: $0) }, softDevices: sdReq?.values.map(\.value) ?? [])
-    }
-
     var sessionTimeouts: SessionTimeouts {
         SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
     }

@@ -8,9 +8,7 @@ extension Flash {
         if imageVersion != nil { given.append("--image-version") }
         if restart { given.append("--restart") }
         if noActivate { given.append("--no-activate") }
-        if hwVersion != nil { given.append("--hw-version") }
-        if sdReq != nil { given.append("--sd-req") }
-        given += smp.given
+        given += nordic.given + smp.given
         let simulator = target.simulator
         if simulator.enabled {
             given += simulator.secureDFU.given + simulator.smp.given

@@ -81,7 +81,7 @@ struct CLIProtocol: Sendable {
 
     static let nordicDFU = CLIProtocol(
         profile: NordicDFUProfile(), loader: Loader(format: .nordicDFUPackage, load: FlashPlan.loadPackage),
-        takes: Set(["--hw-version", "--sd-req", "--sim-buttonless"]).union(SecureDFUSimulatorOptions.names),
+        takes: Set(["--sim-buttonless"]).union(NordicDFUFlashOptions.names).union(SecureDFUSimulatorOptions.names),
         refuses: ["--checkpoint-interval": "a Secure DFU bootloader confirms each object itself",
                   "--restart": "a Secure DFU bootloader says itself where a transfer resumes",
                   "--no-activate": "the bootloader activates an image as soon as it has validated it",

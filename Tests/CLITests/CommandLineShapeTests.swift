@@ -138,13 +138,24 @@ struct CommandLineShapeTests {
 
     // MARK: Completions
 
-    @Test func completionsHelpPrintsOneWorkingInstallLinePerShell() async throws {
-        let run = await otaflash(["completions", "--help"])
-        #expect(run.code == 0)
+    /// `otaflash completions SHELL --install` is the one line: it works in an empty home, where
+    /// none of the folders exist yet, and writes the script where the shell looks.
+    @Test(arguments: [("bash", ".local/share/bash-completion/completions/otaflash"), ("zsh", ".zfunc/_otaflash"),
+                      ("fish", ".config/fish/completions/otaflash.fish")])
+    func completionsInstallIntoAFreshHome(shell: String, target: String) async throws {
+        let help = await otaflash(["completions", "--help"])
+        #expect(help.stdout.contains("otaflash completions \(shell) --install"))
+        let home = try Scratch()
+        let path = try Completions.install(shellNamed: shell, environment: ["HOME": home.url.path])
+        #expect(path == home.url.appendingPathComponent(target).path)
+        let printed = await otaflash(["completions", shell])
+        #expect(FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) } == printed.stdout)
+    }
+
+    /// The manual lines (for the docs) work on a fresh machine too: they make the folder first.
+    @Test func theManualInstallLinesMakeTheFolderFirst() async throws {
         for (shell, line) in Completions.installLines {
             #expect(line.hasPrefix("mkdir -p "), "\(shell): \(line)")
-            #expect(run.stdout.replacingOccurrences(of: "\n", with: " ").contains("otaflash completions \(shell) >"), "\(shell)")
-            // On a fresh machine: an empty home, none of the folders there yet.
             let home = try Scratch()
             let bash = Process()
             bash.executableURL = URL(fileURLWithPath: "/bin/bash")
