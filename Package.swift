@@ -37,14 +37,16 @@ let package = Package(
         // The device side every protocol's model stands on: the contract a transport hosts
         // (`PeripheralModel`, in the simulator and in peripheral mode) and the fault plan.
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
-        // In-process simulated peripheral: link model, virtual clock, fault injection. Hosts any
-        // protocol's device model.
-        .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice"]),
         // The protocol-neutral core of the central: images, the profile and engine contracts, the
         // session and its reconnect supervisor, batches, the journal, pairing, errors.
         .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        // In-process simulated peripheral: link model, virtual clock, fault injection. Hosts any
+        // protocol's device model. Also the contract of the soak and bench strategies
+        // (Strategies.swift), whose trials hand a session its profile (OTA).
+        .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice", "OTA"]),
         // otaflash's own protocol (docs/PROTOCOL.md): codec, the central's engine and profile, the
-        // device (state machine, timing, faults; the C library run in lockstep) and its simulated device.
+        // device (state machine, timing, faults; the C library run in lockstep), its simulated device
+        // and its soak and bench strategies.
         .target(name: "Native", dependencies: ["GATT", "OTAWire", "OTA", "OTADevice", "COTADevice", "Simulator"]),
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
         // and the bootloader's device model, each in its own folder.
@@ -73,10 +75,11 @@ let package = Package(
         // The commit a build is from, for `otaflash --version` (the version itself is in Version.swift).
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
-        // Throughput and CPU figures on the link model (run in release mode).
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "Ledger"]),
-        // Fault soak on the simulator (run in release mode).
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native", "NordicDFU", "SMP"]),
+        // Throughput and CPU figures on the link model (run in release mode): each protocol's
+        // BenchStrategy, then the ledger.
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "Ledger"]),
+        // Fault soak on the simulator (run in release mode): each protocol's SoakStrategy.
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),

@@ -9,7 +9,7 @@ let package = Package(
     targets: [
         // libFuzzer's driver, entered from each harness's own main.
         .target(name: "FuzzDriver"),
-        .executableTarget(name: "fuzz-replies", dependencies: ["FuzzDriver", .product(name: "OTAWire", package: "otaflash")]),
+        .executableTarget(name: "fuzz-replies", dependencies: ["FuzzDriver", .product(name: "Native", package: "otaflash")]),
         .executableTarget(name: "fuzz-hex", dependencies: ["FuzzDriver", .product(name: "OTA", package: "otaflash")]),
         .executableTarget(name: "fuzz-nordic", dependencies: ["FuzzDriver", .product(name: "NordicDFU", package: "otaflash")]),
         .executableTarget(name: "fuzz-smp", dependencies: ["FuzzDriver", .product(name: "SMP", package: "otaflash")]),

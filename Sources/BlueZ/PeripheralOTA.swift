@@ -563,7 +563,7 @@ public actor OTAPeripheral {
         var written = 0
         let failure: String? = image.withUnsafeBytes { buffer in
             while written < buffer.count {
-                let n = write(fd, buffer.baseAddress! + written, buffer.count - written)
+                let n = write(fd, buffer.baseAddress?.advanced(by: written), buffer.count - written)
                 if n < 0 {
                     if errno == EINTR { continue }
                     return "writing \(temporary): \(String(cString: strerror(errno)))"

@@ -215,7 +215,7 @@ extension DBusConnection {
         guard objects[path]?.interfaces[interface] != nil else {
             throw DBusError(name: DBusError.Name.unknownInterface, message: "\(path) has no interface \(interface)")
         }
-        objects[path]!.interfaces[interface]!.properties[name] = value
+        objects[path]?.interfaces[interface]?.properties[name] = value
         if emitChanged {
             try emitPropertiesChanged(path: path, interface: interface, changed: [name: value])
         }
@@ -564,8 +564,7 @@ extension DBusConnection {
 
                     """
             }
-            for name in exported.interfaces.keys.sorted() {
-                let interface = exported.interfaces[name]!
+            for (name, interface) in exported.interfaces.sorted(by: { $0.key < $1.key }) {
                 xml += " <interface name=\"\(name)\">\n"
                 for method in interface.methods.keys.sorted() {
                     xml += "  <method name=\"\(method)\"/>\n"
@@ -573,8 +572,8 @@ extension DBusConnection {
                 for signal in interface.signals.sorted() {
                     xml += "  <signal name=\"\(signal)\"/>\n"
                 }
-                for property in interface.properties.keys.sorted() {
-                    let type = Self.xmlEscaped(interface.properties[property]!.signature)
+                for (property, value) in interface.properties.sorted(by: { $0.key < $1.key }) {
+                    let type = Self.xmlEscaped(value.signature)
                     let access = interface.writableProperties.contains(property) ? "readwrite" : "read"
                     xml += "  <property name=\"\(property)\" type=\"\(type)\" access=\"\(access)\"/>\n"
                 }

@@ -3,18 +3,23 @@ public struct DeviceAddress: Hashable, Sendable, CustomStringConvertible {
     /// Upper-case, colon-separated: the form BlueZ uses in `Device1.Address` and object paths.
     public let description: String
 
-    /// Accepts six colon- or dash-separated hex pairs, in either case; nil otherwise.
+    /// The six bytes, most significant first.
+    public let bytes: [UInt8]
+
+    /// Accepts six colon- or dash-separated hex pairs, in either case; nil otherwise. Only ASCII
+    /// digits count (`Character.isHexDigit` also takes their fullwidth forms).
     public init?(_ text: String) {
         let parts = text.split(separator: text.contains("-") ? "-" : ":", omittingEmptySubsequences: false)
-        guard parts.count == 6,
-              parts.allSatisfy({ $0.count == 2 && $0.allSatisfy(\.isHexDigit) })
-        else { return nil }
-        description = parts.map { $0.uppercased() }.joined(separator: ":")
+        let bytes = parts.compactMap { part in part.count == 2 && part.allSatisfy({ $0.isASCII && $0.isHexDigit }) ? UInt8(part, radix: 16) : nil }
+        guard parts.count == 6, bytes.count == 6 else { return nil }
+        self.init(bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5])
     }
 
-    /// The six bytes, most significant first.
-    public var bytes: [UInt8] {
-        description.split(separator: ":").map { UInt8($0, radix: 16)! }
+    /// The address of these six bytes, most significant first.
+    public init(_ b0: UInt8, _ b1: UInt8, _ b2: UInt8, _ b3: UInt8, _ b4: UInt8, _ b5: UInt8) {
+        bytes = [b0, b1, b2, b3, b4, b5]
+        let digits = Array("0123456789ABCDEF")
+        description = bytes.map { String([digits[Int($0 >> 4)], digits[Int($0 & 0x0F)]]) }.joined(separator: ":")
     }
 }
 

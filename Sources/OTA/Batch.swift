@@ -150,13 +150,18 @@ public struct BatchRunner: Sendable {
                     finished: @escaping @Sendable (BatchOutcome) async -> Void = { _ in },
                     events: @escaping @Sendable (DeviceUpdater.Event) -> Void = { _ in }) async -> [BatchOutcome] {
         let total = Limiter(options.parallel)
+        // One limiter per adapter, shared by its targets.
         var perAdapter: [String: Limiter] = [:]
-        for key in Set(targets.map { $0.adapter ?? "" }) { perAdapter[key] = Limiter(options.perAdapter) }
-        let adapterLimits = perAdapter
+        let adapterLimits = targets.map { target in
+            if let limiter = perAdapter[target.adapter ?? ""] { return limiter }
+            let limiter = Limiter(options.perAdapter)
+            perAdapter[target.adapter ?? ""] = limiter
+            return limiter
+        }
         return await withTaskGroup(of: (Int, BatchOutcome).self) { group in
             for (index, target) in targets.enumerated() {
                 group.addTask {
-                    let adapterLimit = adapterLimits[target.adapter ?? ""]!
+                    let adapterLimit = adapterLimits[index]
                     await adapterLimit.acquire()
                     await total.acquire()
                     let outcome: BatchOutcome
@@ -172,9 +177,9 @@ public struct BatchRunner: Sendable {
                     return (index, outcome)
                 }
             }
-            var outcomes = [BatchOutcome?](repeating: nil, count: targets.count)
-            for await (index, outcome) in group { outcomes[index] = outcome }
-            return outcomes.map { $0! }
+            var outcomes: [(index: Int, outcome: BatchOutcome)] = []
+            for await finished in group { outcomes.append(finished) }
+            return outcomes.sorted { $0.index < $1.index }.map(\.outcome)
         }
     }
 

@@ -198,7 +198,7 @@ struct ImageFile {
         var buffer = [UInt8](repeating: 0, count: count)
         var filled = 0
         while filled < count {
-            let n = buffer.withUnsafeMutableBytes { readFile(descriptor, $0.baseAddress! + filled, count - filled) }
+            let n = buffer[filled...].withUnsafeMutableBytes { readFile(descriptor, $0.baseAddress, $0.count) }
             if n == 0 { break }
             if n < 0 {
                 if errno == EINTR { continue }
@@ -216,7 +216,7 @@ struct ImageFile {
         var buffer = [UInt8](repeating: 0, count: size - start)
         var filled = 0
         while filled < buffer.count {
-            let n = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress! + filled, $0.count - filled, off_t(start + filled)) }
+            let n = buffer[filled...].withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, off_t(start + filled)) }
             if n == 0 { break }
             if n < 0 {
                 if errno == EINTR { continue }
@@ -230,7 +230,7 @@ struct ImageFile {
 }
 
 private func closeFile(_ fd: Int32) { _ = close(fd) }
-private func readFile(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int { read(fd, buffer, count) }
+private func readFile(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int { read(fd, buffer, count) }
 
 /// A firmware file that cannot be used, with the line at fault for text formats.
 public struct ImageError: Error, Sendable, Hashable, CustomStringConvertible {

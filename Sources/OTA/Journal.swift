@@ -13,7 +13,6 @@ public struct TransferJournal: Codable, Sendable, Hashable {
     /// The last checkpoint the device confirmed, and the CRC of the image up to it.
     public var confirmedOffset: Int
     public var confirmedCRC: UInt32
-    public var checkpointInterval: Int
     public var updated: Date
 }
 

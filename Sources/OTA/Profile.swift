@@ -13,11 +13,13 @@ public enum TransferPhase: String, Sendable, Hashable {
     case idle, beginning, streaming, verifying, activating, done, failed
 }
 
-/// Counters for reports, the soak and benchmarks, kept by every engine.
+/// Counters for reports, the soak and benchmarks. The byte, packet and resume figures are kept by
+/// `ResendTally` the same way for every engine; the others by each engine.
 public struct TransferStats: Sendable, Hashable {
     /// Image bytes put on the data characteristic, resends included.
     public var bytesSent = 0
-    /// Bytes sent again after a rewind, resume or restart.
+    /// Bytes put on the link again at offsets this run had sent before, or the device reported
+    /// holding: after a rewind, resume or restart.
     public var bytesResent = 0
     public var packets = 0
     /// Points at which the device confirmed what it holds (checkpoints, receipts, checksums).
@@ -26,18 +28,128 @@ public struct TransferStats: Sendable, Hashable {
     public var rollbacks = 0
     public var restarts = 0
     public var commandRetries = 0
-    /// The device's offset each time the engine (re)started on a connection.
+    /// The device's offset each time it said where the transfer stands on a connection.
     public var resumedFrom: [Int] = []
     /// Bytes re-sent on each connection, first connection first: after a resume, what the
     /// device had lost (at most one checkpoint window).
     public var resentPerConnection: [Int] = []
-    /// For each resume (a connection after the first): the bytes it had to send again, from
-    /// where streaming restarted up to where the engine stood when the link was lost.
+    /// For each resume (a connection after the first, where the device said where it stands):
+    /// the bytes it had to send again, from where streaming restarted up to where the engine
+    /// stood when the link was lost.
     public var resumeResends: [Int] = []
     /// Connections used (1 + reconnects).
     public var connections: Int { resentPerConnection.count }
 
     public init() {}
+}
+
+/// The resend figures of `TransferStats`, counted the same way for every engine: the engine says
+/// when a connection begins (and where its stream stood then), where the device resumed and what
+/// it streams; the tally works out what went on the link again. An engine keeps one and adds its own
+/// counters (checkpoints, rewinds…) to `stats`.
+public struct ResendTally: Sendable, Hashable {
+    public var stats = TransferStats()
+    /// The highest image offset ever streamed, or that the device reported holding.
+    public var highWater: Int { mark }
+    @usableFromInline var mark = 0
+    /// On a connection after the first, where the stream stood before it, until the device says
+    /// where it resumes; then `measuringFrom` until the first packet measures what the resume
+    /// sends again.
+    private var lossMark: Int?
+    @usableFromInline var measuringFrom: Int?
+    /// The same for bytes a protocol sends ahead of the image (Secure DFU's init packet): counted in
+    /// `bytesSent` and `bytesResent`, never in the image's offsets.
+    private var preambleHighWater = 0
+
+    public init() {}
+
+    /// A connection begins with the engine's stream at `position` (where it stood when the last
+    /// connection ended): its resends are counted apart, and on a reconnect the next resume is
+    /// measured against `position`.
+    public mutating func connectionBegan(streamAt position: Int) {
+        stats.resentPerConnection.append(0)
+        lossMark = stats.connections > 1 ? position : nil
+        measuringFrom = nil
+    }
+
+    /// The device holds the image up to `offset` on this connection: the resume point. The next
+    /// packet streamed measures the resume.
+    public mutating func resumed(from offset: Int) {
+        stats.resumedFrom.append(offset)
+        // What the device holds was sent before (by this run or an earlier one): sending it
+        // again is a resend.
+        mark = max(mark, offset)
+        if let lossMark {
+            measuringFrom = lossMark
+            self.lossMark = nil
+        }
+    }
+
+    /// The device lost what it held and the transfer starts over: not a resume to measure.
+    public mutating func startedOver() {
+        lossMark = nil
+        measuringFrom = nil
+    }
+
+    /// `count` image bytes from `offset` go on the link. Called per packet, so inlined into each
+    /// protocol's engine.
+    @inlinable
+    public mutating func streamed(offset: Int, count: Int) {
+        if let from = measuringFrom {
+            measuringFrom = nil
+            stats.resumeResends.append(max(0, from - offset))
+        }
+        if offset < mark { countResent(min(count, mark - offset)) }
+        mark = max(mark, offset + count)
+        stats.bytesSent += count
+        stats.packets += 1
+    }
+
+    /// `count` bytes of what a protocol sends ahead of the image go on the link, from `offset` in it.
+    public mutating func streamedPreamble(offset: Int, count: Int) {
+        if offset < preambleHighWater { countResent(min(count, preambleHighWater - offset)) }
+        preambleHighWater = max(preambleHighWater, offset + count)
+        stats.bytesSent += count
+        stats.packets += 1
+    }
+
+    @usableFromInline
+    mutating func countResent(_ bytes: Int) {
+        stats.bytesResent += bytes
+        if !stats.resentPerConnection.isEmpty { stats.resentPerConnection[stats.resentPerConnection.count - 1] += bytes }
+    }
+}
+
+/// What a transfer may do and how long it waits, the same for every protocol. A protocol's own
+/// settings (the native checkpoint interval, Secure DFU's receipts, SMP's window) are its profile's.
+public struct EngineConfig: Sendable, Hashable {
+    /// Activate the image once the device checked it.
+    public var activate: Bool
+    /// Ignore a partial transfer the device holds and start from zero.
+    public var restart: Bool
+    /// How often a command is sent again after an ATT error or a lost reply.
+    public var commandRetries: Int
+    /// How often in a row the engine may fall back (rewind, roll back, restart) without the device
+    /// confirming new data before it gives up.
+    public var maxRecoveries: Int
+    public var replyTimeout: Duration
+    public var verifyTimeout: Duration
+    public var activateTimeout: Duration
+    /// Leave a device alone when it already runs this version.
+    public var skipIfVersion: FirmwareVersion?
+
+    public init(activate: Bool = true, restart: Bool = false, commandRetries: Int = 3, maxRecoveries: Int = 64,
+                replyTimeout: Duration = .seconds(5), verifyTimeout: Duration = .seconds(30),
+                activateTimeout: Duration = .seconds(10), skipIfVersion: FirmwareVersion? = nil) {
+        self.activate = activate
+        self.restart = restart
+        self.commandRetries = commandRetries
+        self.maxRecoveries = maxRecoveries
+        self.replyTimeout = replyTimeout
+        self.verifyTimeout = verifyTimeout
+        self.activateTimeout = activateTimeout
+        self.skipIfVersion = skipIfVersion
+    }
 }
 
 /// The part a characteristic plays in a protocol. An open set: a protocol may name its own.
@@ -120,7 +232,7 @@ public protocol TransferEngine: Sendable {
     /// The last offset the device confirmed, and the CRC32 of the image up to it (journaled).
     var acked: Int { get }
     var ackedCRC: UInt32 { get }
-    /// The highest offset ever sent.
+    /// The highest offset ever sent, or that the device reported holding.
     var highWater: Int { get }
     /// The furthest position the device reported with a CRC that matched the image: what the
     /// session's stall budget watches.

@@ -105,6 +105,37 @@ public struct SessionTimeouts: Sendable, Hashable {
     }
 }
 
+/// The supervisor's reconnects after a link loss: attempts back off within the policy's window,
+/// and a connection that moved the transfer forward ends the outage.
+struct Outage {
+    let policy: ReconnectPolicy
+    private var rng: SeededGenerator
+    private(set) var attempt = 0
+    private var start: Duration?
+
+    init(policy: ReconnectPolicy) {
+        self.policy = policy
+        rng = SeededGenerator(seed: policy.seed)
+    }
+
+    /// The wait before the next attempt after `failure`.
+    /// - Throws: `failure`, saying so, once the next attempt would start past the window.
+    mutating func nextDelay(after failure: OTAError, progressed: Bool, at now: Duration) throws(OTAError) -> Duration {
+        if progressed || start == nil {
+            start = now
+            attempt = 0
+        }
+        attempt += 1
+        let delay = policy.delay(attempt: attempt, using: &rng)
+        guard let start, now + delay - start <= policy.window else {
+            throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(policy.window.seconds)) s)",
+                           hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
+                           cause: failure.cause)
+        }
+        return delay
+    }
+}
+
 /// How long a session may go on without progress, counted over connected time while data is
 /// being sent (not while reconnecting, verifying or activating, which have limits of their own):
 /// the budget is spent while no new data is confirmed, and refilled whenever the device confirms
@@ -198,7 +229,7 @@ public actor OTASession {
 
     /// The longest a run goes on after the device last confirmed new data (or after it started),
     /// whatever the device does: the stall budget, the reconnect window, one more connection's
-    /// connect and discovery, one VERIFY, and one command's retries (README, "Time limits").
+    /// connect and discovery, one VERIFY, and one command's retries (docs/PRODUCTION.md, "Time limits").
     public static func bound(config: EngineConfig, timeouts: SessionTimeouts, reconnect: ReconnectPolicy) -> Duration {
         max(timeouts.stall, config.replyTimeout) + reconnect.window + timeouts.connect + timeouts.discovery
             + config.verifyTimeout + max(config.replyTimeout, config.activateTimeout) * (config.commandRetries + 1)
@@ -222,58 +253,50 @@ public actor OTASession {
             engine.seed(confirmedOffset: entry.confirmedOffset, crc: entry.confirmedCRC)
             logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
         }
-        var rng = SeededGenerator(seed: reconnect.seed)
         var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
-        var attempt = 0
-        var outageStart: Duration?
+        var outage = Outage(policy: reconnect)
         let started = clock.now
         while true {
             try checkCancelled(confirmed: engine.acked)
             events(.connecting(device: device))
             let ackedBefore = engine.acked
-            let failure: OTAError
             do {
-                let connection = try await connectOrThrow()
-                do {
-                    var result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
-                    await connection.disconnect()
-                    journal?.remove(device: device, image: image)
-                    result.seconds = (clock.now - started).seconds
-                    return result
-                } catch {
-                    await connection.disconnect()
-                    failure = error
+                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, events: events)
+                journal?.remove(device: device, image: image)
+                result.seconds = (clock.now - started).seconds
+                return result
+            } catch {
+                if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
+                if error.code == .verifyFailed { journal?.remove(device: device, image: image) }
+                // A new connection helps a lost or stuck link; it cannot make a device confirm data it
+                // keeps losing (the stall budget is spent) or verify faster.
+                let exhausted = stall.left <= .zero || (error.code == .timeout && engine.failedIn == .verifying)
+                guard error.resumable, error.code == .connection || error.code == .timeout, reconnect.window > .zero, !exhausted else {
+                    throw error
                 }
-            } catch {
-                failure = error
+                let delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore, at: clock.now)
+                logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(outage.attempt)", "reason": "\(error.message)"])
+                events(.reconnecting(device: device, attempt: outage.attempt, reason: error.message, delay: delay))
+                do {
+                    try await clock.sleep(for: delay)
+                } catch {
+                    throw interrupted(confirmed: engine.acked)
+                }
             }
-            if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
-            if failure.code == .verifyFailed { journal?.remove(device: device, image: image) }
-            // A new connection helps a lost or stuck link; it cannot make a device confirm data it
-            // keeps losing (the stall budget is spent) or verify faster.
-            let exhausted = stall.left <= .zero || (failure.code == .timeout && engine.failedIn == .verifying)
-            guard failure.resumable, failure.code == .connection || failure.code == .timeout, reconnect.window > .zero, !exhausted else {
-                throw failure
-            }
-            // A connection that moved the transfer forward ends the outage; a new one begins.
-            if engine.acked > ackedBefore || outageStart == nil {
-                outageStart = clock.now
-                attempt = 0
-            }
-            attempt += 1
-            let delay = reconnect.delay(attempt: attempt, using: &rng)
-            guard clock.now + delay - outageStart! <= reconnect.window else {
-                throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(reconnect.window.seconds)) s)",
-                               hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
-                               cause: failure.cause)
-            }
-            logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(attempt)", "reason": "\(failure.message)"])
-            events(.reconnecting(device: device, attempt: attempt, reason: failure.message, delay: delay))
-            do {
-                try await clock.sleep(for: delay)
-            } catch {
-                throw interrupted(confirmed: engine.acked)
-            }
+        }
+    }
+
+    /// One connection: connects, drives the engine over it, and disconnects.
+    private func connectAndDrive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, stall: inout StallBudget,
+                                                      events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
+        let connection = try await connectOrThrow()
+        do {
+            let result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
+            await connection.disconnect()
+            return result
+        } catch {
+            await connection.disconnect()
+            throw error
         }
     }
 
@@ -365,11 +388,54 @@ public actor OTASession {
         return nil
     }
 
+    /// One connection of the run: attaches, then feeds the engine every event and carries out
+    /// every action until the transfer ends or the connection fails.
     private func drive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, on connection: any GATTConnection,
                                             stall: inout StallBudget,
                                             events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let clock = connection.clock
         let started = clock.now
+        let (link, mtu) = try await attach(profile, on: connection)
+        guard let control = link.characteristics[.control], let data = link.characteristics[.data] else {
+            throw OTAError(.internalError, "the \(profile.name) profile attached without a control and a data characteristic; please report this")
+        }
+        events(.deviceInfo(device: device, info: link.summary))
+        if let skip = config.skipIfVersion, link.firmwareVersion == skip {
+            return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu, chunkSize: 0, seconds: 0,
+                             transferSeconds: 0, activated: false, skipped: true, firmwareBefore: link.firmwareVersion,
+                             stats: engine.stats)
+        }
+        events(.connected(device: device, mtu: mtu, chunkSize: profile.chunkSize(mtu: mtu)))
+        logger.debug("connected", metadata: ["device": "\(device)", "protocol": "\(profile.name)", "mtu": "\(mtu)",
+                                             "slot": "\(link.summary.slotSize.map(String.init) ?? "?")"])
+        var run = ConnectionRun(engine: engine, stall: stall, link: link, control: control, data: data, mtu: mtu,
+                                connection: connection, started: started, events: events)
+        defer {
+            run.stall.hold(at: clock.now)
+            engine = run.engine
+            stall = run.stall
+        }
+        run.actions = run.engine.handle(.connected(link.peer, mtu: mtu))
+        run.deadline = clock.now + run.engine.currentTimeout
+        while true {
+            try checkCancelled(confirmed: run.engine.acked)
+            try checkStall(&run)
+            recordProgress(&run)
+            if let result = try await carryOutActions(&run, profile: profile) { return result }
+            announceStart(&run)
+            try await stream(&run, profile: profile)
+            if !run.actions.isEmpty { continue }
+            guard run.engine.isAwaitingReply else {
+                throw OTAError(.internalError, "the engine stalled with nothing in flight in phase \(run.engine.phase); please report this")
+            }
+            try await awaitEvent(&run, profile: profile)
+        }
+    }
+
+    /// Lets the profile attach and reads the link's MTU; a refusal for want of pairing, or one
+    /// that came just before the link dropped, says so.
+    private func attach<Profile: OTAProfile>(_ profile: Profile, on connection: any GATTConnection) async throws(OTAError)
+        -> (AttachedLink<Profile.Engine.Peer>, mtu: Int) {
         let link: AttachedLink<Profile.Engine.Peer>
         do throws(OTAError) {
             link = try await profile.attach(to: connection, device: device, discoveryTimeout: timeouts.discovery)
@@ -378,220 +444,202 @@ public actor OTASession {
             throw await linkLossExplaining(error, on: connection)
         }
         if let refusal = await pairingRefusal(on: connection, after: nil, profile: profile) { throw refusal }
-        let mtu: Int
         do {
-            mtu = try await connection.mtu()
+            return (link, try await connection.mtu())
         } catch {
             throw OTAError.from(error, device: device)
         }
-        guard let control = link.characteristics[.control], let data = link.characteristics[.data] else {
-            throw OTAError(.internalError, "the \(profile.name) profile attached without a control and a data characteristic; please report this")
-        }
-        // Notifications by characteristic, looked up without hashing.
-        let roles = link.characteristics.map { (id: $0.value.id, role: $0.key) }
-        events(.deviceInfo(device: device, info: link.summary))
-        if let skip = config.skipIfVersion, link.firmwareVersion == skip {
-            return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu, chunkSize: 0, seconds: 0,
-                             transferSeconds: 0, activated: false, skipped: true, firmwareBefore: link.firmwareVersion,
-                             stats: engine.stats)
-        }
-        events(.connected(device: device, mtu: mtu, chunkSize: profile.chunkSize(mtu: mtu)))
-        defer { stall.hold(at: clock.now) }
-        var actions = engine.handle(.connected(link.peer, mtu: mtu))
-        logger.debug("connected", metadata: ["device": "\(device)", "protocol": "\(profile.name)", "mtu": "\(mtu)",
-                                             "slot": "\(link.summary.slotSize.map(String.init) ?? "?")"])
+    }
 
-        var meter = RateMeter(start: clock.now)
-        var lastProgress = clock.now - Self.progressInterval
-        var deadline = clock.now + engine.currentTimeout
-        var commandTicket: WriteTicket?
-        var announcedStart = false
-        var announcedActivate = false
-        var streamStart: Duration?
-        var streamEnd: Duration?
-
-        func report(force: Bool) {
-            let now = clock.now
-            // Progress belongs to a transfer: none before its `transferStarted` event.
-            guard announcedStart, force || now - lastProgress >= Self.progressInterval else { return }
-            lastProgress = now
-            meter.sample(bytes: engine.highWater, at: now)
-            let rate = meter.rate
-            let left = Double(image.size - engine.sent)
-            events(.progress(TransferProgress(device: device, bytes: engine.sent, confirmed: engine.acked, total: image.size,
-                                      rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - started).seconds)))
-        }
-
-        /// Before a command goes out: the events of the phase it belongs to (a streaming engine
-        /// may send its first verifying command as a stream step or as an action).
-        func announcePhase() {
-            if engine.phase == .verifying, streamEnd == nil {
-                streamEnd = clock.now
-                report(force: true)
-                events(.verifying(device: device, check: profile.imageCheck))
-            }
-            // Once: activating may take several commands (SMP: mark, then reset) or retries.
-            if engine.phase == .activating, !announcedActivate {
-                announcedActivate = true
-                events(.activating(device: device))
+    /// Carries out what the engine asked for: its writes, or the end of the transfer.
+    /// - Returns: the result once the engine finished.
+    private func carryOutActions<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, profile: some OTAProfile) async throws(OTAError) -> OTAResult? {
+        let actions = run.actions
+        run.actions = []
+        for action in actions {
+            switch action {
+            case .write(let write):
+                try await submitCommand(write, &run, profile: profile)
+            case .finished:
+                report(&run, force: true)
+                let now = run.clock.now
+                let streamed = (run.streamEnd ?? now) - (run.streamStart ?? run.started)
+                return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: run.mtu,
+                                 chunkSize: run.engine.chunkSize, seconds: (now - run.started).seconds,
+                                 transferSeconds: streamed.seconds,
+                                 activated: config.activate, firmwareBefore: run.link.firmwareVersion, stats: run.engine.stats)
+            case .failed(let error):
+                throw error
             }
         }
+        return nil
+    }
 
-        var journaled = engine.acked
-        var told = engine.notes.count
-        // Whether the device answered anything on this connection, and whether its silence was
-        // looked into (`probeSecurity`).
-        var heard = false
-        var probed = false
-        /// Records a newly confirmed checkpoint in the journal, and says what the engine noted.
-        func recordProgress() {
-            while told < engine.notes.count {
-                events(.notice(device: device, message: engine.notes[told]))
-                told += 1
-            }
-            guard engine.acked != journaled, let journal else { return }
-            journaled = engine.acked
-            let entry = TransferJournal(device: device, imageSize: image.size, imageCRC: hex32(image.crc32),
-                                        confirmedOffset: engine.acked, confirmedCRC: engine.ackedCRC,
-                                        checkpointInterval: config.checkpointInterval, updated: Date())
-            do { try journal.save(entry, image: image) } catch {
-                logger.warning("cannot write the journal", metadata: ["path": "\(journal.path(device: device, image: image))", "error": "\(error)"])
-            }
+    /// Writes a command the engine asked for (an action or a stream step) and arms its deadline.
+    private func submitCommand<Engine: TransferEngine>(_ write: TransferWrite, _ run: inout ConnectionRun<Engine>,
+                                                       profile: some OTAProfile) async throws(OTAError) {
+        announcePhase(&run, profile: profile)
+        if let ticket = try await submit(write, to: run.target(of: write.role), on: run.connection, profile: profile.name) {
+            run.commandTicket = ticket
         }
+        run.deadline = run.clock.now + run.engine.currentTimeout
+    }
 
-        /// The stall deadline while it applies: VERIFY and ACTIVATE have deadlines of their own.
-        func stallDeadline() -> Duration? {
-            let now = clock.now
-            stall.observe(furthest: engine.furthestAgreed, at: now)
-            // VERIFY and ACTIVATE have deadlines of their own; so does one wait the protocol
-            // allows to last longer than the whole budget (SMP's first upload request: the server
-            // erases its slot before it answers), timed by the engine's timeout and retries.
-            guard engine.phase == .beginning || engine.phase == .streaming,
-                  !(engine.isAwaitingReply && engine.currentTimeout > stall.limit) else {
-                stall.hold(at: now)
-                return nil
-            }
-            stall.spend(at: now)
-            return stall.deadline
-        }
-        func checkStall() throws(OTAError) {
-            guard let limit = stallDeadline(), clock.now >= limit else { return }
-            stall.hold(at: clock.now)
-            throw OTAError(.timeout, "\(device) confirmed no new data in \(stall.limit.seconds) s of connected time (\(engine.acked) of \(image.size) bytes confirmed, \(engine.stats.rewinds) rewinds, \(engine.stats.rollbacks) rollbacks)",
-                           hint: "the link loses or corrupts the data, the device writes its flash too slowly, or it stopped answering: check the link and the device, then run the same command again to resume",
-                           resumable: true)
-        }
-
+    /// Streams while the engine has something to send and nothing has arrived; stops early when
+    /// an event gave the engine actions to carry out.
+    private func stream<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, profile: some OTAProfile) async throws(OTAError) {
         while true {
-            try checkCancelled(confirmed: engine.acked)
-            try checkStall()
-            recordProgress()
-            // Carry out what the engine asked for.
-            for action in actions {
-                switch action {
-                case .write(let write):
-                    announcePhase()
-                    if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
-                                                     on: connection, profile: profile.name) {
-                        commandTicket = ticket
-                    }
-                    deadline = clock.now + engine.currentTimeout
-                case .finished:
-                    report(force: true)
-                    let streamed = (streamEnd ?? clock.now) - (streamStart ?? started)
-                    return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu,
-                                     chunkSize: engine.chunkSize, seconds: (clock.now - started).seconds,
-                                     transferSeconds: streamed.seconds,
-                                     activated: config.activate, firmwareBefore: link.firmwareVersion, stats: engine.stats)
-                case .failed(let error):
-                    throw error
+            switch run.engine.nextStreamStep() {
+            case .data(let offset, let count):
+                let lost = try await writeStreamed(run.engine.dataPacket(offset: offset, count: count), to: run.data, on: run.connection)
+                if try afterStreamedWrite(&run, lost: lost) { return }
+            case .write(let write) where !write.withResponse:
+                // A protocol whose frames span several writes (SMP) streams them like data.
+                announcePhase(&run, profile: profile)
+                guard let target = run.target(of: write.role) else {
+                    throw OTAError(.internalError, "the \(profile.name) engine wrote to \(write.role), which its profile did not attach; please report this")
                 }
+                run.deadline = run.clock.now + run.engine.currentTimeout
+                let lost = try await writeStreamed(write.bytes, to: target, on: run.connection)
+                if try afterStreamedWrite(&run, lost: lost) { return }
+            case .write(let write):
+                try await submitCommand(write, &run, profile: profile)
+            case .idle:
+                return
             }
-            actions = []
-            if !announcedStart, engine.phase == .streaming {
-                announcedStart = true
-                streamStart = clock.now
-                events(.transferStarted(device: device, resumeOffset: engine.resumeOffset, total: image.size))
-            }
-
-            /// After a packet went out without response: takes an event that arrived meanwhile.
-            /// - Returns: true when the engine has actions to carry out (streaming stops).
-            func afterStreamedWrite(linkUp: Bool, _ lost: String) throws(OTAError) -> Bool {
-                guard linkUp else {
-                    actions = engine.handle(.disconnected(.linkLost(lost)))
-                    return true
-                }
-                if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
-                let event = connection.pollEvent()
-                if let event, let refusal = pairingRefusal(in: event, on: connection) { throw refusal }
-                if event != nil { heard = true }
-                if let event, let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
-                    engine.observe(time: clock.now)
-                    actions = engine.handle(mapped)
-                    if !actions.isEmpty { return true }
-                    // A device that keeps answering with rewinds never lets the stream idle.
-                    try checkStall()
-                    recordProgress()
-                }
-                report(force: false)
-                return false
-            }
-
-            // Stream while the engine has something to send and nothing has arrived.
-            streaming: while true {
-                switch engine.nextStreamStep() {
-                case .data(let offset, let count):
-                    let lost = try await writeStreamed(engine.dataPacket(offset: offset, count: count), to: data, on: connection)
-                    if try afterStreamedWrite(linkUp: lost == nil, lost ?? "") { break streaming }
-                case .write(let write) where !write.withResponse:
-                    // A protocol whose frames span several writes (SMP) streams them like data.
-                    announcePhase()
-                    guard let target = write.role == .control ? control : link.characteristics[write.role] else {
-                        throw OTAError(.internalError, "the \(profile.name) engine wrote to \(write.role), which its profile did not attach; please report this")
-                    }
-                    deadline = clock.now + engine.currentTimeout
-                    let lost = try await writeStreamed(write.bytes, to: target, on: connection)
-                    if try afterStreamedWrite(linkUp: lost == nil, lost ?? "") { break streaming }
-                case .write(let write):
-                    announcePhase()
-                    if let ticket = try await submit(write, to: write.role == .control ? control : link.characteristics[write.role],
-                                                     on: connection, profile: profile.name) {
-                        commandTicket = ticket
-                    }
-                    deadline = clock.now + engine.currentTimeout
-                case .idle:
-                    break streaming
-                }
-            }
-            if !actions.isEmpty { continue }
-            guard engine.isAwaitingReply else {
-                throw OTAError(.internalError, "the engine stalled with nothing in flight in phase \(engine.phase); please report this")
-            }
-
-            // Wait for the reply, an event, or the deadline.
-            let until = min(deadline, stallDeadline() ?? deadline)
-            let next = await connection.nextEvent(timeout: max(.zero, until - clock.now))
-            try checkCancelled(confirmed: engine.acked)
-            guard let event = next else {
-                if clock.now < deadline { continue }  // the stall deadline: checked at the loop's top
-                if !heard, !probed {
-                    probed = true
-                    if let refusal = await probeSecurity(on: connection, profile: profile) { throw refusal }
-                }
-                actions = engine.handle(.timeout)
-                if actions.isEmpty { deadline = clock.now + engine.currentTimeout }
-                continue
-            }
-            if let refusal = pairingRefusal(in: event, on: connection) { throw refusal }
-            heard = true
-            if let mapped = map(event, roles, &commandTicket, as: Profile.Engine.Peer.self) {
-                engine.observe(time: clock.now)
-                actions = engine.handle(mapped)
-                // An answer that asks the engine to wait (a busy SMP server) may shorten the wait.
-                if actions.isEmpty { deadline = min(deadline, clock.now + engine.currentTimeout) }
-            }
-            report(force: false)
         }
+    }
+
+    /// After a packet went out without response: takes an event that arrived meanwhile.
+    /// - Parameter lost: why the link is gone, or nil when the packet went out.
+    /// - Returns: true when the engine has actions to carry out (streaming stops).
+    private func afterStreamedWrite<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, lost: String?) throws(OTAError) -> Bool {
+        if let lost {
+            run.actions = run.engine.handle(.disconnected(.linkLost(lost)))
+            return true
+        }
+        if Task.isCancelled { throw interrupted(confirmed: run.engine.acked) }
+        if let event = run.connection.pollEvent() {
+            if let refusal = pairingRefusal(in: event, on: run.connection) { throw refusal }
+            run.heard = true
+            if let mapped = run.map(event) {
+                run.engine.observe(time: run.clock.now)
+                run.actions = run.engine.handle(mapped)
+                if !run.actions.isEmpty { return true }
+                // A device that keeps answering with rewinds never lets the stream idle.
+                try checkStall(&run)
+                recordProgress(&run)
+            }
+        }
+        report(&run, force: false)
+        return false
+    }
+
+    /// Waits for the reply, an event, or the deadline, and hands what came to the engine.
+    private func awaitEvent<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, profile: some OTAProfile) async throws(OTAError) {
+        let until = min(run.deadline, stallDeadline(&run) ?? run.deadline)
+        let next = await run.connection.nextEvent(timeout: max(.zero, until - run.clock.now))
+        try checkCancelled(confirmed: run.engine.acked)
+        guard let event = next else {
+            if run.clock.now < run.deadline { return }  // the stall deadline: checked at the loop's top
+            if !run.heard, !run.probed {
+                run.probed = true
+                if let refusal = await probeSecurity(on: run.connection, profile: profile) { throw refusal }
+            }
+            run.actions = run.engine.handle(.timeout)
+            if run.actions.isEmpty { run.deadline = run.clock.now + run.engine.currentTimeout }
+            return
+        }
+        if let refusal = pairingRefusal(in: event, on: run.connection) { throw refusal }
+        run.heard = true
+        if let mapped = run.map(event) {
+            run.engine.observe(time: run.clock.now)
+            run.actions = run.engine.handle(mapped)
+            // An answer that asks the engine to wait (a busy SMP server) may shorten the wait.
+            if run.actions.isEmpty { run.deadline = min(run.deadline, run.clock.now + run.engine.currentTimeout) }
+        }
+        report(&run, force: false)
+    }
+
+    // MARK: What a connection reports
+
+    /// A progress event, at most every `progressInterval` unless `force`d; none before the
+    /// transfer's `transferStarted` event.
+    private func report<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, force: Bool) {
+        let now = run.clock.now
+        guard run.announcedStart, force || now - run.lastProgress >= Self.progressInterval else { return }
+        run.lastProgress = now
+        run.meter.sample(bytes: run.engine.highWater, at: now)
+        let rate = run.meter.rate
+        let left = Double(image.size - run.engine.sent)
+        run.events(.progress(TransferProgress(device: device, bytes: run.engine.sent, confirmed: run.engine.acked, total: image.size,
+                                              rate: rate, eta: rate > 0 ? left / rate : nil, elapsed: (now - run.started).seconds)))
+    }
+
+    /// The `transferStarted` event, once the engine streams.
+    private func announceStart<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>) {
+        guard !run.announcedStart, run.engine.phase == .streaming else { return }
+        run.announcedStart = true
+        run.streamStart = run.clock.now
+        run.events(.transferStarted(device: device, resumeOffset: run.engine.resumeOffset, total: image.size))
+    }
+
+    /// Before a command goes out: the events of the phase it belongs to (a streaming engine
+    /// may send its first verifying command as a stream step or as an action).
+    private func announcePhase<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>, profile: some OTAProfile) {
+        if run.engine.phase == .verifying, run.streamEnd == nil {
+            run.streamEnd = run.clock.now
+            report(&run, force: true)
+            run.events(.verifying(device: device, check: profile.imageCheck))
+        }
+        // Once: activating may take several commands (SMP: mark, then reset) or retries.
+        if run.engine.phase == .activating, !run.announcedActivate {
+            run.announcedActivate = true
+            run.events(.activating(device: device))
+        }
+    }
+
+    /// Says what the engine noted, and records a newly confirmed position in the journal.
+    private func recordProgress<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>) {
+        let notes = run.engine.notes
+        while run.told < notes.count {
+            run.events(.notice(device: device, message: notes[run.told]))
+            run.told += 1
+        }
+        guard run.engine.acked != run.journaled, let journal else { return }
+        run.journaled = run.engine.acked
+        let entry = TransferJournal(device: device, imageSize: image.size, imageCRC: hex32(image.crc32),
+                                    confirmedOffset: run.engine.acked, confirmedCRC: run.engine.ackedCRC, updated: Date())
+        do { try journal.save(entry, image: image) } catch {
+            logger.warning("cannot write the journal", metadata: ["path": "\(journal.path(device: device, image: image))", "error": "\(error)"])
+        }
+    }
+
+    // MARK: The stall budget
+
+    /// The stall deadline while it applies: VERIFY and ACTIVATE have deadlines of their own; so
+    /// does one wait the protocol allows to last longer than the whole budget (SMP's first
+    /// upload request: the server erases its slot before it answers), timed by the engine's
+    /// timeout and retries.
+    private func stallDeadline<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>) -> Duration? {
+        let now = run.clock.now
+        run.stall.observe(furthest: run.engine.furthestAgreed, at: now)
+        guard run.engine.phase == .beginning || run.engine.phase == .streaming,
+              !(run.engine.isAwaitingReply && run.engine.currentTimeout > run.stall.limit) else {
+            run.stall.hold(at: now)
+            return nil
+        }
+        run.stall.spend(at: now)
+        return run.stall.deadline
+    }
+
+    private func checkStall<Engine: TransferEngine>(_ run: inout ConnectionRun<Engine>) throws(OTAError) {
+        guard let limit = stallDeadline(&run), run.clock.now >= limit else { return }
+        run.stall.hold(at: run.clock.now)
+        let stats = run.engine.stats
+        throw OTAError(.timeout, "\(device) confirmed no new data in \(run.stall.limit.seconds) s of connected time (\(run.engine.acked) of \(image.size) bytes confirmed, \(stats.rewinds) rewinds, \(stats.rollbacks) rollbacks)",
+                       hint: "the link loses or corrupts the data, the device writes its flash too slowly, or it stopped answering: check the link and the device, then run the same command again to resume",
+                       resumable: true)
     }
 
     /// Writes a packet without response, through the transport's fast path when it has room.
@@ -624,17 +672,81 @@ public actor OTASession {
         }
         return nil
     }
+}
+
+/// What one connection of a session keeps while it drives the engine: the engine itself (a
+/// concrete value, so the per-packet path calls it directly), the attached link, the deadlines
+/// and what was already said. `OTASession.drive` and its steps pass it along.
+struct ConnectionRun<Engine: TransferEngine> {
+    var engine: Engine
+    var stall: StallBudget
+    let link: AttachedLink<Engine.Peer>
+    let control: GATTCharacteristic
+    let data: GATTCharacteristic
+    let mtu: Int
+    let connection: any GATTConnection
+    let clock: any MonotonicClock
+    /// When the connection began.
+    let started: Duration
+    let events: @Sendable (SessionEvent) -> Void
+    /// Notifications by characteristic, looked up without hashing.
+    let roles: [(id: String, role: CharacteristicRole)]
+
+    /// What the engine asked for and the session has not carried out yet.
+    var actions: [TransferAction] = []
+    /// When the command in flight (or the wait the engine asked for) times out.
+    var deadline: Duration
+    /// The write with response in flight, whose failure comes back as an event.
+    var commandTicket: WriteTicket?
+    var meter: RateMeter
+    var lastProgress: Duration
+    var announcedStart = false
+    var announcedActivate = false
+    var streamStart: Duration?
+    var streamEnd: Duration?
+    /// The confirmed position last journaled, and the engine's notes already told.
+    var journaled: Int
+    var told: Int
+    /// Whether the device answered anything on this connection, and whether its silence was
+    /// looked into (`OTASession.probeSecurity`).
+    var heard = false
+    var probed = false
+
+    init(engine: Engine, stall: StallBudget, link: AttachedLink<Engine.Peer>, control: GATTCharacteristic, data: GATTCharacteristic,
+         mtu: Int, connection: any GATTConnection, started: Duration, events: @escaping @Sendable (SessionEvent) -> Void) {
+        self.engine = engine
+        self.stall = stall
+        self.link = link
+        self.control = control
+        self.data = data
+        self.mtu = mtu
+        self.connection = connection
+        self.clock = connection.clock
+        self.started = started
+        self.events = events
+        roles = link.characteristics.map { (id: $0.value.id, role: $0.key) }
+        let now = clock.now
+        deadline = now
+        meter = RateMeter(start: now)
+        lastProgress = now - OTASession.progressInterval
+        journaled = engine.acked
+        told = engine.notes.count
+    }
+
+    /// The characteristic that plays `role` (nil: the profile did not attach one).
+    func target(of role: CharacteristicRole) -> GATTCharacteristic? {
+        role == .control ? control : link.characteristics[role]
+    }
 
     /// Turns a transport event into an engine event; nil for events the engine does not need.
-    private func map<Peer: Sendable>(_ event: GATTEvent, _ roles: [(id: String, role: CharacteristicRole)], _ ticket: inout WriteTicket?,
-                           as: Peer.Type) -> TransferEvent<Peer>? {
+    mutating func map(_ event: GATTEvent) -> TransferEvent<Engine.Peer>? {
         switch event {
         case .notification(let id, let value):
             guard let role = roles.first(where: { $0.id == id })?.role else { return nil }
             return .notification(role, value)
         case .writeCompleted(let t, let error):
-            guard t == ticket, let error else { return nil }
-            ticket = nil
+            guard t == commandTicket, let error else { return nil }
+            commandTicket = nil
             return .commandFailed(error)
         case .disconnected(let reason):
             return .disconnected(reason)

@@ -137,7 +137,7 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup(title: "Nordic Secure DFU devices") var nordic: NordicDFUFlashOptions
 
-    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(EngineConfig.defaultCheckpointInterval))", valueName: "bytes"))
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(FlashRequest.defaultCheckpointInterval))", valueName: "bytes"))
     var checkpointInterval: Int?
 
     @Flag(name: .customLong("no-activate"), help: "native, smp: stop after the device verified the image; do not activate it.")
@@ -201,7 +201,7 @@ struct Flash: AsyncParsableCommand {
     /// The steps of a run: everything that can be checked is checked before any radio time.
     private func flash(_ printer: EventPrinter) async throws {
         try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: nordic.expectations, smp: smp.settings(noReset: smp.noReset))
+        let plan = try FlashPlan.load(path: image, request)
         try refuseOptionsThatDoNotApply(to: plan)
         let book = try openRecords(plan: plan, printer: printer)
         if batch.isBatch(devices: target.device) {
@@ -271,7 +271,7 @@ struct Flash: AsyncParsableCommand {
     private func updater(for plan: FlashPlan, pairing: PairingPolicy) throws -> DeviceUpdater {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
-        return DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: try engineConfig(for: plan),
+        return DeviceUpdater(plan: plan.update, registry: .cli(for: request), protocolName: protocolName, config: try engineConfig(for: plan),
                              timeouts: sessionTimeouts,
                              reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
                              journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
@@ -409,9 +409,9 @@ extension Flash {
     }
 
     var engineConfig: EngineConfig {
-        EngineConfig(checkpointInterval: checkpointInterval ?? EngineConfig.defaultCheckpointInterval, activate: !noActivate, restart: restart,
+        EngineConfig(activate: !noActivate, restart: restart,
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
-                     activateTimeout: Ranges.activateTimeout.duration(activateTimeout), imageVersion: imageVersion.flatMap(FirmwareVersion.init),
+                     activateTimeout: Ranges.activateTimeout.duration(activateTimeout),
                      skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
     }
 }

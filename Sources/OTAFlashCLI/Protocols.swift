@@ -12,6 +12,12 @@ extension ProtocolRegistry {
     /// Every protocol the command line speaks, in order of preference: otaflash's own, Nordic
     /// Secure DFU, then MCUmgr's SMP.
     static let cli = ProtocolRegistry(CLIProtocol.all.map(\.profile))
+
+    /// The same, each protocol configured as `request` asks (the native protocol's checkpoint
+    /// interval and image version).
+    static func cli(for request: FlashRequest) -> ProtocolRegistry {
+        ProtocolRegistry(CLIProtocol.all.map { $0.configured(request) })
+    }
 }
 
 /// One protocol as the command line drives it: its profile, the loader of its own image format,
@@ -42,10 +48,15 @@ struct CLIProtocol: Sendable {
     let simulatedDevice: @Sendable (SimulatorOptions, FlashPlan, SimulatedDeviceConfig, NativeDeviceOptions) throws -> SimulatedDevice
     /// The device `otaflash simulate --protocol <name>` serves; `address` is the adapter's.
     let served: @Sendable (Simulate, _ address: DeviceAddress?) throws -> Simulate.ServedDevice
+    /// Its profile as a request configures it; nil: as registered.
+    var configure: (@Sendable (FlashRequest) -> any OTAProfile)?
     /// What a simulated device of its own runs after a flash, when that is worth a line.
     var describe: @Sendable (SimulatedDevice) -> String? = { _ in nil }
 
     var name: String { profile.name }
+
+    /// Its profile as `request` configures it.
+    func configured(_ request: FlashRequest) -> any OTAProfile { configure?(request) ?? profile }
 
     static let all: [CLIProtocol] = [native, nordicDFU, smp]
 
@@ -77,7 +88,8 @@ struct CLIProtocol: Sendable {
             }
             return Simulate.ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
                                          what: simulate.deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
-        })
+        },
+        configure: { request in NativeProfile(settings: request.native) })
 
     static let nordicDFU = CLIProtocol(
         profile: NordicDFUProfile(), loader: Loader(format: .nordicDFUPackage, load: FlashPlan.loadPackage),
@@ -122,7 +134,21 @@ struct CLIProtocol: Sendable {
 struct FlashRequest: Sendable {
     var protocolName: String
     var expect: DFUPackage.Expectations = .init()
+    /// `--checkpoint-interval` and `--image-version`.
+    var native = OTAEngine.Settings()
     var smp: SMPFlashOptions.Settings = .init()
+
+    static let defaultCheckpointInterval = OTAEngine.Settings.defaultCheckpointInterval
+}
+
+extension Flash {
+    /// What this command line asks of the loaders and the protocols.
+    var request: FlashRequest {
+        FlashRequest(protocolName: protocolName, expect: nordic.expectations,
+                     native: OTAEngine.Settings(checkpointInterval: checkpointInterval ?? FlashRequest.defaultCheckpointInterval,
+                                                imageVersion: imageVersion.flatMap(FirmwareVersion.init)),
+                     smp: smp.settings(noReset: smp.noReset))
+    }
 }
 
 /// What `flash` sends (`UpdatePlan`: one image, or a package's images in its order, and the
@@ -155,9 +181,7 @@ extension FlashPlan {
     /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
     ///   that does not check out; `.incompatibleDevice` (exit 7) for a package `expect` says the
     ///   device would refuse.
-    static func load(path: String, protocol name: String, expect: DFUPackage.Expectations = .init(),
-                     smp: SMPFlashOptions.Settings = .init()) throws(CLIFailure) -> FlashPlan {
-        let request = FlashRequest(protocolName: name, expect: expect, smp: smp)
+    static func load(path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
         do {
             firmware = try FirmwareImage.load(path: path)
@@ -183,7 +207,7 @@ extension FlashPlan {
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
         do {
-            let resolution = try ProtocolRegistry.cli.resolve(name, format: format)
+            let resolution = try ProtocolRegistry.cli(for: request).resolve(name, format: format)
             return FlashPlan(update: UpdatePlan(firmware: firmware, profile: resolution.profile, format: format, reason: resolution.reason))
         } catch {
             throw CLIFailure(.imageFile, refusal(path, error))

@@ -26,7 +26,7 @@ public struct SimulatedDeviceConfig: Sendable {
     /// sample advertises only its name), so a scan cannot tell what it speaks without connecting.
     public var advertisesServices: Bool = true
 
-    public init(address: DeviceAddress = DeviceAddress("C0:FF:EE:00:00:01")!, name: String = "otaflash-sim",
+    public init(address: DeviceAddress = DeviceAddress(0xC0, 0xFF, 0xEE, 0x00, 0x00, 0x01), name: String = "otaflash-sim",
                 rssi: Int = -50, slotSize: Int = 1 << 20, firmwareVersion: FirmwareVersion = FirmwareVersion(major: 1, minor: 0, patch: 0),
                 manufacturer: String = "otaflash", model: String = "simulated-peripheral",
                 link: LinkModel = .default, faults: FaultPlan = .none) {

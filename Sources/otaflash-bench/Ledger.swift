@@ -1,5 +1,6 @@
 import Foundation
 import Ledger
+import Simulator
 
 /// The ledger's cost per record: `count` records appended one transaction each (WAL, synchronous
 /// FULL: each is on disk when `append` returns), then one summary query over all of them.
@@ -24,7 +25,7 @@ func ledgerFigures(count: Int) async throws -> (microsecondsPerRecord: Double, q
     let q0 = ContinuousClock.now
     let summary = LedgerSummary(try await ledger.records(LedgerQuery()))
     let query = (ContinuousClock.now - q0).seconds
-    guard summary.attempts == count else { throw BenchError("the ledger holds \(summary.attempts) records, expected \(count)") }
+    guard summary.attempts == count else { throw BenchFailure("the ledger holds \(summary.attempts) records, expected \(count)") }
     await ledger.close()
     let bytes = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).reduce(0) { total, name in
         total + (((try? FileManager.default.attributesOfItem(atPath: folder + "/" + name))?[.size] as? Int) ?? 0)

@@ -56,6 +56,35 @@ let nrfutilAppDat: [UInt8] = [
         }
     }
 
+    /// The reads are the length check: every truncation of a request with parameters, and every
+    /// request with a byte more, is `invalidParameter` for its opcode.
+    @Test(arguments: [
+        DFURequest.create(.data, size: 4096), .setPRN(12), .select(.command), .ping(7), .firmwareVersion(image: 1), .execute,
+    ])
+    func wrongLengthsAreInvalidParameterForTheirOpcode(request: DFURequest) {
+        let bytes = request.encoded
+        for candidate in (1..<bytes.count).map({ Array(bytes.prefix($0)) }) + [bytes + [0x00]] {
+            do {
+                _ = try DFURequest(decoding: candidate)
+                Issue.record("\(candidate) decoded")
+            } catch {
+                #expect(error.opcode == request.opcode)
+                #expect(error.result == .invalidParameter)
+            }
+        }
+    }
+
+    @Test func shortAnswersSayWhatTheyCarried() {
+        let select: [UInt8] = [0x60, 0x06, 0x01, 0x00, 0x02, 0x00, 0x00, 0x10, 0x27, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12]
+        for n in 3..<select.count {
+            #expect {
+                try DFUResponse(decoding: Array(select.prefix(n)))
+            } throws: { error in
+                "\(error)".contains("carries \(n - 3) bytes after the result, too few")
+            }
+        }
+    }
+
     @Test func selectResponseCarriesMaxSizeOffsetAndCRC() throws {
         let bytes: [UInt8] = [0x60, 0x06, 0x01, 0x00, 0x02, 0x00, 0x00, 0x10, 0x27, 0x00, 0x00, 0x78, 0x56, 0x34, 0x12]
         let r = try DFUResponse(decoding: bytes)

@@ -76,9 +76,9 @@ func attemptNordicFlash(initPacket: [UInt8], firmware: FirmwareImage, bootloader
         #expect(connection.keepsWriteOrder)
         #expect(link.peer.keepsWriteOrder)
         var engine = profile.makeEngine(image: FirmwareImage(bytes: firmwareBytes(100)), config: EngineConfig())
-        #expect(!engine.core.streamsBeforeCreateResponse)
+        #expect(!engine.streamsBeforeCreateResponse)
         _ = engine.handle(.connected(link.peer, mtu: 247))
-        #expect(engine.core.streamsBeforeCreateResponse)
+        #expect(engine.streamsBeforeCreateResponse)
         await connection.disconnect()
     }
 

@@ -20,13 +20,14 @@ struct BoundedEndTests {
         var device: SimulatedDevice
     }
 
-    func run(_ faults: FaultPlan, config: EngineConfig = EngineConfig(replyTimeout: .seconds(1)),
+    func run(_ faults: FaultPlan, config: EngineConfig = EngineConfig(replyTimeout: .seconds(1)), settings: OTAEngine.Settings = .init(),
              timeouts: SessionTimeouts = SessionTimeouts(stall: .seconds(5)),
              reconnect: ReconnectPolicy = ReconnectPolicy(window: .seconds(10))) async -> Outcome {
         let device = simulatedDevice(faults: faults)
         let clock = VirtualClock()
         let central = SimulatedCentral(devices: [device], clock: clock)
-        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config, profile: NativeProfile(),
+        let session = OTASession(central: central, address: device.config.address, image: Self.image, config: config,
+                                 profile: NativeProfile(settings: settings),
                                  timeouts: timeouts, reconnect: reconnect)
         let reconnects = Counter()
         do {
@@ -79,8 +80,8 @@ struct BoundedEndTests {
     }
 
     @Test func aVerifyThatNeverAnswersEndsAfterTheVerifyTimeoutWithoutReconnecting() async throws {
-        let config = EngineConfig(checkpointInterval: 4096, replyTimeout: .seconds(1), verifyTimeout: .seconds(3))
-        let outcome = await run(FaultPlan(slowFlashPerKiB: .milliseconds(100)), config: config,
+        let config = EngineConfig(replyTimeout: .seconds(1), verifyTimeout: .seconds(3))
+        let outcome = await run(FaultPlan(slowFlashPerKiB: .milliseconds(100)), config: config, settings: .init(checkpointInterval: 4096),
                                 timeouts: SessionTimeouts(stall: .seconds(3000)), reconnect: ReconnectPolicy(window: .seconds(60)))
         let error = try #require(outcome.error)
         #expect(error.code == .timeout)
@@ -91,8 +92,8 @@ struct BoundedEndTests {
 
     @Test func lossesWithProgressBetweenThemNeverExhaustTheRecoveries() async throws {
         // 2 % of packets lost: every rewind lands further on, so the transfer completes.
-        let config = EngineConfig(checkpointInterval: 4096, maxRecoveries: 2)
-        let outcome = await run(FaultPlan(seed: 5, dropRate: 0.02), config: config)
+        let config = EngineConfig(maxRecoveries: 2)
+        let outcome = await run(FaultPlan(seed: 5, dropRate: 0.02), config: config, settings: .init(checkpointInterval: 4096))
         #expect(outcome.error == nil)
         #expect(outcome.device.activatedImage == Self.image.bytes)
     }
@@ -103,9 +104,9 @@ struct EngineRewindBoundTests {
     let image = testImage(20_000, seed: 9)
 
     @Test func rewindsToTheSameOffsetCountAsRecoveriesAndEndTheTransfer() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: 960, maxRecoveries: 5))
+        var engine = OTAEngine(image: image, config: EngineConfig(maxRecoveries: 5), settings: .init(checkpointInterval: 960))
         engine.connectAndBegin(mtu: 247)
-        var last: [OTAEngine.Action] = []
+        var last: [TransferAction] = []
         var rounds = 0
         while engine.phase == .streaming, rounds < 100 {
             rounds += 1
@@ -121,7 +122,7 @@ struct EngineRewindBoundTests {
     }
 
     @Test func aRewindFurtherOnForgivesEarlierOnes() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: 960, maxRecoveries: 2))
+        var engine = OTAEngine(image: image, config: EngineConfig(maxRecoveries: 2), settings: .init(checkpointInterval: 960))
         engine.connectAndBegin(mtu: 247)
         for offset in [240, 240, 480, 480, 720, 720, 960, 960] {
             _ = engine.streamUntilIdle()

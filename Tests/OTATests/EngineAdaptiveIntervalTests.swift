@@ -35,7 +35,7 @@ struct EngineAdaptiveIntervalTests {
     }
 
     @Test func startsAtTheConfiguredInterval() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.configured))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.configured))
         engine.connectAndBegin()
         #expect(engine.currentInterval == Self.configured)
         #expect(try streamToTheNextCheckpoint(&engine) == Self.checkpoint(after: 0, interval: Self.configured))
@@ -44,7 +44,7 @@ struct EngineAdaptiveIntervalTests {
     /// 8192 → 4096 → 2048 → 1024, then it stays at 1024; each time the next checkpoint follows the
     /// rollback point by the new interval.
     @Test func eachRollbackHalvesTheIntervalDownToOneKiB() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.configured))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.configured))
         engine.connectAndBegin()
         _ = try streamToTheNextCheckpoint(&engine)
         for expected in [4096, 2048, 1024, 1024, 1024] {
@@ -58,7 +58,7 @@ struct EngineAdaptiveIntervalTests {
 
     /// After shrinking to 1 KiB, clean checkpoints double it back: 2048, 4096, 8192, and no further.
     @Test func cleanCheckpointsDoubleItBackToTheConfiguredIntervalAndNoFurther() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.configured))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.configured))
         engine.connectAndBegin()
         _ = try streamToTheNextCheckpoint(&engine)
         for _ in 0..<3 {
@@ -83,7 +83,7 @@ struct EngineAdaptiveIntervalTests {
     /// by a rollback.
     @Test(arguments: [480, 960, 1024])
     func aRollbackNeverRaisesTheIntervalAboveTheConfiguredOne(configured: Int) throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: configured))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: configured))
         engine.connectAndBegin()
         _ = try streamToTheNextCheckpoint(&engine)
         for _ in 0..<3 {
@@ -98,7 +98,7 @@ struct EngineAdaptiveIntervalTests {
     /// with every byte confirmed, and the checkpoints after the rollback come closer together
     /// before they widen back to the configured spacing.
     @Test func aCorruptedIntervalIsResentWithShorterCheckpointsThatWidenAgain() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.configured))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.configured))
         engine.connectAndBegin()
         var checkpoints: [Int] = []
         var rolledBack = false

@@ -10,8 +10,8 @@ struct EngineCommandTests {
     let image = testImage(5_000, seed: 8)
 
     /// Streams the whole image and confirms every checkpoint: VERIFY is in flight afterwards.
-    func engineAtVerify(_ config: EngineConfig = EngineConfig()) -> OTAEngine {
-        var engine = OTAEngine(image: image, config: config)
+    func engineAtVerify(_ config: EngineConfig = EngineConfig(), settings: OTAEngine.Settings = .init()) -> OTAEngine {
+        var engine = OTAEngine(image: image, config: config, settings: settings)
         engine.connectAndBegin(mtu: 247)
         var actions: [Action] = []
         while actions.isEmpty {
@@ -27,7 +27,7 @@ struct EngineCommandTests {
     // MARK: Timeouts and failed writes
 
     @Test func timedOutCheckpointIsReplacedWithStatus() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: 960))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: 960))
         engine.connectAndBegin()
         _ = engine.streamUntilIdle()
         #expect(engine.handle(.timeout) == [.send(.status)])
@@ -123,7 +123,7 @@ struct EngineCommandTests {
     }
 
     @Test func disconnectWhileStreamingFailsResumably() throws {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: 960))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: 960))
         engine.connectAndBegin()
         _ = engine.streamUntilIdle()
         _ = engine.handle(Device.checkpoint(.success, offset: 960, crc: crc(image, upTo: 960)))
@@ -171,7 +171,7 @@ struct EngineCommandTests {
     }
 
     @Test func incompleteAtVerifyAsksForStatusAndResendsTheMissingPart() {
-        var engine = engineAtVerify(EngineConfig(checkpointInterval: 960))
+        var engine = engineAtVerify(settings: .init(checkpointInterval: 960))
         #expect(engine.handle(Device.verify(.incomplete, crc: crc(image, upTo: 1920))) == [.send(.status)])
         #expect(engine.handle(Device.status(offset: 1920, crc: crc(image, upTo: 1920), image: image)).isEmpty)
         #expect(engine.phase == .streaming)

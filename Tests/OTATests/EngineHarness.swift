@@ -7,8 +7,29 @@ import Testing
 // Tools for driving `OTAEngine` by hand: device replies built with the wire encoders, a
 // deterministic image, and a well-behaved device that answers every command.
 
-typealias Event = OTAEngine.Event
-typealias Action = OTAEngine.Action
+typealias Event = TransferEvent<DeviceInfo>
+typealias Action = TransferAction
+
+// Expectations in the protocol's own terms: a command is the write of its encoding to the control
+// point, a device reply a control point notification.
+extension TransferAction {
+    static func send(_ request: ControlRequest) -> TransferAction { .write(TransferWrite(request.encoded)) }
+}
+
+extension TransferStep {
+    static func command(_ request: ControlRequest) -> TransferStep { .write(TransferWrite(request.encoded)) }
+}
+
+extension TransferEvent where Peer == DeviceInfo {
+    static func connected(info: DeviceInfo, mtu: Int) -> TransferEvent { .connected(info, mtu: mtu) }
+    static func notification(_ bytes: [UInt8]) -> TransferEvent { .notification(.control, bytes) }
+}
+
+/// The command a control point write carries (nil for anything else).
+func controlRequest(_ write: TransferWrite) -> ControlRequest? {
+    guard write.role == .control, write.withResponse else { return nil }
+    return try? ControlRequest(decoding: write.bytes)
+}
 
 /// Replies and events a device sends, as the bytes it would notify.
 enum Device {
@@ -74,22 +95,22 @@ func beginRequest(_ image: FirmwareImage, restart: Bool) -> ControlRequest {
     .begin(.init(imageSize: UInt32(image.size), imageCRC: image.crc32, version: FirmwareVersion(packed: 0), restart: restart))
 }
 
-extension OTAEngine.Action {
+extension TransferAction {
     var failure: OTAError? {
         if case .failed(let e) = self { return e }
         return nil
     }
 
     var request: ControlRequest? {
-        if case .send(let r) = self { return r }
+        if case .write(let w) = self { return controlRequest(w) }
         return nil
     }
 }
 
 extension OTAEngine {
     /// Pulls stream steps until the engine goes idle.
-    mutating func streamUntilIdle(limit: Int = 1_000_000) -> [StreamStep] {
-        var steps: [StreamStep] = []
+    mutating func streamUntilIdle(limit: Int = 1_000_000) -> [TransferStep] {
+        var steps: [TransferStep] = []
         while steps.count < limit {
             let step = nextStreamStep()
             if step == .idle { return steps }
@@ -109,14 +130,14 @@ extension OTAEngine {
     }
 }
 
-extension OTAEngine.StreamStep {
+extension TransferStep {
     var data: (offset: Int, count: Int)? {
         if case .data(let o, let c) = self { return (o, c) }
         return nil
     }
 
     var command: ControlRequest? {
-        if case .command(let r) = self { return r }
+        if case .write(let w) = self { return controlRequest(w) }
         return nil
     }
 }
@@ -133,7 +154,7 @@ struct Transcript {
     /// `sent` each time the stream stopped with a checkpoint unanswered.
     var stallPoints: [(sent: Int, lastCheckpoint: Int)] = []
     var outcome: Action?
-    var stats: OTAEngine.Stats?
+    var stats: TransferStats?
 
     var checkpointOffsets: [Int] {
         commands.compactMap { if case .checkpoint(let o, _) = $0 { Int(o) } else { nil } }
@@ -149,9 +170,9 @@ struct Transcript {
 
 /// Runs a whole transfer against a device that receives everything and answers each command only
 /// when the engine has nothing left to send (the slowest replies the engine must tolerate).
-func runCleanTransfer(_ image: FirmwareImage, config: EngineConfig = EngineConfig(), mtu: Int = 247,
-                      resumeAt resume: Int = 0) -> Transcript {
-    var engine = OTAEngine(image: image, config: config)
+func runCleanTransfer(_ image: FirmwareImage, config: EngineConfig = EngineConfig(), settings: OTAEngine.Settings = .init(),
+                      mtu: Int = 247, resumeAt resume: Int = 0) -> Transcript {
+    var engine = OTAEngine(image: image, config: config, settings: settings)
     var t = Transcript()
     var pending: ControlRequest?
     var received = resume
@@ -169,7 +190,7 @@ func runCleanTransfer(_ image: FirmwareImage, config: EngineConfig = EngineConfi
         rounds += 1
         for action in actions {
             switch action {
-            case .send(let r): issue(r)
+            case .write: if let r = action.request { issue(r) }
             case .finished, .failed:
                 t.outcome = action
                 t.stats = engine.stats
@@ -181,7 +202,8 @@ func runCleanTransfer(_ image: FirmwareImage, config: EngineConfig = EngineConfi
             case .data(let offset, let count):
                 t.packets.append((offset, count))
                 if offset == received { received += count }
-            case .command(let r):
+            case .write:
+                guard let r = step.command else { continue }
                 issue(r)
                 if case .checkpoint(let o, _) = r { lastCheckpoint = Int(o) }
             case .idle: break

@@ -13,7 +13,7 @@ struct EngineRecoveryTests {
 
     /// Streams until a checkpoint at `interval` is in flight and the next interval has gone out.
     func engineWithCheckpointInFlight() -> OTAEngine {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         engine.connectAndBegin(mtu: 247)
         _ = engine.streamUntilIdle()
         #expect(engine.commandInFlight == .checkpoint(offset: UInt32(Self.interval), crc: crc(image, upTo: Self.interval)))
@@ -89,7 +89,7 @@ struct EngineRecoveryTests {
     // MARK: GAP events
 
     @Test func gapEventWithNoCommandInFlightRewindsAtOnce() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         engine.connectAndBegin(mtu: 247)
         for _ in 0..<3 { _ = engine.nextStreamStep() }
         #expect(engine.commandInFlight == nil)
@@ -100,7 +100,7 @@ struct EngineRecoveryTests {
     }
 
     @Test func gapEventWithAMismatchingCRCForcesACheckpoint() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         engine.connectAndBegin(mtu: 247)
         for _ in 0..<3 { _ = engine.nextStreamStep() }
         let actions = engine.handle(Device.gap(offset: 240, crc: 0xFFFF_0000))
@@ -109,7 +109,7 @@ struct EngineRecoveryTests {
 
     /// With a checkpoint in flight, its reply will say where the device stands: hold the stream.
     @Test func gapEventWhileACheckpointIsInFlightHoldsTheStreamUntilTheReply() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         engine.connectAndBegin(mtu: 247)
         for _ in 0..<4 { _ = engine.nextStreamStep() }
         #expect(engine.nextStreamStep().command != nil)
@@ -138,7 +138,7 @@ struct EngineRecoveryTests {
     /// the rest, and finishes.
     @Test(arguments: resumePoints)
     func resumesWhereTheDeviceStands(name: String, offset: Int) throws {
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: Self.interval), resumeAt: offset)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: Self.interval), resumeAt: offset)
         #expect(t.outcome == .finished)
         let stats = try #require(t.stats)
         #expect(stats.resumedFrom == [offset])
@@ -159,7 +159,7 @@ struct EngineRecoveryTests {
     }
 
     @Test func beginReplyWithAMismatchingCRCForcesARollbackThenContinues() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         let at = Self.interval + 1
         let actions = engine.handle(Device.begin(offset: at, crc: 0xDEAD_BEEF))
@@ -172,7 +172,7 @@ struct EngineRecoveryTests {
     }
 
     @Test func beginReplyWithAMismatchingCRCRestartsWhenTheRollbackDisagreesToo() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: Self.interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: Self.interval))
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         _ = engine.handle(Device.begin(offset: 5000, crc: 0xDEAD_BEEF))
         let actions = engine.handle(Device.checkpoint(.crcMismatch, offset: Self.interval, crc: 0xDEAD_BEEF))

@@ -17,7 +17,7 @@ struct EngineStreamingTests {
         let chunk = min(mtu - 3, 510) - 4
         let size = chunk * 37 + chunk / 2 + 1
         let image = testImage(size, seed: UInt64(mtu))
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: 1024), mtu: mtu)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: 1024), mtu: mtu)
         #expect(t.outcome == .finished)
         let last = try #require(t.packets.last)
         #expect(t.packets.dropLast().allSatisfy { $0.count == chunk })
@@ -40,7 +40,7 @@ struct EngineStreamingTests {
     @Test(arguments: mtus)
     func cleanTransferSendsEveryByteExactlyOnce(mtu: Int) {
         let image = testImage(20_000, seed: 3)
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: 4096), mtu: mtu)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: 4096), mtu: mtu)
         #expect(t.outcome == .finished)
         #expect(t.coverage(size: image.size).allSatisfy { $0 == 1 })
         #expect(t.stats?.bytesSent == image.size)
@@ -83,7 +83,7 @@ struct EngineStreamingTests {
     @Test func checkpointsFallEveryIntervalBytesAndOneClosesTheImage() {
         let interval = 240 * 16
         let image = testImage(50_000)
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: interval), mtu: 247)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: interval), mtu: 247)
         #expect(t.outcome == .finished)
         let expected = Array(stride(from: interval, to: image.size, by: interval)) + [image.size]
         #expect(t.checkpointOffsets == expected)
@@ -93,7 +93,7 @@ struct EngineStreamingTests {
     @Test(arguments: [(1024, 23), (3840, 247), (4096, 247), (16384, 247), (16384, 517), (300, 185)])
     func neverMoreThanOneCommandInFlight(interval: Int, mtu: Int) {
         let image = testImage(70_000, seed: 5)
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: interval), mtu: mtu)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: interval), mtu: mtu)
         #expect(t.outcome == .finished)
         #expect(t.overlappingCommands == 0)
     }
@@ -102,7 +102,7 @@ struct EngineStreamingTests {
     /// the stream waits.
     @Test func streamStopsWhenTheNextCheckpointIsDueAndThePreviousIsUnanswered() throws {
         let interval = 240 * 4
-        var engine = OTAEngine(image: testImage(10_000), config: EngineConfig(checkpointInterval: interval))
+        var engine = OTAEngine(image: testImage(10_000), settings: .init(checkpointInterval: interval))
         engine.connectAndBegin(mtu: 247)
         let steps = engine.streamUntilIdle()
         #expect(steps.compactMap(\.command) == [.checkpoint(offset: UInt32(interval), crc: crc(engine.image, upTo: interval))])
@@ -117,33 +117,33 @@ struct EngineStreamingTests {
         #expect(engine.nextStreamStep() == .data(offset: 2 * interval, count: 240))
     }
 
-    /// At most two intervals are ever unacknowledged: `config.window` bytes beyond the last
+    /// At most two intervals are ever unacknowledged: `settings.window` bytes beyond the last
     /// confirmed checkpoint, whether or not the interval is a whole number of packets.
     @Test(arguments: [(3840, 247), (4096, 247), (16384, 247), (1000, 23), (5000, 185), (16384, 517)])
     func unacknowledgedBytesNeverExceedTheWindow(interval: Int, mtu: Int) {
         let image = testImage(120_000, seed: 11)
-        let config = EngineConfig(checkpointInterval: interval)
-        let t = runCleanTransfer(image, config: config, mtu: mtu)
+        let settings = OTAEngine.Settings(checkpointInterval: interval)
+        let t = runCleanTransfer(image, settings: settings, mtu: mtu)
         #expect(t.outcome == .finished)
-        #expect(t.maxUnacknowledged <= config.window,
-                "\(t.maxUnacknowledged) bytes unacknowledged with a window of \(config.window)")
+        #expect(t.maxUnacknowledged <= settings.window,
+                "\(t.maxUnacknowledged) bytes unacknowledged with a window of \(settings.window)")
     }
 
     /// Whenever the stream stalls on an unanswered checkpoint, a full interval has gone out since
     /// that checkpoint (or the image is all sent).
     @Test func streamOnlyStallsWhenAnIntervalHasGoneOutSinceTheLastCheckpoint() {
         let image = testImage(60_000, seed: 2)
-        let config = EngineConfig(checkpointInterval: 2400)
-        let t = runCleanTransfer(image, config: config, mtu: 247)
+        let settings = OTAEngine.Settings(checkpointInterval: 2400)
+        let t = runCleanTransfer(image, settings: settings, mtu: 247)
         #expect(!t.stallPoints.isEmpty)
         for stall in t.stallPoints {
-            #expect(stall.sent - stall.lastCheckpoint >= config.checkpointInterval || stall.sent == image.size)
+            #expect(stall.sent - stall.lastCheckpoint >= settings.checkpointInterval || stall.sent == image.size)
         }
     }
 
     @Test func checkpointCRCIsTheCRCOfThePrefix() {
         let image = testImage(30_000, seed: 9)
-        let t = runCleanTransfer(image, config: EngineConfig(checkpointInterval: 4000), mtu: 100)
+        let t = runCleanTransfer(image, settings: .init(checkpointInterval: 4000), mtu: 100)
         for case .checkpoint(let offset, let c) in t.commands {
             #expect(c == crc(image, upTo: Int(offset)))
         }

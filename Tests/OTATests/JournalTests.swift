@@ -14,7 +14,8 @@ import Testing
 struct JournalTests {
     static let device = "C0:FF:EE:00:00:01"
     static let image = testImage(96 * 1024, seed: 44)
-    static let config = EngineConfig(checkpointInterval: 4096)
+    static let config = EngineConfig()
+    static let settings = OTAEngine.Settings(checkpointInterval: 4096)
 
     /// A store in a fresh folder that does not exist yet (`save` creates it).
     final class TemporaryStore {
@@ -115,8 +116,8 @@ struct JournalTests {
 
     func session(_ device: SimulatedDevice, through central: SimulatedCentral, store: JournalStore,
                  config: EngineConfig = JournalTests.config) -> OTASession {
-        OTASession(central: central, address: device.config.address, image: Self.image, config: config, profile: NativeProfile(),
-                   reconnect: .never, journal: store)
+        OTASession(central: central, address: device.config.address, image: Self.image, config: config,
+                   profile: NativeProfile(settings: Self.settings), reconnect: .never, journal: store)
     }
 
     func run(_ session: OTASession) async -> Result<OTAResult, OTAError> {
@@ -136,9 +137,8 @@ struct JournalTests {
         #expect(error.code == .connection)
         let entry = try #require(t.store.load(device: Self.device, image: Self.image))
         #expect(entry.confirmedOffset == device.target?.committed)
-        #expect(entry.confirmedOffset > 40_000 - Self.config.window && entry.confirmedOffset <= 40_000)
+        #expect(entry.confirmedOffset > 40_000 - Self.settings.window && entry.confirmedOffset <= 40_000)
         #expect(entry.confirmedCRC == CRC32.checksum(Self.image.bytes[0..<entry.confirmedOffset]))
-        #expect(entry.checkpointInterval == 4096)
     }
 
     /// The next run seeds the engine with the journal's position, but the device's reply decides:
@@ -201,7 +201,7 @@ struct EngineJournalSeedTests {
     /// BEGIN's reply at the journal's position streams on from there: a checkpoint first confirms
     /// that position with the journal's CRC, then data follows from it; nothing before it is sent.
     @Test func aSeededPositionThatTheDeviceReportsIsWhereStreamingResumes() {
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: 960))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: 960))
         engine.seed(confirmedOffset: 9600, crc: crc(image, upTo: 9600))
         _ = engine.handle(.connected(info: Device.info(), mtu: 247))
         #expect(engine.handle(Device.begin(offset: 9600, crc: crc(image, upTo: 9600))).isEmpty)

@@ -15,8 +15,8 @@ private struct OtherProfile: OTAProfile {
         throw OTAError(.incompatibleDevice, "not attachable")
     }
     func chunkSize(mtu: Int) -> Int { mtu - 3 }
-    func makeEngine(image: FirmwareImage, config: EngineConfig) -> NativeEngine {
-        NativeEngine(OTAEngine(image: image, config: config))
+    func makeEngine(image: FirmwareImage, config: EngineConfig) -> OTAEngine {
+        OTAEngine(image: image, config: config)
     }
 }
 

@@ -75,10 +75,16 @@ private struct SinkEngine: TransferEngine {
     private(set) var isAwaitingReply = false
     private(set) var sent = 0
     private(set) var acked = 0
-    private(set) var highWater = 0
     private(set) var furthestAgreed = 0
     private(set) var chunkSize = 0
-    private(set) var stats = TransferStats()
+    private var tally = ResendTally()
+    var stats: TransferStats { tally.stats }
+
+    init(image: FirmwareImage, config: EngineConfig) {
+        self.image = image
+        self.config = config
+    }
+    var highWater: Int { tally.highWater }
     var currentTimeout: Duration { config.replyTimeout }
     var ackedCRC: UInt32 { CRC32.checksum(image.bytes[0..<acked]) }
 
@@ -88,7 +94,7 @@ private struct SinkEngine: TransferEngine {
         switch event {
         case .connected(_, let mtu):
             chunkSize = mtu - 3
-            stats.resentPerConnection.append(0)
+            tally.connectionBegan(streamAt: sent)
             phase = .beginning
             isAwaitingReply = true
             return [.write(TransferWrite([0x01] + Sink.le32(image.size)))]
@@ -97,7 +103,7 @@ private struct SinkEngine: TransferEngine {
             switch value[0] {
             case 0x01:
                 isAwaitingReply = false
-                stats.resumedFrom.append(number)
+                tally.resumed(from: number)
                 sent = number
                 acked = number
                 phase = .streaming
@@ -137,9 +143,7 @@ private struct SinkEngine: TransferEngine {
         let offset = sent
         let count = min(chunkSize, image.size - sent)
         sent += count
-        highWater = max(highWater, sent)
-        stats.bytesSent += count
-        stats.packets += 1
+        tally.streamed(offset: offset, count: count)
         return .data(offset: offset, count: count)
     }
 

@@ -14,10 +14,11 @@ import Testing
 /// Runs one session; the error is returned rather than thrown so tests can inspect it. By default
 /// the session does not reconnect, so that one session is one connection.
 func flash(_ image: FirmwareImage, to device: SimulatedDevice, through central: SimulatedCentral? = nil,
-           config: EngineConfig = EngineConfig(), reconnect: ReconnectPolicy = .never) async -> Result<OTAResult, OTAError> {
+           config: EngineConfig = EngineConfig(), settings: OTAEngine.Settings = OTAEngine.Settings(),
+           reconnect: ReconnectPolicy = .never) async -> Result<OTAResult, OTAError> {
     let central = central ?? SimulatedCentral(devices: [device], clock: VirtualClock())
-    let session = OTASession(central: central, address: device.config.address, image: image, config: config, profile: NativeProfile(),
-                             reconnect: reconnect)
+    let session = OTASession(central: central, address: device.config.address, image: image, config: config,
+                             profile: NativeProfile(settings: settings), reconnect: reconnect)
     do {
         return .success(try await session.run())
     } catch {
@@ -33,7 +34,8 @@ func simulatedDevice(slot: Int = 1 << 20, link: LinkModel = .default, faults: Fa
 @Suite("Simulated sessions")
 struct SimulatedSessionTests {
     static let image = testImage(96 * 1024, seed: 31)
-    static let config = EngineConfig(checkpointInterval: 4096)
+    static let config = EngineConfig()
+    static let settings = OTAEngine.Settings(checkpointInterval: 4096)
 
     @Test(arguments: Samples.entries)
     func everySampleIsActivatedByteForByte(entry: Samples.Entry) async throws {
@@ -54,7 +56,7 @@ struct SimulatedSessionTests {
     func sessionUsesTheNegotiatedMTU(mtu: Int) async throws {
         let image = testImage(20_000, seed: UInt64(mtu))
         let device = simulatedDevice(link: LinkModel(mtu: mtu))
-        let result = try await flash(image, to: device, config: Self.config).get()
+        let result = try await flash(image, to: device, config: Self.config, settings: Self.settings).get()
         #expect(result.mtu == mtu)
         #expect(result.chunkSize == OTAProtocol.chunkSize(mtu: mtu))
         #expect(result.stats.packets == (image.size + OTAProtocol.chunkSize(mtu: mtu) - 1) / OTAProtocol.chunkSize(mtu: mtu))
@@ -75,7 +77,7 @@ struct SimulatedSessionTests {
         let name: String
         let plan: FaultPlan
         /// Proof that the fault fired.
-        let fired: @Sendable (OTAEngine.Stats) -> Bool
+        let fired: @Sendable (TransferStats) -> Bool
         var testDescription: String { name }
     }
 
@@ -90,7 +92,7 @@ struct SimulatedSessionTests {
     @Test(arguments: faults)
     func faultStillEndsWithAByteIdenticalActivatedImage(fault: Fault) async throws {
         let device = simulatedDevice(faults: fault.plan)
-        let result = try await flash(Self.image, to: device, config: Self.config).get()
+        let result = try await flash(Self.image, to: device, config: Self.config, settings: Self.settings).get()
         #expect(fault.fired(result.stats), "the fault did not fire: \(result.stats)")
         #expect(device.activatedImage == Self.image.bytes)
         #expect(device.target?.activationCount == 1)
@@ -100,8 +102,8 @@ struct SimulatedSessionTests {
     static func session(on device: SimulatedDevice, reconnect: ReconnectPolicy,
                         wrap: @escaping @Sendable (any GATTConnection) -> any GATTConnection) -> OTASession {
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        return OTASession(device: device.config.address.description, image: image, config: config, profile: NativeProfile(),
-                          reconnect: reconnect, clock: central.clock) { () async throws(GATTError) in
+        return OTASession(device: device.config.address.description, image: image, config: config,
+                          profile: NativeProfile(settings: settings), reconnect: reconnect, clock: central.clock) { () async throws(GATTError) in
             wrap(try await central.connect(to: device.config.address, timeout: .seconds(5)))
         }
     }
@@ -112,7 +114,7 @@ struct SimulatedSessionTests {
     @Test(arguments: [UInt64(1), 2, 3])
     func lostNotificationsStillEndWithAByteIdenticalActivatedImage(seed: UInt64) async throws {
         let device = simulatedDevice(faults: FaultPlan(seed: seed, lostNotificationRate: 0.1))
-        let result = try await flash(Self.image, to: device, config: Self.config, reconnect: ReconnectPolicy()).get()
+        let result = try await flash(Self.image, to: device, config: Self.config, settings: Self.settings, reconnect: ReconnectPolicy()).get()
         #expect(result.stats.commandRetries > 0, "no notification was lost: \(result.stats)")
         #expect(result.activated)
         #expect(device.activatedImage == Self.image.bytes)
@@ -133,16 +135,16 @@ struct SimulatedSessionTests {
     }
 
     @Test func slowFlashTakesLongerAndStillActivatesTheImage() async throws {
-        let baseline = try await flash(Self.image, to: simulatedDevice(), config: Self.config).get()
+        let baseline = try await flash(Self.image, to: simulatedDevice(), config: Self.config, settings: Self.settings).get()
         let device = simulatedDevice(faults: FaultPlan(slowFlashPerKiB: .milliseconds(5)))
-        let slow = try await flash(Self.image, to: device, config: Self.config).get()
+        let slow = try await flash(Self.image, to: device, config: Self.config, settings: Self.settings).get()
         #expect(slow.seconds > baseline.seconds)
         #expect(device.activatedImage == Self.image.bytes)
     }
 
     @Test func flashBitFlipIsCaughtAtVerifyAndNothingIsActivated() async throws {
         let device = simulatedDevice(faults: FaultPlan(flashBitFlipAt: 12_345))
-        guard case .failure(let error) = await flash(Self.image, to: device, config: Self.config) else {
+        guard case .failure(let error) = await flash(Self.image, to: device, config: Self.config, settings: Self.settings) else {
             Issue.record("a rotten flash byte was activated")
             return
         }
@@ -157,8 +159,8 @@ struct SimulatedSessionTests {
     static let noisy = FaultPlan(seed: 42, dropRate: 0.03, corruptRate: 0.005, gattErrorRate: 0.05)
 
     @Test func sameSeedGivesTheSameRunTwice() async throws {
-        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
-        let b = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
+        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config, settings: Self.settings).get()
+        let b = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config, settings: Self.settings).get()
         #expect(a.stats == b.stats)
         #expect(a.seconds == b.seconds)
         #expect(a.stats.bytesResent > 0)
@@ -167,8 +169,8 @@ struct SimulatedSessionTests {
     @Test func differentSeedsDifferUnderDrops() async throws {
         var other = Self.noisy
         other.seed = 43
-        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config).get()
-        let b = try await flash(Self.image, to: simulatedDevice(faults: other), config: Self.config).get()
+        let a = try await flash(Self.image, to: simulatedDevice(faults: Self.noisy), config: Self.config, settings: Self.settings).get()
+        let b = try await flash(Self.image, to: simulatedDevice(faults: other), config: Self.config, settings: Self.settings).get()
         #expect(a.stats != b.stats)
     }
 
@@ -187,7 +189,7 @@ struct SimulatedSessionTests {
     func interruptedTransferResumesOnTheSameDevice(name: String, plan: FaultPlan) async throws {
         let device = simulatedDevice(faults: plan)
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        guard case .failure(let error) = await flash(Self.image, to: device, through: central, config: Self.config) else {
+        guard case .failure(let error) = await flash(Self.image, to: device, through: central, config: Self.config, settings: Self.settings) else {
             Issue.record("\(name): the first session did not fail")
             return
         }
@@ -197,7 +199,7 @@ struct SimulatedSessionTests {
         let held = try #require(device.target?.received)
         #expect(held > 0)
 
-        let result = try await flash(Self.image, to: device, through: central, config: Self.config).get()
+        let result = try await flash(Self.image, to: device, through: central, config: Self.config, settings: Self.settings).get()
         #expect(result.stats.resumedFrom.first == held)
         #expect(result.stats.bytesSent < Self.image.size)
         #expect(result.stats.bytesSent == Self.image.size - held)
@@ -212,11 +214,11 @@ struct SimulatedSessionTests {
     @Test(arguments: interruptions)
     func sessionReconnectsByItselfAndResumes(name: String, plan: FaultPlan) async throws {
         let device = simulatedDevice(faults: plan)
-        let result = try await flash(Self.image, to: device, config: Self.config, reconnect: ReconnectPolicy()).get()
+        let result = try await flash(Self.image, to: device, config: Self.config, settings: Self.settings, reconnect: ReconnectPolicy()).get()
         #expect(device.connectionCount == 2)
         #expect(result.stats.resumedFrom.count == 2)
         #expect(result.stats.resumedFrom.last ?? 0 > 0)
-        #expect(result.stats.bytesSent - Self.image.size <= Self.config.window)
+        #expect(result.stats.bytesSent - Self.image.size <= Self.settings.window)
         #expect(device.activatedImage == Self.image.bytes)
         #expect(device.target?.activationCount == 1)
     }
@@ -246,7 +248,7 @@ struct SimulatedSessionTests {
         let device = simulatedDevice()
         var config = Self.config
         config.skipIfVersion = device.firmwareVersion
-        let result = try await flash(Self.image, to: device, config: config).get()
+        let result = try await flash(Self.image, to: device, config: config, settings: Self.settings).get()
         #expect(result.skipped)
         #expect(!result.activated)
         #expect(result.firmwareBefore == device.firmwareVersion)
@@ -264,7 +266,7 @@ struct SimulatedSessionTests {
         let device = simulatedDevice()
         var config = Self.config
         config.skipIfVersion = FirmwareVersion(major: 9, minor: 9, patch: 9)
-        let result = try await flash(Self.image, to: device, config: config).get()
+        let result = try await flash(Self.image, to: device, config: config, settings: Self.settings).get()
         #expect(!result.skipped)
         #expect(result.activated)
         #expect(device.activatedImage == Self.image.bytes)
@@ -291,23 +293,23 @@ struct SimulatedSessionTests {
     @Test func rebootKeepsOnlyTheCommittedPrefix() async throws {
         let device = simulatedDevice(faults: FaultPlan(rebootAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config, settings: Self.settings)
         #expect(first.failureKind == .connection, "\(first)")
         let target = try #require(device.target)
         #expect(target.received == target.committed)
         #expect(target.committed > 0 && target.committed <= 40_000)
         // At most one checkpoint window was unconfirmed when the device went down.
-        #expect(target.committed > 40_000 - Self.config.window)
+        #expect(target.committed > 40_000 - Self.settings.window)
     }
 
     @Test func restartSendsTheWholeImageEvenWhenTheDeviceHoldsPart() async throws {
         let device = simulatedDevice(faults: FaultPlan(disconnectAt: [40_000]))
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let first = await flash(Self.image, to: device, through: central, config: Self.config)
+        let first = await flash(Self.image, to: device, through: central, config: Self.config, settings: Self.settings)
         #expect(first.failureKind == .connection, "\(first)")
         #expect(try #require(device.target?.received) > 0)
-        let restart = EngineConfig(checkpointInterval: 4096, restart: true)
-        let result = try await flash(Self.image, to: device, through: central, config: restart).get()
+        let restart = EngineConfig(restart: true)
+        let result = try await flash(Self.image, to: device, through: central, config: restart, settings: Self.settings).get()
         #expect(result.stats.bytesSent == Self.image.size)
         #expect(device.activatedImage == Self.image.bytes)
     }

@@ -20,7 +20,7 @@ struct Version2Tests {
     @Test func beginCarriesTheDevicesVersion() throws {
         var engine = OTAEngine(image: testImage(5000))
         let actions = engine.handle(.connected(info: Self.info(), mtu: 247))
-        guard case .send(.begin(let begin))? = actions.first else {
+        guard case .begin(let begin)? = actions.first?.request else {
             Issue.record("expected BEGIN, got \(actions)")
             return
         }
@@ -34,7 +34,7 @@ struct Version2Tests {
     func checkpointsCommitEraseUnitBoundaries(interval: Int, unit: Int, mtu: Int) {
         let image = testImage(100_000, seed: UInt64(interval))
         let chunk = OTAProtocol.chunkSize(mtu: mtu)
-        var engine = OTAEngine(image: image, config: EngineConfig(checkpointInterval: interval))
+        var engine = OTAEngine(image: image, settings: .init(checkpointInterval: interval))
         var actions = engine.handle(.connected(info: Self.info(unit: UInt32(unit)), mtu: mtu))
         #expect(actions.count == 1)
         actions = engine.handle(Device.begin(offset: 0, crc: 0))
@@ -65,7 +65,7 @@ struct Version2Tests {
 
     @Test func checkpointTimeoutCoversAWindowOfErases() {
         let image = testImage(100_000)
-        let config = EngineConfig(checkpointInterval: 16 * 1024)
+        let config = EngineConfig()
         for (info, extra) in [(Self.info(eraseMs: 85), Duration.milliseconds(9 * 85)),
                               (Self.info(eraseMs: 85, erasesAhead: true), .zero), (Device.info(), .zero)] {
             var engine = OTAEngine(image: image, config: config)

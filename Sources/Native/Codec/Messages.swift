@@ -87,27 +87,34 @@ public enum ControlRequest: Hashable, Sendable {
     }
 
     /// Decodes a control point write. The error carries the status the device should reply with.
+    /// Lengths are exact: a command shorter or longer than its fields is `invalidLength`.
     public init(decoding bytes: [UInt8]) throws(RequestDecodingError) {
         var r = ByteReader(bytes)
-        guard let op = r.u8() else { throw RequestDecodingError(opcode: nil, status: .invalidLength) }
+        guard let op = try? r.u8() else { throw RequestDecodingError(opcode: nil, status: .invalidLength) }
         let opcode = OTAOpcode(rawValue: op)
-        func exact(_ n: Int) throws(RequestDecodingError) {
-            guard bytes.count == n else { throw RequestDecodingError(opcode: opcode, status: .invalidLength) }
+        let request: ControlRequest?
+        do {
+            request = try Self.fields(of: opcode, from: &r)
+        } catch {
+            throw RequestDecodingError(opcode: opcode, status: .invalidLength)
         }
+        guard let request else { throw RequestDecodingError(opcode: opcode, status: .unknownOpcode) }
+        guard r.remaining == 0 else { throw RequestDecodingError(opcode: opcode, status: .invalidLength) }
+        self = request
+    }
+
+    /// The command `opcode` with its fields read from `r`; nil for an opcode this version does not define.
+    private static func fields(of opcode: OTAOpcode, from r: inout ByteReader) throws(ByteReader.ShortRead) -> ControlRequest? {
         switch opcode {
         case .begin:
-            try exact(15)
-            let begin = Begin(protocolVersion: r.u8()!, imageSize: r.u32()!, imageCRC: r.u32()!,
-                              version: FirmwareVersion(packed: r.u32()!), restart: r.u8()! & 0x01 != 0)
-            self = .begin(begin)
-        case .checkpoint:
-            try exact(9)
-            self = .checkpoint(offset: r.u32()!, crc: r.u32()!)
-        case .status: try exact(1); self = .status
-        case .verify: try exact(1); self = .verify
-        case .activate: try exact(1); self = .activate
-        case .abort: try exact(1); self = .abort
-        default: throw RequestDecodingError(opcode: opcode, status: .unknownOpcode)
+            .begin(Begin(protocolVersion: try r.u8(), imageSize: try r.u32(), imageCRC: try r.u32(),
+                         version: FirmwareVersion(packed: try r.u32()), restart: try r.u8() & 0x01 != 0))
+        case .checkpoint: .checkpoint(offset: try r.u32(), crc: try r.u32())
+        case .status: .status
+        case .verify: .verify
+        case .activate: .activate
+        case .abort: .abort
+        default: nil
         }
     }
 }
@@ -200,7 +207,7 @@ public struct ControlResponse: Hashable, Sendable {
 
     public init(decoding bytes: [UInt8]) throws(WireError) {
         var r = ByteReader(bytes)
-        guard r.u8() == ControlNotification.responseCode, let op = r.u8(), let st = r.u8() else {
+        guard (try? r.u8()) == ControlNotification.responseCode, let op = try? r.u8(), let st = try? r.u8() else {
             throw WireError("reply too short: \(hexDump(bytes[...]))")
         }
         opcode = OTAOpcode(rawValue: op)
@@ -209,24 +216,24 @@ public struct ControlResponse: Hashable, Sendable {
         // revision and its extra bytes are ignored (docs/PROTOCOL.md, "Byte order and versions").
         // So are bytes after a status that carries no payload in this version: a later revision
         // may add one there too.
-        let malformed = WireError("\(opcode) reply has a malformed payload: \(hexDump(bytes[...]))")
         guard r.remaining > 0, Self.carriesPayload(opcode: opcode, status: status) else {
             payload = .none
             return
         }
-        switch opcode {
-        case .begin, .checkpoint:
-            guard let offset = r.u32(), let crc = r.u32() else { throw malformed }
-            payload = .position(offset: offset, crc: crc)
-        case .status:
-            guard let s = r.u8(), let off = r.u32(), let crc = r.u32(), let size = r.u32(), let icrc = r.u32()
-            else { throw malformed }
-            payload = .status(Status(state: DeviceState(rawValue: s), offset: off, crc: crc, imageSize: size, imageCRC: icrc))
-        case .verify:
-            guard let crc = r.u32() else { throw malformed }
-            payload = .computedCRC(crc)
-        default:
-            payload = .none
+        do {
+            switch opcode {
+            case .begin, .checkpoint:
+                payload = .position(offset: try r.u32(), crc: try r.u32())
+            case .status:
+                payload = .status(Status(state: DeviceState(rawValue: try r.u8()), offset: try r.u32(), crc: try r.u32(),
+                                         imageSize: try r.u32(), imageCRC: try r.u32()))
+            case .verify:
+                payload = .computedCRC(try r.u32())
+            default:
+                payload = .none
+            }
+        } catch {
+            throw WireError("\(opcode) reply has a malformed payload (\(error)): \(hexDump(bytes[...]))")
         }
     }
 
@@ -262,16 +269,17 @@ public enum DeviceEvent: Hashable, Sendable {
 
     public init(decoding bytes: [UInt8]) throws(WireError) {
         var r = ByteReader(bytes)
-        guard r.u8() == ControlNotification.eventCode, let code = r.u8() else {
+        guard (try? r.u8()) == ControlNotification.eventCode, let code = try? r.u8() else {
             throw WireError("event too short: \(hexDump(bytes[...]))")
         }
         switch code {
         case Self.gapCode:
             // Longer from a later minor revision: the extra bytes are ignored, as in a reply.
-            guard let off = r.u32(), let crc = r.u32() else {
-                throw WireError("GAP event has a malformed payload: \(hexDump(bytes[...]))")
+            do {
+                self = .gap(expectedOffset: try r.u32(), crc: try r.u32())
+            } catch {
+                throw WireError("GAP event has a malformed payload (\(error)): \(hexDump(bytes[...]))")
             }
-            self = .gap(expectedOffset: off, crc: crc)
         default:
             throw WireError("unknown event code 0x\(String(code, radix: 16)): \(hexDump(bytes[...]))")
         }
@@ -292,8 +300,8 @@ public enum DataPacket {
 
     /// Splits a packet into offset and payload; nil when it has no payload byte.
     public static func decode(_ bytes: [UInt8]) -> (offset: UInt32, payload: ArraySlice<UInt8>)? {
-        guard bytes.count > OTAProtocol.dataHeaderSize else { return nil }
         var r = ByteReader(bytes)
-        return (r.u32()!, r.rest())
+        guard let offset = try? r.u32(), r.remaining > 0 else { return nil }
+        return (offset, r.rest())
     }
 }

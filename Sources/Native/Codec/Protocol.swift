@@ -181,15 +181,22 @@ public struct DeviceInfo: Hashable, Sendable {
     /// A version 2 value must carry the flash fields.
     public init(decoding bytes: [UInt8]) throws(WireError) {
         var r = ByteReader(bytes)
-        guard let v = r.u8(), let s = r.u8(), let flags = r.u8(), let ranges = r.u8(), let max = r.u32(), let fw = r.u32(),
-              let rx = r.u32(), let pending = r.u32()
-        else {
+        let v: UInt8, s: UInt8, flags: UInt8, ranges: UInt8, max: UInt32, fw: UInt32, rx: UInt32, pending: UInt32
+        do {
+            (v, s, flags, ranges) = (try r.u8(), try r.u8(), try r.u8(), try r.u8())
+            (max, fw, rx, pending) = (try r.u32(), try r.u32(), try r.u32(), try r.u32())
+        } catch {
             throw WireError("info value has \(bytes.count) bytes, expected at least \(Self.minimumSize): \(hexDump(bytes[...]))")
         }
-        let active = r.u32().flatMap { $0 == 0 ? nil : $0 }
+        let active = (try? r.u32()).flatMap { $0 == 0 ? nil : $0 }
         var flash: Flash?
         if v >= OTAProtocol.version2 {
-            guard let unit = r.u32(), let capacity = r.u32(), let erase = r.u16(), r.u16() != nil, let committed = r.u32() else {
+            let unit: UInt32, capacity: UInt32, erase: UInt16, committed: UInt32
+            do {
+                (unit, capacity, erase) = (try r.u32(), try r.u32(), try r.u16())
+                _ = try r.u16()  // reserved
+                committed = try r.u32()
+            } catch {
                 throw WireError("a version \(v) info value has \(bytes.count) bytes, expected at least \(Self.version2Size): \(hexDump(bytes[...]))")
             }
             guard unit > 0, unit & (unit - 1) == 0 else {

@@ -5,9 +5,14 @@ import OTAWire
 /// otaflash's own protocol (docs/PROTOCOL.md): the OTA service with its control point, data and
 /// info characteristics, driven by `OTAEngine`.
 public struct NativeProfile: OTAProfile {
-    public typealias Engine = NativeEngine
+    public typealias Engine = OTAEngine
 
-    public init() {}
+    /// The checkpoint interval and the version BEGIN carries.
+    public let settings: OTAEngine.Settings
+
+    public init(settings: OTAEngine.Settings = OTAEngine.Settings()) {
+        self.settings = settings
+    }
 
     /// The name `--protocol` takes.
     public static let name = "native"
@@ -69,64 +74,7 @@ public struct NativeProfile: OTAProfile {
 
     public func chunkSize(mtu: Int) -> Int { OTAProtocol.chunkSize(mtu: mtu) }
 
-    public func makeEngine(image: FirmwareImage, config: EngineConfig) -> NativeEngine {
-        NativeEngine(OTAEngine(image: image, config: config))
-    }
-}
-
-/// `OTAEngine` behind the protocol-neutral `TransferEngine` contract: it maps the neutral events
-/// to the engine's own and its commands to control point writes. Per data packet it adds one
-/// switch and nothing else.
-public struct NativeEngine: TransferEngine {
-    public private(set) var core: OTAEngine
-
-    public init(_ core: OTAEngine) { self.core = core }
-
-    public var phase: TransferPhase { core.phase }
-    public var failedIn: TransferPhase? { core.failedIn }
-    public var currentTimeout: Duration { core.currentTimeout }
-    public var isAwaitingReply: Bool { core.commandInFlight != nil }
-    public var sent: Int { core.sent }
-    public var acked: Int { core.acked }
-    public var ackedCRC: UInt32 { core.ackedCRC }
-    public var highWater: Int { core.highWater }
-    public var furthestAgreed: Int { core.furthestAgreed }
-    public var chunkSize: Int { core.chunkSize }
-    public var stats: TransferStats { core.stats }
-
-    public mutating func seed(confirmedOffset: Int, crc: UInt32) {
-        core.seed(confirmedOffset: confirmedOffset, crc: crc)
-    }
-
-    public mutating func handle(_ event: TransferEvent<DeviceInfo>) -> [TransferAction] {
-        let mapped: OTAEngine.Event
-        switch event {
-        case .connected(let info, let mtu): mapped = .connected(info: info, mtu: mtu)
-        case .notification(let role, let bytes):
-            guard role == .control else { return [] }
-            mapped = .notification(bytes)
-        case .commandFailed(let error): mapped = .commandFailed(error)
-        case .timeout: mapped = .timeout
-        case .disconnected(let reason): mapped = .disconnected(reason)
-        }
-        return core.handle(mapped).map { action in
-            switch action {
-            case .send(let request): .write(TransferWrite(request.encoded))
-            case .finished: .finished
-            case .failed(let error): .failed(error)
-            }
-        }
-    }
-
-    public mutating func nextStreamStep() -> TransferStep {
-        switch core.nextStreamStep() {
-        case .data(let offset, let count): .data(offset: offset, count: count)
-        case .command(let request): .write(TransferWrite(request.encoded))
-        case .idle: .idle
-        }
-    }
-
-    public func dataPacket(offset: Int, count: Int) -> [UInt8] {
-        DataPacket.encode(offset: UInt32(offset), payload: core.image.bytes[offset..<(offset + count)])
+    public func makeEngine(image: FirmwareImage, config: EngineConfig) -> OTAEngine {
+        OTAEngine(image: image, config: config, settings: settings)
     }
 }

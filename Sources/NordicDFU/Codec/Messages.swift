@@ -63,36 +63,37 @@ public enum DFURequest: Hashable, Sendable, CustomStringConvertible {
     /// carries it, so a device can answer `60 <op> 02`.
     public init(decoding bytes: [UInt8]) throws(DFUWireError) {
         var r = ByteReader(bytes)
-        guard let op = r.u8().map(DFUOpcode.init(rawValue:)) else { throw DFUWireError("empty control point write") }
-        func exact(_ n: Int) throws(DFUWireError) {
-            guard r.remaining == n else {
-                throw DFUWireError("\(op) takes \(n) parameter bytes, got \(r.remaining)", opcode: op, result: .invalidParameter)
-            }
+        guard let op = (try? r.u8()).map(DFUOpcode.init(rawValue:)) else { throw DFUWireError("empty control point write") }
+        let request: DFURequest?
+        do {
+            request = try Self.parameters(of: op, from: &r)
+        } catch {
+            throw DFUWireError("\(op) with \(bytes.count - 1) parameter bytes is too short: \(error)", opcode: op, result: .invalidParameter)
         }
-        switch op {
-        case .create:
-            try exact(5)
-            self = .create(DFUObjectType(rawValue: r.u8()!), size: r.u32()!)
-        case .setPRN:
-            try exact(2)
-            self = .setPRN(r.u16()!)
-        case .calculateChecksum: try exact(0); self = .calculateChecksum
-        case .execute: try exact(0); self = .execute
-        case .select:
-            try exact(1)
-            self = .select(DFUObjectType(rawValue: r.u8()!))
-        case .protocolVersion: try exact(0); self = .protocolVersion
-        case .mtuGet: try exact(0); self = .mtuGet
-        case .ping:
-            try exact(1)
-            self = .ping(r.u8()!)
-        case .hardwareVersion: try exact(0); self = .hardwareVersion
-        case .firmwareVersion:
-            try exact(1)
-            self = .firmwareVersion(image: r.u8()!)
-        case .abort: try exact(0); self = .abort
-        default:
+        guard let request else {
             throw DFUWireError("\(op) is not a request this codec knows", opcode: op, result: .opcodeNotSupported)
+        }
+        guard r.remaining == 0 else {
+            throw DFUWireError("\(op) takes \(r.consumed - 1) parameter bytes, got \(bytes.count - 1)", opcode: op, result: .invalidParameter)
+        }
+        self = request
+    }
+
+    /// The request `op` with its parameters read from `r`; nil for an opcode this codec does not know.
+    private static func parameters(of op: DFUOpcode, from r: inout ByteReader) throws(ByteReader.ShortRead) -> DFURequest? {
+        switch op {
+        case .create: .create(DFUObjectType(rawValue: try r.u8()), size: try r.u32())
+        case .setPRN: .setPRN(try r.u16())
+        case .calculateChecksum: .calculateChecksum
+        case .execute: .execute
+        case .select: .select(DFUObjectType(rawValue: try r.u8()))
+        case .protocolVersion: .protocolVersion
+        case .mtuGet: .mtuGet
+        case .ping: .ping(try r.u8())
+        case .hardwareVersion: .hardwareVersion
+        case .firmwareVersion: .firmwareVersion(image: try r.u8())
+        case .abort: .abort
+        default: nil
         }
     }
 
@@ -173,25 +174,22 @@ public struct DFUResponse: Hashable, Sendable, CustomStringConvertible {
         let request = DFUOpcode(rawValue: bytes[1])
         let result = DFUResultCode(rawValue: bytes[2])
         var r = ByteReader(bytes[3...])
-        func atLeast(_ n: Int) throws(DFUWireError) {
-            guard r.remaining >= n else {
-                throw DFUWireError("\(request) response carries \(r.remaining) bytes after the result, expected \(n)")
-            }
-        }
         let payload: Payload
-        switch (result, request) {
-        case (.success, .select):
-            try atLeast(12)
-            payload = .select(maxSize: r.u32()!, offset: r.u32()!, crc: r.u32()!)
-        case (.success, .calculateChecksum):
-            try atLeast(8)
-            payload = .checksum(offset: r.u32()!, crc: r.u32()!)
-        case (.success, _):
-            payload = r.remaining == 0 ? .none : .raw(Array(r.rest()))
-        case (.extendedError, _):
-            payload = r.u8().map { .extendedError(DFUExtendedError(rawValue: $0)) } ?? .none
-        default:
-            payload = .none
+        do {
+            switch (result, request) {
+            case (.success, .select):
+                payload = .select(maxSize: try r.u32(), offset: try r.u32(), crc: try r.u32())
+            case (.success, .calculateChecksum):
+                payload = .checksum(offset: try r.u32(), crc: try r.u32())
+            case (.success, _):
+                payload = r.remaining == 0 ? .none : .raw(Array(r.rest()))
+            case (.extendedError, _):
+                payload = (try? r.u8()).map { .extendedError(DFUExtendedError(rawValue: $0)) } ?? .none
+            default:
+                payload = .none
+            }
+        } catch {
+            throw DFUWireError("\(request) response carries \(bytes.count - 3) bytes after the result, too few: \(error)")
         }
         self.init(request: request, result: result, payload: payload)
     }

@@ -49,89 +49,131 @@ extension NordicDFUConfig {
     }
 }
 
+/// What `NordicDFUProfile.attach` learns of a link for the engine.
+public struct NordicDFULink: Sendable, Hashable {
+    /// Control point and packet writes reach the bootloader in the order they were made
+    /// (`GATTConnection.keepsWriteOrder`), so an object's packets may follow CREATE at once.
+    public var keepsWriteOrder: Bool
+
+    public init(keepsWriteOrder: Bool) {
+        self.keepsWriteOrder = keepsWriteOrder
+    }
+}
+
 /// The central side of Nordic Secure DFU for one image (init packet + firmware) as a pure state
-/// machine: events in, actions out, no I/O and no clock. A session drives it like `OTAEngine`:
-/// it sends `.send` requests to the control point (write with response), writes `.data` steps
-/// from `nextStreamStep()` to the packet characteristic (write without response), feeds control
-/// point notifications back, and reports timeouts (`currentTimeout`, armed while `isAwaitingReply`).
+/// machine: events in, actions out, no I/O and no clock. A session drives it like any
+/// `TransferEngine`: requests go to the control point (write with response), the init packet's
+/// packets to the packet characteristic as writes without response, the firmware's as `.data`
+/// steps; control point notifications come back, and timeouts (`currentTimeout`, armed while
+/// `isAwaitingReply`).
 ///
 /// Flow (docs/NORDIC-DFU.md, "Flow"): SET PRN; SELECT command → CREATE, stream, CALCULATE
 /// CHECKSUM, EXECUTE the init packet unless the device holds it; SELECT data → for each object of
 /// the size SELECT reported: CREATE, stream, confirm the running CRC32 (a receipt at the object's
 /// end or CALCULATE CHECKSUM), EXECUTE. Every receipt's offset and CRC are checked; an object
 /// whose CRC disagrees is re-created, never executed. Resume follows the SELECT response.
-public struct NordicDFUEngine: Sendable {
-    public enum Phase: String, Sendable, Hashable {
+public struct NordicDFUEngine: TransferEngine {
+    public typealias Peer = NordicDFULink
+
+    /// Where the transfer stands in Secure DFU's terms (`phase` says it in the shared ones).
+    public enum Stage: String, Sendable, Hashable {
         case idle, preparing, sendingInitPacket, selectingData, sendingFirmware, done, failed
     }
 
-    public enum Event: Sendable {
-        /// Connected, characteristics found, control point notifications enabled.
-        /// `keepsWriteOrder`: the link delivers control point and packet writes in the order they
-        /// were made (`GATTConnection.keepsWriteOrder`).
-        case connected(mtu: Int, keepsWriteOrder: Bool = false)
-        /// A control point notification.
-        case notification([UInt8])
-        /// The control point write of the command in flight failed.
-        case commandFailed(GATTError)
-        /// Nothing arrived within `currentTimeout` while `isAwaitingReply`.
-        case timeout
-        case disconnected(DisconnectReason)
-    }
-
-    public enum Action: Sendable, Hashable {
-        /// Write `request.encoded` to the control point (with response).
-        case send(DFURequest)
-        /// The last EXECUTE succeeded: the bootloader validated the image and activates it.
-        case finished
-        case failed(OTAError)
-    }
-
-    public enum StreamStep: Sendable, Hashable {
-        /// Write these bytes to the packet characteristic (without response). `offset` is where
-        /// they start in the init packet (`.command`) or the firmware (`.data`).
-        case data(DFUObjectType, offset: Int, bytes: ArraySlice<UInt8>)
-        /// Send this control point request now.
-        case command(DFURequest)
-        case idle
-    }
-
-    public struct Stats: Sendable, Hashable {
-        /// Payload bytes put on the packet characteristic (init packet and firmware), resends included.
-        public var bytesSent = 0
-        /// Bytes sent again after a re-created object or a resume below what was sent.
-        public var bytesResent = 0
-        public var packets = 0
+    /// Counters of Secure DFU's own, beside the shared `stats`: there, receipts and checksums
+    /// count as checkpoints, re-created objects as rollbacks, tails sent again as rewinds.
+    public struct Counts: Sendable, Hashable {
         public var objectsCreated = 0
         public var objectsExecuted = 0
-        /// Objects created again after a CRC mismatch, a refused EXECUTE or a resync.
-        public var objectsRecreated = 0
         public var receipts = 0
         public var checksumRequests = 0
         /// Receipts or checksums whose offset or CRC disagreed with the image.
         public var crcMismatches = 0
-        /// CALCULATE CHECKSUM showed the device lacks the end of an object (its CRC matching
-        /// up to there): the rest was sent again without re-creating the object.
-        public var tailsResent = 0
-        /// Transfers started over from the init packet (CREATE of the command object resets the
-        /// device's progress) after the device's data disagreed in a way CREATE cannot repair.
-        public var restarts = 0
-        public var commandRetries = 0
-        /// The firmware offset SELECT reported on each connection.
-        public var resumedFrom: [Int] = []
-        /// For each resume that sent firmware (a connection after the first): the bytes it sent
-        /// again, from where streaming restarted up to the furthest sent before the link was lost.
-        public var resumeResends: [Int] = []
         /// The init packet was already on the device and was not sent again.
         public var initPacketSkipped = 0
-        public var connections = 0
+    }
+
+    /// A request awaiting its answer, and how often it was sent.
+    struct Command: Sendable {
+        var request: DFURequest
+        var attempts = 1
+        /// A CALCULATE CHECKSUM sent when no receipt can be pending (after a timeout): the next
+        /// checksum notification is its answer.
+        var answersNextChecksum = false
+    }
+
+    /// Where the object being sent stands, with the request in flight where one may be.
+    enum ObjectStep: Sendable {
+        /// CREATE sent, its response not yet in: packets wait.
+        case creating(Command)
+        /// Packets go out (CREATE may still be in flight when they go before its answer).
+        case streaming(Command?)
+        /// The stream waits for a receipt (every packet sent, or `waitForReceipts`).
+        case awaitingReceipt(Command?)
+        /// CALCULATE CHECKSUM in flight.
+        case checking(Command)
+        /// The device holds the whole object with the right CRC: EXECUTE is next, once nothing is in flight.
+        case confirmed(Command?)
+        /// A receipt or checksum disagreed: re-create the object once nothing is in flight (a
+        /// CALCULATE CHECKSUM may still be).
+        case bad(Command?)
+        /// EXECUTE in flight. `resume`: sent on resume at an object boundary, where a 0x08 answer
+        /// means the object was created but never filled (link lost right after CREATE).
+        case executing(Command, resume: Bool)
+
+        var command: Command? {
+            switch self {
+            case .creating(let c), .checking(let c), .executing(let c, _): c
+            case .streaming(let c), .awaitingReceipt(let c), .confirmed(let c), .bad(let c): c
+            }
+        }
+
+        /// The same step with `command` in flight instead; a step that is its request (CREATE,
+        /// CALCULATE CHECKSUM, EXECUTE) streams once it is answered.
+        func replacing(_ command: Command?) -> ObjectStep {
+            switch self {
+            case .creating: command.map { .creating($0) } ?? .streaming(nil)
+            case .checking: command.map { .checking($0) } ?? .streaming(nil)
+            case .executing(_, let resume): command.map { .executing($0, resume: resume) } ?? .streaming(nil)
+            case .streaming: .streaming(command)
+            case .awaitingReceipt: .awaitingReceipt(command)
+            case .confirmed: .confirmed(command)
+            case .bad: .bad(command)
+            }
+        }
+    }
+
+    /// How a transfer ended well.
+    public enum Ending: Sendable, Hashable {
+        /// The device answered the last EXECUTE: the image is validated and being activated.
+        case validated
+        /// The bootloader reported the firmware already present (extended error 0x0E).
+        case alreadyPresent
+    }
+
+    /// Where the engine stands, with what holds only there.
+    enum State: Sendable {
+        case idle
+        /// SET PRN, then SELECT of the command object. `afterUnconfirmedExecute`: the link was lost
+        /// during the last EXECUTE of an earlier connection.
+        case preparing(Command, afterUnconfirmedExecute: Bool)
+        /// An object of the init packet or the firmware (`objectType`) on its way.
+        case sending(ObjectStep)
+        /// SELECT of the data object; or SET PRN fitted to the object size, with SELECT's answer
+        /// (`selected`) held until its reply.
+        case selectingData(Command, selected: (offset: Int, crc: UInt32)?)
+        case done(Ending)
+        /// `finalExecuteUnconfirmed`: the link was lost while the last EXECUTE was in flight, so
+        /// the device may have activated the image (it resets right after answering) or not.
+        case failed(in: Stage, finalExecuteUnconfirmed: Bool)
     }
 
     public let initPacket: [UInt8]
     public let firmware: FirmwareImage
     public let config: NordicDFUConfig
-    public private(set) var phase: Phase = .idle
-    public private(set) var stats = Stats()
+    private(set) var state = State.idle
+    private var tally = ResendTally()
+    public private(set) var counts = Counts()
     /// Packet size: ATT MTU − 3.
     public private(set) var chunkSize = 0
     /// The data object size SELECT reported.
@@ -139,22 +181,6 @@ public struct NordicDFUEngine: Sendable {
     /// Firmware bytes the device has confirmed (receipts, checksums, SELECT), for progress and the
     /// session's stall budget.
     public private(set) var confirmed = 0
-    public var furthestAgreed: Int { confirmed }
-    /// Firmware bytes the device executed (or, on resume, holds at an object boundary), and their CRC32.
-    public var acked: Int { objectType == .data ? min(objectStart, confirmed) : 0 }
-    public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
-    /// The next firmware offset to send (0 while the init packet goes).
-    public var sent: Int { objectType == .data ? sentInPayload : 0 }
-    /// The highest firmware offset ever sent.
-    public var highWater: Int { highWaters[1] }
-    /// The device answered the last EXECUTE: the image is validated and being activated.
-    public private(set) var validated = false
-    /// The link was lost while the last EXECUTE was in flight: the device may have activated the
-    /// image (it resets right after answering) or not.
-    public private(set) var finalExecuteUnconfirmed = false
-    /// The bootloader reported the firmware already present (extended error 0x0E).
-    public private(set) var alreadyPresent = false
-    public private(set) var failedIn: Phase?
     /// Why the transfer last started over from the init packet, for logs.
     public private(set) var lastRestartReason: String?
 
@@ -165,51 +191,36 @@ public struct NordicDFUEngine: Sendable {
     /// Next offset to send in the payload, and the CRC32 of everything before it.
     private var sentInPayload = 0
     private var runningCRC = CRC32()
-    private var highWaters = [0, 0]
     private var prefix: PrefixCRC
     private let initCRC: UInt32
 
-    private enum ObjectState: Equatable {
-        /// CREATE sent, its response not yet in (packets wait unless configured otherwise).
-        case creating
-        case streaming
-        /// Every packet sent; the receipt of the last one is due.
-        case awaitingReceipt
-        /// CALCULATE CHECKSUM in flight.
-        case checking
-        /// The device holds the whole object with the right CRC: EXECUTE is next.
-        case confirmed
-        /// A receipt or checksum disagreed: re-create the object once nothing is in flight.
-        case bad
-        case executing
-    }
-
-    private var objectState = ObjectState.creating
     /// This connection streams an object's packets before CREATE's answer
     /// (`NordicDFUConfig.streamBeforeCreateResponse`, resolved against the link).
     public private(set) var streamsBeforeCreateResponse = false
-    private var inFlight: (request: DFURequest, attempts: Int)?
-    private var prnInUse: UInt16 = 0
-    /// Packets and receipts since the device last reset its receipt counter (SET PRN, CREATE).
-    private var packetsSinceReset = 0
-    private var receiptsSinceReset = 0
-    /// A CALCULATE CHECKSUM was sent again after a timeout: no receipt can be pending, so the next
-    /// checksum notification is its answer.
-    private var nextChecksumIsAnswer = false
-    /// EXECUTE sent on resume at an object boundary: a 0x08 answer means the object was created
-    /// but never filled (link lost right after CREATE), so it is re-created.
-    private var resumeExecute = false
+    private var receipts = ReceiptCount()
     private var recoveries = 0
-    /// Our packet count matches the device's receipt counter, so a receipt can be waited for.
-    /// Off after a receipt failed to come or a tail was sent again, until the counter restarts.
-    private var receiptsInStep = true
     private var sameObjectRecreates = 0
-    /// The device's last receipt or checksum named an offset outside the object being sent.
-    private var lastReportMisplaced = false
     private var lastRecreatedStart = -1
-    /// The furthest firmware offset sent before the last link loss, until the first firmware
-    /// packet of the next connection measures what the resume sends again.
-    private var resumeFrom: Int?
+
+    /// The device's receipt counter as the engine follows it: packets and receipts since the
+    /// device last reset its count (SET PRN, CREATE).
+    struct ReceiptCount: Sendable {
+        var prn: UInt16 = 0
+        var packets = 0
+        var receipts = 0
+        /// Our packet count matches the device's, so a receipt can be waited for. Off after a
+        /// receipt failed to come or a tail was sent again, until the counter restarts.
+        var inStep = true
+
+        mutating func restart() {
+            packets = 0
+            receipts = 0
+            inStep = true
+        }
+
+        /// Receipts the device still owes for the packets sent.
+        var pending: Bool { prn > 0 && receipts < packets / Int(prn) }
+    }
 
     public init(initPacket: [UInt8], firmware: FirmwareImage, config: NordicDFUConfig = NordicDFUConfig()) {
         self.initPacket = initPacket
@@ -219,43 +230,119 @@ public struct NordicDFUEngine: Sendable {
         self.initCRC = CRC32.checksum(initPacket)
     }
 
+    /// One image of a package.
+    public init(image: DFUPackage.Image, config: NordicDFUConfig = NordicDFUConfig()) {
+        self.init(initPacket: image.initPacket.bytes, firmware: image.firmware, config: config)
+    }
+
     /// Takes a confirmed position from a journal: only a shortcut for later CRC checks; SELECT
     /// still decides where streaming starts.
     public mutating func seed(confirmedOffset offset: Int, crc: UInt32) {
         prefix.record(offset: offset, crc: crc)
     }
 
-    /// One image of a package.
-    public init(image: DFUPackage.Image, config: NordicDFUConfig = NordicDFUConfig()) {
-        self.init(initPacket: image.initPacket.bytes, firmware: image.firmware, config: config)
+    // MARK: What the session reads
+
+    public var stage: Stage {
+        switch state {
+        case .idle: .idle
+        case .preparing: .preparing
+        case .sending: objectType == .command ? .sendingInitPacket : .sendingFirmware
+        case .selectingData: .selectingData
+        case .done: .done
+        case .failed: .failed
+        }
+    }
+
+    /// Sending the init packet and selecting the data object count as beginning; the last
+    /// EXECUTE, while the bootloader checks the image's hash, as verifying.
+    public var phase: TransferPhase {
+        switch state {
+        case .idle: .idle
+        case .preparing, .selectingData: .beginning
+        case .sending: objectType == .command ? .beginning : isFinalExecute ? .verifying : .streaming
+        case .done: .done
+        case .failed: .failed
+        }
+    }
+
+    public var failedIn: TransferPhase? {
+        guard case .failed(let stage, let unconfirmed) = state else { return nil }
+        switch stage {
+        case .idle: return .idle
+        case .preparing, .sendingInitPacket, .selectingData: return .beginning
+        case .sendingFirmware: return unconfirmed ? .verifying : .streaming
+        case .done: return .done
+        case .failed: return .failed
+        }
+    }
+
+    public var stats: TransferStats { tally.stats }
+    /// The highest firmware offset ever sent.
+    public var highWater: Int { tally.highWater }
+    public var furthestAgreed: Int { confirmed }
+    /// Firmware bytes the device executed (or, on resume, holds at an object boundary), and their CRC32.
+    public var acked: Int { objectType == .data ? min(objectStart, confirmed) : 0 }
+    public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
+    /// The next firmware offset to send (0 while the init packet goes).
+    public var sent: Int { objectType == .data ? sentInPayload : 0 }
+
+    /// The device answered the last EXECUTE: the image is validated and being activated.
+    public var validated: Bool { if case .done(.validated) = state { true } else { false } }
+    /// The bootloader reported the firmware already present (extended error 0x0E).
+    public var alreadyPresent: Bool { if case .done(.alreadyPresent) = state { true } else { false } }
+    /// The link was lost while the last EXECUTE was in flight: the device may have activated the
+    /// image (it resets right after answering) or not.
+    public var finalExecuteUnconfirmed: Bool {
+        switch state {
+        case .failed(_, let unconfirmed), .preparing(_, let unconfirmed): unconfirmed
+        default: false
+        }
     }
 
     public var isFinished: Bool { phase == .done || phase == .failed }
 
+    private var command: Command? {
+        switch state {
+        case .preparing(let c, _), .selectingData(let c, _): c
+        case .sending(let step): step.command
+        case .idle, .done, .failed: nil
+        }
+    }
+
+    public var commandInFlight: DFURequest? { command?.request }
+
     /// A reply or receipt is due: the session arms a `currentTimeout` timer while this holds.
-    public var isAwaitingReply: Bool { inFlight != nil || objectState == .awaitingReceipt && !isFinished && phase != .idle }
+    public var isAwaitingReply: Bool {
+        if command != nil { return true }
+        if case .sending(.awaitingReceipt) = state { return true }
+        return false
+    }
 
-    public var commandInFlight: DFURequest? { inFlight?.request }
+    /// The last EXECUTE is in flight: the bootloader checks the whole image before it answers.
+    private var isFinalExecute: Bool {
+        command?.request == .execute && objectType == .data && objectEnd == firmware.size
+    }
 
-    public var currentTimeout: Duration {
-        if inFlight?.request == .execute, objectType == .data, objectEnd == firmware.size { return config.validationTimeout }
-        return config.replyTimeout
+    public var currentTimeout: Duration { isFinalExecute ? config.validationTimeout : config.replyTimeout }
+
+    public func dataPacket(offset: Int, count: Int) -> [UInt8] {
+        Array(firmware.bytes[offset..<(offset + count)])
     }
 
     // MARK: Events
 
-    public mutating func handle(_ event: Event) -> [Action] {
+    public mutating func handle(_ event: TransferEvent<NordicDFULink>) -> [TransferAction] {
         switch event {
-        case .connected(let mtu, let keepsWriteOrder):
-            return start(mtu: mtu, keepsWriteOrder: keepsWriteOrder)
-        case .notification(let bytes):
-            guard !isFinished, phase != .idle else { return [] }
+        case .connected(let link, let mtu):
+            return start(mtu: mtu, keepsWriteOrder: link.keepsWriteOrder)
+        case .notification(let role, let bytes):
+            guard role == .control, !isFinished, phase != .idle else { return [] }
             guard let response = try? DFUResponse(decoding: bytes) else { return [] }
             return handleNotification(response)
         case .commandFailed(let error):
             if error.code == .notConnected || isFinished { return [] }
             if error.code == .notAuthorized || error.code == .permissionDenied {
-                inFlight = nil
                 return fail(OTAError.from(error, device: "the device"))
             }
             return retry(after: "\(error)", code: .connection, cause: error)
@@ -263,12 +350,10 @@ public struct NordicDFUEngine: Sendable {
             return handleTimeout()
         case .disconnected(let reason):
             guard !isFinished, phase != .idle else { return [] }
-            let finalExecute = inFlight?.request == .execute && objectType == .data && objectEnd == firmware.size
-            inFlight = nil
-            if finalExecute {
-                finalExecuteUnconfirmed = true
-                return fail(OTAError(.connection, "\(reason) during the last EXECUTE: the bootloader may have validated and activated the image, or not",
-                                     hint: "run the same command again: a bootloader still in DFU mode continues where it stopped", resumable: true))
+            if isFinalExecute {
+                state = .failed(in: stage, finalExecuteUnconfirmed: true)
+                return [.failed(OTAError(.connection, "\(reason) during the last EXECUTE: the bootloader may have validated and activated the image, or not",
+                                         hint: "run the same command again: a bootloader still in DFU mode continues where it stopped", resumable: true))]
             }
             let held = confirmed > 0 ? " (\(confirmed) of \(firmware.size) bytes confirmed)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
@@ -277,51 +362,44 @@ public struct NordicDFUEngine: Sendable {
 
     /// Starts, or after a link loss restarts, on a fresh connection; the device's SELECT answers
     /// decide what is sent again.
-    private mutating func start(mtu: Int, keepsWriteOrder: Bool) -> [Action] {
-        guard phase != .done else { return [] }
+    private mutating func start(mtu: Int, keepsWriteOrder: Bool) -> [TransferAction] {
+        if case .done = state { return [] }
+        let unconfirmed = finalExecuteUnconfirmed
+        state = .idle
         guard !firmware.bytes.isEmpty else {
             return fail(OTAError(.image, "\(firmware.source): the firmware is empty; nothing to send"))
         }
         guard mtu >= 23 else {
             return fail(OTAError(.incompatibleDevice, "the link reports ATT MTU \(mtu), below the minimum of 23 every BLE link supports; the transport is misbehaving"))
         }
-        stats.connections += 1
-        resumeFrom = stats.connections > 1 ? highWaters[1] : nil
+        tally.connectionBegan(streamAt: sent)
         chunkSize = ATTWriteLimit.value(mtu: mtu)
         streamsBeforeCreateResponse = config.streamBeforeCreateResponse ?? keepsWriteOrder
-        inFlight = nil
-        resumeExecute = false
-        nextChecksumIsAnswer = false
-        objectState = .creating
-        phase = .preparing
         // Until SELECT reports the object size, assume the SDK's 4096 bytes.
-        prnInUse = config.prn ?? Self.autoPRN(objectSize: maxObjectSize > 0 ? maxObjectSize : 4096, chunk: chunkSize)
-        packetsSinceReset = 0
-        receiptsSinceReset = 0
-        receiptsInStep = true
-        return send(.setPRN(prnInUse))
+        receipts = ReceiptCount(prn: config.prn ?? Self.autoPRN(objectSize: maxObjectSize > 0 ? maxObjectSize : 4096, chunk: chunkSize))
+        return send(.setPRN(receipts.prn), as: { .preparing($0, afterUnconfirmedExecute: unconfirmed) })
     }
 
-    private mutating func handleNotification(_ r: DFUResponse) -> [Action] {
+    private mutating func handleNotification(_ r: DFUResponse) -> [TransferAction] {
         if r.request == .calculateChecksum, case .checksum(let offset, let crc) = r.payload, r.result == .success {
             return checksumNotification(offset: Int(offset), crc: crc)
         }
-        guard let flight = inFlight, flight.request.opcode == r.request else { return [] }  // stale
-        inFlight = nil
+        guard let flight = command, flight.request.opcode == r.request else { return [] }  // stale
         guard r.result == .success else { return refused(r, to: flight.request) }
-        switch (flight.request, r.payload) {
-        case (.setPRN, _):
-            if phase == .preparing { return send(.select(.command)) }
-            return beginFirmware()
-        case (.select(.command), .select(let max, let offset, let crc)):
-            return commandSelected(maxSize: Int(max), offset: Int(offset), crc: crc)
-        case (.select(.data), .select(let max, let offset, let crc)):
+        switch (state, flight.request, r.payload) {
+        case (.preparing(_, let unconfirmed), .setPRN, _):
+            return send(.select(.command), as: { .preparing($0, afterUnconfirmedExecute: unconfirmed) })
+        case (.selectingData(_, let selected), .setPRN, _):
+            return beginFirmware(selected: selected)
+        case (.preparing(_, let unconfirmed), .select(.command), .select(let max, let offset, let crc)):
+            return commandSelected(maxSize: Int(max), offset: Int(offset), crc: crc, afterUnconfirmedExecute: unconfirmed)
+        case (.selectingData, .select(.data), .select(let max, let offset, let crc)):
             return dataSelected(maxSize: Int(max), offset: Int(offset), crc: crc)
-        case (.create, _):
-            if objectState == .creating { objectState = .streaming }
+        case (.sending(let step), .create, _):
+            state = .sending(step.replacing(nil))
             return proceed()
-        case (.execute, _):
-            return executed()
+        case (.sending(.executing(_, let resume)), .execute, _):
+            return executed(resume: resume)
         default:
             return fail(OTAError(.protocolError, "the bootloader answered \(flight.request) with \(r), which Secure DFU does not define"))
         }
@@ -329,33 +407,32 @@ public struct NordicDFUEngine: Sendable {
 
     // MARK: The init packet
 
-    private mutating func commandSelected(maxSize: Int, offset: Int, crc: UInt32) -> [Action] {
+    private mutating func commandSelected(maxSize: Int, offset: Int, crc: UInt32, afterUnconfirmedExecute: Bool) -> [TransferAction] {
         guard initPacket.count <= maxSize else {
             return fail(OTAError(.incompatibleDevice, "the init packet is \(initPacket.count) bytes, the bootloader takes at most \(maxSize); regenerate the package for this bootloader"))
         }
         let holdsPrefix = offset > 0 && offset < initPacket.count && crc == CRC32.checksum(initPacket[0..<offset])
-        if finalExecuteUnconfirmed, !(offset == initPacket.count && crc == initCRC), !holdsPrefix {
+        if afterUnconfirmedExecute, !(offset == initPacket.count && crc == initCRC), !holdsPrefix {
             // A bootloader that never ran the last EXECUTE still holds this init packet; one that
             // ran it dropped the transfer after validating the image (and activated it) or after
             // rejecting it. Sending it all again would activate it a second time.
-            return fail(OTAError(.connection, "the link was lost during the last EXECUTE and the bootloader has since ended the transfer: it validated and activated the image, or rejected it",
-                                 hint: "check the firmware version the device runs; to send the image anew run the same command again"))
+            state = .failed(in: stage, finalExecuteUnconfirmed: true)
+            return [.failed(OTAError(.connection, "the link was lost during the last EXECUTE and the bootloader has since ended the transfer: it validated and activated the image, or rejected it",
+                                     hint: "check the firmware version the device runs; to send the image anew run the same command again"))]
         }
-        phase = .sendingInitPacket
         objectType = .command
         objectStart = 0
         objectEnd = initPacket.count
         if offset == initPacket.count, crc == initCRC {
             // The device holds this init packet: execute it (again); it keeps its firmware progress.
-            stats.initPacketSkipped += 1
-            objectState = .executing
-            return send(.execute)
+            counts.initPacketSkipped += 1
+            return send(.execute, as: { .sending(.executing($0, resume: false)) })
         }
         if holdsPrefix {
             // Part of this init packet arrived: send the rest without CREATE.
             sentInPayload = offset
             runningCRC = CRC32(value: crc)
-            objectState = .streaming
+            state = .sending(.streaming(nil))
             return []
         }
         return createObject(start: 0)
@@ -363,44 +440,35 @@ public struct NordicDFUEngine: Sendable {
 
     // MARK: The firmware
 
-    private mutating func dataSelected(maxSize: Int, offset: Int, crc: UInt32) -> [Action] {
+    private mutating func dataSelected(maxSize: Int, offset: Int, crc: UInt32) -> [TransferAction] {
         guard maxSize > 0 else {
             return fail(OTAError(.protocolError, "the bootloader reports a data object size of 0; it is not following Secure DFU"))
         }
         maxObjectSize = maxSize
-        stats.resumedFrom.append(offset)
-        phase = .sendingFirmware
+        tally.resumed(from: offset)
         objectType = .data
         let wanted = config.prn ?? Self.autoPRN(objectSize: maxSize, chunk: chunkSize)
-        if wanted != prnInUse {
+        if wanted != receipts.prn {
             // The interval fitted to the object size (this also restarts the device's count).
-            prnInUse = wanted
-            pendingSelect = (offset, crc)
-            phase = .selectingData
-            return send(.setPRN(wanted))
+            receipts.prn = wanted
+            return send(.setPRN(wanted), as: { .selectingData($0, selected: (offset, crc)) })
         }
         return resume(offset: offset, crc: crc)
     }
-
-    private var pendingSelect: (offset: Int, crc: UInt32)?
 
     /// One receipt per full object, on its last packet.
     static func autoPRN(objectSize: Int, chunk: Int) -> UInt16 {
         UInt16(clamping: (objectSize + chunk - 1) / chunk)
     }
 
-    private mutating func beginFirmware() -> [Action] {
-        packetsSinceReset = 0
-        receiptsSinceReset = 0
-        receiptsInStep = true
-        guard let selected = pendingSelect else { return send(.select(.data)) }
-        pendingSelect = nil
-        phase = .sendingFirmware
+    private mutating func beginFirmware(selected: (offset: Int, crc: UInt32)?) -> [TransferAction] {
+        receipts.restart()
+        guard let selected else { return send(.select(.data), as: { .selectingData($0, selected: nil) }) }
         return resume(offset: selected.offset, crc: selected.crc)
     }
 
     /// Resume rules from SELECT's answer (docs/NORDIC-DFU.md, "Resume").
-    private mutating func resume(offset: Int, crc: UInt32) -> [Action] {
+    private mutating func resume(offset: Int, crc: UInt32) -> [TransferAction] {
         let n = firmware.size
         if offset == 0 { return createObject(start: 0) }
         guard offset <= n, let local = prefix.crc(upTo: offset) else {
@@ -409,7 +477,7 @@ public struct NordicDFUEngine: Sendable {
         let remainder = offset % maxObjectSize
         let boundary = offset - remainder
         guard local == crc else {
-            stats.crcMismatches += 1
+            counts.crcMismatches += 1
             // Drop back to the start of the object in progress: at a boundary, the object before
             // it (written whole but not executed). CREATE discards it on the device.
             return createObject(start: remainder == 0 ? offset - maxObjectSize : boundary, recreate: true)
@@ -423,8 +491,8 @@ public struct NordicDFUEngine: Sendable {
             objectEnd = min(boundary + maxObjectSize, n)
             sentInPayload = offset
             runningCRC = CRC32(value: crc)
-            receiptsInStep = packetsSinceReset == 0
-            objectState = .streaming
+            receipts.inStep = receipts.packets == 0
+            state = .sending(.streaming(nil))
             return []
         }
         // At an object boundary or the end: execute what the device holds. An object that was
@@ -433,24 +501,19 @@ public struct NordicDFUEngine: Sendable {
         objectEnd = offset
         sentInPayload = offset
         runningCRC = CRC32(value: crc)
-        resumeExecute = true
-        objectState = .executing
-        return send(.execute)
+        return send(.execute, as: { .sending(.executing($0, resume: true)) })
     }
 
-    private mutating func executed() -> [Action] {
-        let wasResume = resumeExecute
-        resumeExecute = false
+    private mutating func executed(resume: Bool) -> [TransferAction] {
         if objectType == .command {
-            return send(.select(.data))
+            return send(.select(.data), as: { .selectingData($0, selected: nil) })
         }
-        if !wasResume || objectEnd == firmware.size { stats.objectsExecuted += 1 }
+        if !resume || objectEnd == firmware.size { counts.objectsExecuted += 1 }
         recoveries = 0
         sameObjectRecreates = 0
         confirmed = objectEnd
         if objectEnd == firmware.size {
-            validated = true
-            phase = .done
+            state = .done(.validated)
             return [.finished]
         }
         return createObject(start: objectEnd)
@@ -458,13 +521,13 @@ public struct NordicDFUEngine: Sendable {
 
     // MARK: Objects
 
-    private mutating func createObject(start: Int, recreate: Bool = false) -> [Action] {
+    private mutating func createObject(start: Int, recreate: Bool = false, misplaced: Bool = false) -> [TransferAction] {
         if recreate {
             guard bumpRecoveries() else { return tooManyRecoveries() }
             if objectType == .data {
                 sameObjectRecreates = start == lastRecreatedStart ? sameObjectRecreates + 1 : 1
                 lastRecreatedStart = start
-                if sameObjectRecreates > 3, lastReportMisplaced {
+                if sameObjectRecreates > 3, misplaced {
                     // The device keeps reporting offsets outside the object: its idea of where the
                     // object starts differs from ours (it executed data we did not confirm), and
                     // only a new init packet resets its progress.
@@ -472,45 +535,43 @@ public struct NordicDFUEngine: Sendable {
                     return restartFromInitPacket(because: "the bootloader reported offsets outside the object at \(start) after it was created 3 times")
                 }
             }
-            stats.objectsRecreated += 1
+            tally.stats.rollbacks += 1
         }
         let payloadSize = objectType == .command ? initPacket.count : firmware.size
         let size = objectType == .command ? initPacket.count : min(maxObjectSize, payloadSize - start)
         objectStart = start
         objectEnd = start + size
-        sentInPayload = start
-        runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: start) ?? 0))
-        packetsSinceReset = 0
-        receiptsSinceReset = 0
-        receiptsInStep = true
-        nextChecksumIsAnswer = false
-        stats.objectsCreated += 1
-        objectState = streamsBeforeCreateResponse ? .streaming : .creating
-        return send(.create(objectType, size: UInt32(size)))
+        counts.objectsCreated += 1
+        let create = Command(request: .create(objectType, size: UInt32(size)))
+        streamFromObjectStart(create: create)
+        return [.write(TransferWrite(create.request.encoded))]
     }
 
-    private mutating func restartFromInitPacket(because reason: String) -> [Action] {
+    /// Streams the object from its start again after CREATE (`create`, in flight): the device's
+    /// receipt count restarts.
+    private mutating func streamFromObjectStart(create: Command) {
+        sentInPayload = objectStart
+        runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: objectStart) ?? 0))
+        receipts.restart()
+        state = .sending(streamsBeforeCreateResponse ? .streaming(create) : .creating(create))
+    }
+
+    private mutating func restartFromInitPacket(because reason: String) -> [TransferAction] {
         guard bumpRecoveries() else { return tooManyRecoveries() }
-        stats.restarts += 1
+        tally.stats.restarts += 1
         lastRestartReason = reason
-        phase = .sendingInitPacket
         objectType = .command
         confirmed = 0
         return createObject(start: 0)
     }
 
     /// With nothing in flight, sends what the object's state calls for.
-    private mutating func proceed() -> [Action] {
-        guard inFlight == nil else { return [] }
-        switch objectState {
-        case .bad:
-            if objectType == .command {
-                return createObject(start: 0, recreate: true)
-            }
-            return createObject(start: objectStart, recreate: true)
-        case .confirmed:
-            objectState = .executing
-            return send(.execute)
+    private mutating func proceed(misplaced: Bool = false) -> [TransferAction] {
+        switch state {
+        case .sending(.bad(nil)):
+            return createObject(start: objectType == .command ? 0 : objectStart, recreate: true, misplaced: misplaced)
+        case .sending(.confirmed(nil)):
+            return send(.execute, as: { .sending(.executing($0, resume: false)) })
         default:
             return []
         }
@@ -518,73 +579,74 @@ public struct NordicDFUEngine: Sendable {
 
     /// A checksum notification: CALCULATE CHECKSUM's answer or a packet receipt. Both say what
     /// the device holds; which one it is matters only for when the command in flight is over.
-    private mutating func checksumNotification(offset: Int, crc: UInt32) -> [Action] {
-        let checking = inFlight?.request == .calculateChecksum
-        if !checking {
-            // A receipt. Those that come while CREATE is in flight belong to the object it replaces.
-            guard objectState == .streaming || objectState == .awaitingReceipt, inFlight?.request.opcode != .create else { return [] }
-            stats.receipts += 1
-            receiptsSinceReset += 1
-            return judge(offset: offset, crc: crc, final: false)
+    private mutating func checksumNotification(offset: Int, crc: UInt32) -> [TransferAction] {
+        guard case .sending(let step) = state else { return [] }
+        if let checksum = step.command, checksum.request == .calculateChecksum {
+            if !checksum.answersNextChecksum, receipts.pending, offset < objectEnd {
+                countReceipt()
+                return judge(offset: offset, crc: crc, final: false)
+            }
+            // Its answer: `judge` decides what the object needs next.
+            state = .sending(.streaming(nil))
+            return judge(offset: offset, crc: crc, final: true)
         }
-        let receiptsPending = prnInUse > 0 && !nextChecksumIsAnswer && receiptsSinceReset < packetsSinceReset / Int(prnInUse)
-        if receiptsPending, offset < objectEnd {
-            stats.receipts += 1
-            receiptsSinceReset += 1
+        // A receipt. Those that come while CREATE is in flight belong to the object it replaces.
+        switch step {
+        case .streaming(nil), .awaitingReceipt(nil):
+            countReceipt()
             return judge(offset: offset, crc: crc, final: false)
+        default:
+            return []
         }
-        inFlight = nil
-        nextChecksumIsAnswer = false
-        return judge(offset: offset, crc: crc, final: true)
     }
 
     /// Checks a device position against the image. `final`: it answers CALCULATE CHECKSUM, so
     /// the device holds nothing beyond it.
-    private mutating func judge(offset: Int, crc: UInt32, final: Bool) -> [Action] {
+    private mutating func judge(offset: Int, crc: UInt32, final: Bool) -> [TransferAction] {
+        guard case .sending(let step) = state else { return [] }
         let local: UInt32? = if objectType == .command {
             offset <= initPacket.count ? CRC32.checksum(initPacket[0..<offset]) : nil
         } else {
             prefix.crc(upTo: offset)
         }
-        lastReportMisplaced = offset < objectStart || offset > sentInPayload
-        guard !lastReportMisplaced, let local, local == crc else {
-            stats.crcMismatches += 1
-            objectState = .bad
-            return proceed()
+        let misplaced = offset < objectStart || offset > sentInPayload
+        guard !misplaced, let local, local == crc else {
+            counts.crcMismatches += 1
+            state = .sending(.bad(step.command))
+            return proceed(misplaced: misplaced)
         }
         if objectType == .data, offset > confirmed { confirmed = offset }
         if offset == objectEnd, sentInPayload == objectEnd {
-            objectState = .confirmed
+            state = .sending(.confirmed(step.command))
             return proceed()
         }
         if final, offset < sentInPayload {
             // The device lacks the object's tail: send it again from where the device stands.
             guard bumpRecoveries() else { return tooManyRecoveries() }
-            stats.tailsResent += 1
-            receiptsInStep = false
+            tally.stats.rewinds += 1
+            receipts.inStep = false
             sentInPayload = offset
             runningCRC = CRC32(value: crc)
         }
         // A receipt (or the checksum asked for instead) that a paused stream waited for.
-        if final || objectState == .awaitingReceipt { objectState = .streaming }
+        if case .awaitingReceipt(let c) = step { state = .sending(.streaming(c)) }
         return proceed()
     }
 
     // MARK: Refusals and retries
 
-    private mutating func refused(_ r: DFUResponse, to request: DFURequest) -> [Action] {
+    private mutating func refused(_ r: DFUResponse, to request: DFURequest) -> [TransferAction] {
         let ext: DFUExtendedError? = if case .extendedError(let e) = r.payload { e } else { nil }
         if request == .execute, r.result == .operationNotPermitted, objectType == .data {
             // EXECUTE of an object the device does not hold whole. On resume at a boundary: the
             // object after it was created but never filled (link lost right after CREATE), so
             // create it again; otherwise data was lost, so create this object again.
-            let atBoundary = resumeExecute && objectEnd < firmware.size && objectEnd % maxObjectSize == 0
-            resumeExecute = false
+            let resume = if case .sending(.executing(_, true)) = state { true } else { false }
+            let atBoundary = resume && objectEnd < firmware.size && objectEnd % maxObjectSize == 0
             return createObject(start: atBoundary ? objectEnd : objectStart, recreate: true)
         }
         if ext == .firmwareAlreadyPresent {
-            alreadyPresent = true
-            phase = .done
+            state = .done(.alreadyPresent)
             return [.finished]
         }
         let reason = if let ext, request == .execute, objectType == .command {
@@ -614,41 +676,40 @@ public struct NordicDFUEngine: Sendable {
         return fail(OTAError(code, "\(what): \(reason)"))
     }
 
-    private mutating func handleTimeout() -> [Action] {
+    private mutating func handleTimeout() -> [TransferAction] {
         guard !isFinished else { return [] }
-        if inFlight == nil, objectState == .awaitingReceipt {
+        if case .sending(.awaitingReceipt(nil)) = state {
             // The receipt did not come: ask for the checksum instead, and wait for no more
             // receipts in this object (the device's count is off from ours).
-            receiptsInStep = false
-            stats.checksumRequests += 1
-            objectState = .checking
-            nextChecksumIsAnswer = true
-            return send(.calculateChecksum)
+            receipts.inStep = false
+            countChecksumRequest()
+            state = .sending(.checking(Command(request: .calculateChecksum, answersNextChecksum: true)))
+            return [.write(TransferWrite(DFURequest.calculateChecksum.encoded))]
         }
         return retry(after: "no answer within \(currentTimeout)", code: .timeout)
     }
 
-    private mutating func retry(after reason: String, code: OTAError.Code, cause: (any Error)? = nil) -> [Action] {
-        guard let flight = inFlight else { return [] }
+    private mutating func retry(after reason: String, code: OTAError.Code, cause: (any Error)? = nil) -> [TransferAction] {
+        guard let flight = command else { return [] }
         guard flight.attempts <= config.commandRetries else {
-            inFlight = nil
             return fail(OTAError(code, "\(flight.request) failed \(flight.attempts) times, last: \(reason)",
                                  hint: "the bootloader may be stalled: power-cycle it and run the same command again to resume",
                                  resumable: true, cause: cause))
         }
-        stats.commandRetries += 1
-        if case .create = flight.request {
+        tally.stats.commandRetries += 1
+        // A CALCULATE CHECKSUM sent again is answered next: no receipt is pending after a timeout.
+        let again = Command(request: flight.request, attempts: flight.attempts + 1,
+                            answersNextChecksum: flight.request == .calculateChecksum)
+        switch state {
+        case .preparing(_, let unconfirmed): state = .preparing(again, afterUnconfirmedExecute: unconfirmed)
+        case .selectingData(_, let selected): state = .selectingData(again, selected: selected)
+        case .sending where flight.request.opcode == .create:
             // A second CREATE resets the object: stream it from its start again.
-            sentInPayload = objectStart
-            runningCRC = CRC32(value: objectType == .command ? 0 : (prefix.crc(upTo: objectStart) ?? 0))
-            packetsSinceReset = 0
-            receiptsSinceReset = 0
-            receiptsInStep = true
-            objectState = streamsBeforeCreateResponse ? .streaming : .creating
+            streamFromObjectStart(create: again)
+        case .sending(let step): state = .sending(step.replacing(again))
+        case .idle, .done, .failed: return []
         }
-        if flight.request == .calculateChecksum { nextChecksumIsAnswer = true }
-        inFlight = (flight.request, flight.attempts + 1)
-        return [.send(flight.request)]
+        return [.write(TransferWrite(flight.request.encoded))]
     }
 
     private mutating func bumpRecoveries() -> Bool {
@@ -656,61 +717,68 @@ public struct NordicDFUEngine: Sendable {
         return recoveries <= config.maxRecoveries
     }
 
-    private mutating func tooManyRecoveries() -> [Action] {
-        fail(OTAError(.protocolError, "the bootloader lost or corrupted an object \(config.maxRecoveries) times in a row (\(stats.crcMismatches) CRC mismatches, \(stats.objectsRecreated) objects re-created); nothing bad was executed, check the link and run the same command again",
+    private mutating func tooManyRecoveries() -> [TransferAction] {
+        fail(OTAError(.protocolError, "the bootloader lost or corrupted an object \(config.maxRecoveries) times in a row (\(counts.crcMismatches) CRC mismatches, \(stats.rollbacks) objects re-created); nothing bad was executed, check the link and run the same command again",
                       resumable: true))
     }
 
-    private mutating func send(_ request: DFURequest) -> [Action] {
-        inFlight = (request, 1)
-        return [.send(request)]
+    private mutating func countReceipt() {
+        counts.receipts += 1
+        receipts.receipts += 1
+        tally.stats.checkpoints += 1
     }
 
-    private mutating func fail(_ error: OTAError) -> [Action] {
-        failedIn = phase
-        phase = .failed
+    private mutating func countChecksumRequest() {
+        counts.checksumRequests += 1
+        tally.stats.checkpoints += 1
+    }
+
+    /// Sends `request` as the request the state `next` waits for.
+    private mutating func send(_ request: DFURequest, as next: (Command) -> State) -> [TransferAction] {
+        state = next(Command(request: request))
+        return [.write(TransferWrite(request.encoded))]
+    }
+
+    private mutating func fail(_ error: OTAError) -> [TransferAction] {
+        state = .failed(in: stage, finalExecuteUnconfirmed: false)
         return [.failed(error)]
     }
 
     // MARK: Streaming
 
     /// The next thing to send. Call repeatedly until `.idle`, and again after each event.
-    public mutating func nextStreamStep() -> StreamStep {
-        guard phase == .sendingInitPacket || phase == .sendingFirmware, objectState == .streaming else { return .idle }
-        if config.waitForReceipts, receiptsInStep, prnInUse > 0, sentInPayload < objectEnd, packetsSinceReset >= (receiptsSinceReset + 1) * Int(prnInUse) {
+    public mutating func nextStreamStep() -> TransferStep {
+        guard case .sending(.streaming(let command)) = state else { return .idle }
+        if config.waitForReceipts, receipts.inStep, receipts.prn > 0, sentInPayload < objectEnd,
+           receipts.packets >= (receipts.receipts + 1) * Int(receipts.prn) {
             // The mobile libraries' way: stop after every PRN packets until the receipt comes.
-            objectState = .awaitingReceipt
+            state = .sending(.awaitingReceipt(command))
             return .idle
         }
         if sentInPayload < objectEnd {
-            let count = min(chunkSize, objectEnd - sentInPayload)
-            let payload = objectType == .command ? initPacket[...] : firmware.bytes[...]
-            let slice = payload[sentInPayload..<(sentInPayload + count)]
-            let which = objectType == .command ? 0 : 1
-            if which == 1, let from = resumeFrom {
-                resumeFrom = nil
-                stats.resumeResends.append(max(0, from - sentInPayload))
-            }
-            if sentInPayload < highWaters[which] { stats.bytesResent += min(count, highWaters[which] - sentInPayload) }
-            runningCRC.update(slice)
             let offset = sentInPayload
+            let count = min(chunkSize, objectEnd - offset)
             sentInPayload += count
-            highWaters[which] = max(highWaters[which], sentInPayload)
-            stats.bytesSent += count
-            stats.packets += 1
-            packetsSinceReset += 1
-            return .data(objectType, offset: offset, bytes: slice)
+            receipts.packets += 1
+            if objectType == .command {
+                runningCRC.update(initPacket[offset..<(offset + count)])
+                tally.streamedPreamble(offset: offset, count: count)
+                return .write(TransferWrite(Array(initPacket[offset..<(offset + count)]), to: .data, withResponse: false))
+            }
+            runningCRC.update(firmware.bytes[offset..<(offset + count)])
+            tally.streamed(offset: offset, count: count)
+            return .data(offset: offset, count: count)
         }
-        guard inFlight == nil else { return .idle }
-        if objectType == .data, receiptsInStep, prnInUse > 0, packetsSinceReset > 0, packetsSinceReset % Int(prnInUse) == 0,
-           receiptsSinceReset < packetsSinceReset / Int(prnInUse) {
+        guard command == nil else { return .idle }
+        if objectType == .data, receipts.inStep, receipts.prn > 0, receipts.packets > 0, receipts.packets % Int(receipts.prn) == 0,
+           receipts.pending {
             // The device's receipt of the last packet will confirm the object.
-            objectState = .awaitingReceipt
+            state = .sending(.awaitingReceipt(nil))
             return .idle
         }
-        stats.checksumRequests += 1
-        objectState = .checking
-        inFlight = (.calculateChecksum, 1)
-        return .command(.calculateChecksum)
+        countChecksumRequest()
+        let request = DFURequest.calculateChecksum
+        state = .sending(.checking(Command(request: request)))
+        return .write(TransferWrite(request.encoded))
     }
 }

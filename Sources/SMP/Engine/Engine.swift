@@ -83,14 +83,43 @@ public struct SMPEngine: TransferEngine {
     public let config: EngineConfig
     public let settings: SMPUploadSettings
 
-    public private(set) var phase: TransferPhase = .idle
-    public private(set) var failedIn: TransferPhase?
-    public private(set) var stats = TransferStats()
+    /// A request that is not an upload chunk, awaiting its answer.
+    struct Command: Sendable {
+        var sequence: UInt8
+        var request: SMPRequest
+    }
+
+    /// A busy (or out of memory) answer to the one request in flight: the engine waits
+    /// `busyBackoff` (`waiting`), then asks again from the server's offset (the timeout path,
+    /// counted as a retry); when the retries run out, the refusal is the error.
+    struct Busy: Sendable {
+        var refusal: SMPDeviceError
+        var waiting: Bool
+    }
+
+    /// Where the engine stands, with what holds only there.
+    enum State: Sendable {
+        case idle
+        /// `--restart`: the slot erase in flight, before the first upload request.
+        case erasing(Command)
+        /// The first upload request (with the file's length and SHA-256) in flight: its answer
+        /// says where the server's upload stands.
+        case opening(Busy?)
+        case streaming(Busy?)
+        /// The image state read in flight: does a slot hold the image's hash?
+        case verifying(Command)
+        /// Marking the image, then the reset, in flight.
+        case activating(Command)
+        case done
+        case failed(in: TransferPhase)
+    }
+
+    private(set) var state = State.idle
+    private var tally = ResendTally()
     /// Next offset to send.
     public private(set) var sent = 0
     /// The server's offset, from its last answer in order.
     public private(set) var acked = 0
-    public private(set) var highWater = 0
     public private(set) var chunkSize = 0
     /// Requests in flight at most on this connection.
     public private(set) var window = 1
@@ -110,17 +139,10 @@ public struct SMPEngine: TransferEngine {
     private var sequence: UInt8 = 0
     /// Upload requests in flight, by sequence number: the offset their data ends at.
     private var inFlight: [UInt8: Int] = [:]
-    /// A request that is not an upload chunk, awaiting its answer.
-    private var command: (sequence: UInt8, request: SMPRequest)?
     /// Segments of frames to write, in order.
     private var queue: [[UInt8]] = []
     private var queueHead = 0
     private var retries = 0
-    private var awaitingFirst = false
-    /// The server answered busy with one request in flight: the engine waits `busyBackoff`,
-    /// then asks again from the server's offset (the timeout path, counted as a retry).
-    private var waitingOutBusy = false
-    private var busyRefusal: SMPDeviceError?
     /// The frame size for the upload's requests after the first, picked on the link.
     private var probe: SMPFrameProbe?
     private var probeWrite = 0
@@ -128,8 +150,6 @@ public struct SMPEngine: TransferEngine {
     private var now = Duration.zero
     /// How long to wait before asking a busy server again.
     public var busyBackoff: Duration { min(config.replyTimeout, .seconds(1)) }
-    /// Where the upload had been sent to when the link was lost, on a connection after the first.
-    private var sentAtLoss: Int?
     /// The hash the image is marked with: the MCUboot hash, or for an image that is not an MCUboot
     /// image, what the device reports for the slot it wrote.
     private var markHash: [UInt8]?
@@ -144,14 +164,51 @@ public struct SMPEngine: TransferEngine {
         prefix = PrefixCRC(image: image.bytes)
     }
 
+    public var phase: TransferPhase {
+        switch state {
+        case .idle: .idle
+        case .erasing, .opening: .beginning
+        case .streaming: .streaming
+        case .verifying: .verifying
+        case .activating: .activating
+        case .done: .done
+        case .failed: .failed
+        }
+    }
+
+    public var failedIn: TransferPhase? {
+        if case .failed(let phase) = state { return phase }
+        return nil
+    }
+
+    public var stats: TransferStats { tally.stats }
+    public var highWater: Int { tally.highWater }
+
+    /// The request in flight that is not an upload chunk.
+    private var command: Command? {
+        switch state {
+        case .erasing(let c), .verifying(let c), .activating(let c): c
+        case .idle, .opening, .streaming, .done, .failed: nil
+        }
+    }
+
+    /// The busy answer being waited out or retried, while the upload goes on.
+    private var busy: Busy? {
+        switch state {
+        case .opening(let b), .streaming(let b): b
+        default: nil
+        }
+    }
+
+    private var waitingOutBusy: Bool { busy?.waiting == true }
+
     public var currentTimeout: Duration {
-        if case .imageErase? = command?.request { return max(config.replyTimeout, Self.firstRequestTimeout) }
         if waitingOutBusy { return busyBackoff }
-        if awaitingFirst { return max(config.replyTimeout, Self.firstRequestTimeout) }
-        switch phase {
+        switch state {
+        case .erasing, .opening: return max(config.replyTimeout, Self.firstRequestTimeout)
         case .verifying: return config.verifyTimeout
         case .activating: return max(config.replyTimeout, config.activateTimeout)
-        default: return config.replyTimeout
+        case .idle, .streaming, .done, .failed: return config.replyTimeout
         }
     }
 
@@ -208,11 +265,9 @@ public struct SMPEngine: TransferEngine {
             queueHead = 0
             if case .reset? = command?.request {
                 // The device resets as soon as it answered; the answer may not have made it.
-                command = nil
-                phase = .done
+                state = .done
                 return [.finished]
             }
-            command = nil
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
         }
@@ -220,6 +275,8 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func start(_ link: SMPLink, mtu: Int) -> [TransferAction] {
         guard phase != .done else { return [] }
+        let wasChecking = phase == .verifying || phase == .activating
+        state = .idle
         guard !image.bytes.isEmpty else {
             return fail(OTAError(.image, "\(image.source): the image is empty; nothing to send"))
         }
@@ -227,14 +284,10 @@ public struct SMPEngine: TransferEngine {
         states = link.states ?? states
         reassembler.reset()
         inFlight = [:]
-        command = nil
-        waitingOutBusy = false
-        busyRefusal = nil
         queue = []
         queueHead = 0
         retries = 0
-        stats.resumedFrom.append(acked)
-        stats.resentPerConnection.append(0)
+        tally.connectionBegan(streamAt: sent)
         if let parameters = link.parameters, parameters.bufferSize > 0 {
             frameLimit = Int(parameters.bufferSize)
             let count = max(1, Int(parameters.bufferCount))
@@ -276,18 +329,17 @@ public struct SMPEngine: TransferEngine {
         } else {
             probe = nil
         }
-        if phase == .verifying || phase == .activating || acked == image.size, acked > 0 {
+        if wasChecking || acked == image.size, acked > 0 {
+            tally.resumed(from: acked)
             return verify()
         }
         // The first request opens (or, with the same file, resumes) the server's upload.
-        phase = .beginning
-        sentAtLoss = stats.resumedFrom.count > 1 ? sent : nil
         sent = 0
-        if config.restart, stats.resumedFrom.count == 1 {
+        if config.restart, stats.connections == 1 {
             // The server resumes an upload of the same file: erase its slot to start over.
-            return send(.imageErase(slot: nil))
+            return send(.imageErase(slot: nil), as: { .erasing($0) })
         }
-        awaitingFirst = true
+        state = .opening(nil)
         return sendChunk(at: 0)
     }
 
@@ -311,35 +363,39 @@ public struct SMPEngine: TransferEngine {
         if let end = inFlight.removeValue(forKey: seq) {
             return uploadAnswered(response, expected: end)
         }
-        if let (expected, request) = command, expected == seq {
-            command = nil
-            return commandAnswered(response, to: request)
+        if let command, command.sequence == seq {
+            return commandAnswered(response, to: command.request)
         }
         return []  // stale: a request forgotten after a rewind or a timeout
     }
 
     private mutating func uploadAnswered(_ response: SMPResponse, expected end: Int) -> [TransferAction] {
+        let opening: Bool
+        switch state {
+        case .opening: opening = true
+        case .streaming: opening = false
+        default: return []  // the upload is over: an answer to a request still in flight changes nothing
+        }
         let status: SMPUploadStatus
         switch response {
         case .upload(let s):
             status = s
             retries = 0
-            busyRefusal = nil
+            state = opening ? .opening(nil) : .streaming(nil)
         case .error(let e) where e.general == .busy || e.general == .noMemory:
             if window > 1 {
                 // The server ran out of buffers: go on with one request at a time.
-                let code = "\(e)".prefix { $0 != ":" }
                 if notes.isEmpty {
-                    notes.append("the device answered \(code) with \(window) requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower")
+                    notes.append("the device answered \(Self.name(of: e)) with \(window) requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower")
                 }
                 window = 1
                 // The first request is asked again at once; a later one when the window refills.
-                return awaitingFirst ? sendChunk(at: 0) : rewind(to: acked)
+                return opening ? sendChunk(at: 0) : rewind(to: acked)
             }
             // Busy with one request at a time: wait, then ask again from the server's offset,
             // as often as a command is retried.
-            busyRefusal = e
-            waitingOutBusy = true
+            let waiting = Busy(refusal: e, waiting: true)
+            state = opening ? .opening(waiting) : .streaming(waiting)
             return rewind(to: acked)
         case .error(let e):
             return fail(refusal(e))
@@ -349,39 +405,21 @@ public struct SMPEngine: TransferEngine {
         guard let offset = Int(exactly: status.offset), offset <= image.size else {
             return fail(OTAError(.protocolError, "the device reported upload offset \(status.offset), past the image's \(image.size) bytes"))
         }
-        if awaitingFirst {
-            awaitingFirst = false
-            phase = .streaming
-            if offset == end, acked > offset {
-                // The server started the upload over (a reset lost its state): it holds this
-                // request's data only, whatever it held before, and all it held goes again (this
-                // request's own data was counted as it went).
-                stats.resumedFrom[stats.resumedFrom.count - 1] = 0
-                stats.bytesResent += acked - offset
-                stats.resentPerConnection[stats.resentPerConnection.count - 1] += acked - offset
-                acked = offset
-                sentAtLoss = nil
-            }
+        if opening {
+            state = .streaming(nil)
             if offset != end {
-                // The server holds part of this very file (same sha): resume there. The first
-                // request's data, which it already had, went for nothing.
-                stats.resumedFrom[stats.resumedFrom.count - 1] = offset
-                if let lost = sentAtLoss { stats.resumeResends.append(max(0, lost - offset)) }
-                if offset > end {
-                    stats.bytesResent += end
-                    stats.resentPerConnection[stats.resentPerConnection.count - 1] += end
-                }
+                // The server holds part of this very file (same sha): resume there (the first
+                // request's data, which it already had, went for nothing).
+                tally.resumed(from: offset)
                 acked = offset
                 sent = offset
-                highWater = max(highWater, offset)
                 if offset < image.size { return [] }
-            } else if acked > 0 {
-                // The server wrote the first request's data at 0: it starts over (it lost the
-                // upload in a reset, say), whatever this engine had seen it confirm before.
-                stats.resumedFrom[stats.resumedFrom.count - 1] = 0
-                // Everything it had confirmed goes again.
-                stats.bytesResent += acked
-                stats.resentPerConnection[stats.resentPerConnection.count - 1] += acked
+            } else {
+                // The server wrote the first request's data at 0: a new upload, or one it starts
+                // over (it lost the upload in a reset, say), whatever this engine had seen it
+                // confirm before. What it held goes again, and is counted so as it goes.
+                tally.resumed(from: 0)
+                tally.startedOver()
                 acked = 0
             }
         }
@@ -397,13 +435,22 @@ public struct SMPEngine: TransferEngine {
         }
         if offset != end {
             // The server is elsewhere: it refused or lost a request, or holds more of this file.
-            stats.rewinds += 1
+            tally.stats.rewinds += 1
             return rewind(to: offset)
         }
         acked = max(acked, offset)
-        stats.checkpoints += 1
+        tally.stats.checkpoints += 1
         probe?.answered(end: offset, at: now)
         return []
+    }
+
+    /// How the note names a busy server's answer: "busy (10)", "out of memory (2)".
+    static func name(of error: SMPDeviceError) -> String {
+        switch error.general {
+        case .busy?: "busy (10)"
+        case .noMemory?: "out of memory (2)"
+        default: "error \(error.rc)"
+        }
     }
 
     /// The device's refusal of the upload, explained with the slot states it reported: which
@@ -423,7 +470,7 @@ public struct SMPEngine: TransferEngine {
         if e.imageError == .currentVersionIsNewer, let active {
             return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
         }
-        if e.general == .unknown, acked == 0, awaitingFirst {
+        if e.general == .unknown, acked == 0, case .opening = state {
             // An image over the slot, answered in general codes: Zephyr translates its "too large"
             // (30) to this for an SMP v1 client, and mcumgr fails to erase that much. Resetting the
             // device cannot help then.
@@ -440,9 +487,6 @@ public struct SMPEngine: TransferEngine {
         queue = []
         queueHead = 0
         acked = offset
-        let resent = max(0, sent - offset)
-        stats.bytesResent += resent
-        stats.resentPerConnection[stats.resentPerConnection.count - 1] += resent
         sent = offset
         return []
     }
@@ -460,10 +504,10 @@ public struct SMPEngine: TransferEngine {
         case (.imageStateWrite, .empty):
             return marked(nil)
         case (.reset, _):
-            phase = .done
+            state = .done
             return [.finished]
         case (.imageErase, _):
-            awaitingFirst = true
+            state = .opening(nil)
             return sendChunk(at: 0)
         default:
             return fail(OTAError(.protocolError, "the device answered \(request) with \(response)"))
@@ -473,16 +517,16 @@ public struct SMPEngine: TransferEngine {
     // MARK: Verify, mark, reset
 
     private mutating func verify() -> [TransferAction] {
-        phase = .verifying
         if settings.imageHash == nil {
             // Not an MCUboot image: the server's own check is all there is.
             guard serverMatch == true else {
                 return fail(OTAError(.verifyFailed, "the device did not confirm the upload's SHA-256 (no 'match' in its answer), and the file is not an MCUboot image whose hash could be checked; nothing was marked",
-                                     hint: "send an MCUboot image (imgtool sign), or enable CONFIG_IMG_ENABLE_IMAGE_CHECK on the device"))
+                                     hint: "send an MCUboot image (imgtool sign), or enable CONFIG_IMG_ENABLE_IMAGE_CHECK on the device"),
+                            in: .verifying)
             }
             return markOrFinish()
         }
-        return send(.imageStateRead)
+        return send(.imageStateRead, as: { .verifying($0) })
     }
 
     private mutating func verified(_ states: SMPImageStates) -> [TransferAction] {
@@ -505,15 +549,14 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func markOrFinish() -> [TransferAction] {
         guard config.activate else {
-            phase = .done
+            state = .done
             return [.finished]
         }
-        phase = .activating
         guard let hash = markHash else {
-            return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"))
+            return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"), in: .activating)
         }
         // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
-        return send(.imageStateWrite(hash: hash, confirm: settings.confirm))
+        return send(.imageStateWrite(hash: hash, confirm: settings.confirm), as: { .activating($0) })
     }
 
     private mutating func marked(_ states: SMPImageStates?) -> [TransferAction] {
@@ -523,10 +566,10 @@ public struct SMPEngine: TransferEngine {
             return fail(OTAError(.protocolError, "the device accepted marking the image but lists it neither pending nor confirmed"))
         }
         guard settings.reset else {
-            phase = .done
+            state = .done
             return [.finished]
         }
-        return send(.reset(force: false))
+        return send(.reset(force: false), as: { .activating($0) })
     }
 
     // MARK: Timeouts and failures
@@ -534,31 +577,36 @@ public struct SMPEngine: TransferEngine {
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
         let afterBusy = waitingOutBusy
-        waitingOutBusy = false
+        let timeout = currentTimeout
+        switch state {
+        case .opening(let b?): state = .opening(Busy(refusal: b.refusal, waiting: false))
+        case .streaming(let b?): state = .streaming(Busy(refusal: b.refusal, waiting: false))
+        default: break
+        }
         retries += 1
-        if let busy = busyRefusal, retries > config.commandRetries { return fail(refusal(busy)) }
+        if let busy, retries > config.commandRetries { return fail(refusal(busy.refusal)) }
         guard retries <= config.commandRetries else {
             let what = command.map { "\($0.request)" } ?? "the upload request at \(acked)"
-            return fail(OTAError(.timeout, "the device did not answer \(what) within \(currentTimeout.seconds) s, \(retries) times",
+            return fail(OTAError(.timeout, "the device did not answer \(what) within \(timeout.seconds) s, \(retries) times",
                                  hint: "check the link and the device, then run the same command again to resume", resumable: true))
         }
-        stats.commandRetries += 1
-        if let (_, request) = command {
-            command = nil
-            return send(request)
+        tally.stats.commandRetries += 1
+        switch state {
+        case .erasing(let c): return send(c.request, as: { .erasing($0) })
+        case .verifying(let c): return send(c.request, as: { .verifying($0) })
+        case .activating(let c): return send(c.request, as: { .activating($0) })
+        case .opening: return sendChunk(at: 0)
+        case .streaming, .idle, .done, .failed: break
         }
         // Upload answers went missing, or a busy server was waited out: ask again from the last
         // offset the server confirmed (only the former is a rewind: nothing was lost).
-        if awaitingFirst { return sendChunk(at: 0) }
-        if !afterBusy { stats.rewinds += 1 }
+        if !afterBusy { tally.stats.rewinds += 1 }
         return rewind(to: acked)
     }
 
-    private mutating func fail(_ error: OTAError) -> [TransferAction] {
-        failedIn = phase
-        phase = .failed
+    private mutating func fail(_ error: OTAError, in failedPhase: TransferPhase? = nil) -> [TransferAction] {
+        state = .failed(in: failedPhase ?? phase)
         inFlight = [:]
-        command = nil
         queue = []
         queueHead = 0
         return [.failed(error)]
@@ -571,9 +619,10 @@ public struct SMPEngine: TransferEngine {
         return sequence
     }
 
-    private mutating func send(_ request: SMPRequest) -> [TransferAction] {
+    /// Queues the writes of `request` as the command the state `next` waits for.
+    private mutating func send(_ request: SMPRequest, as next: (Command) -> State) -> [TransferAction] {
         let seq = nextSequence()
-        command = (seq, request)
+        state = next(Command(sequence: seq, request: request))
         let frame: SMPFrame
         do {
             frame = try request.frame(sequence: seq)
@@ -591,7 +640,8 @@ public struct SMPEngine: TransferEngine {
             ? Self.firstRequest(settings: settings, size: image.size, data: [])
             : SMPImageUpload(offset: UInt64(offset), data: [])
         // The first request keeps to whole writes; the probe sizes the others.
-        let probed = offset > 0 && !awaitingFirst ? probe?.nextFrame : nil
+        let opening = if case .opening = state { true } else { false }
+        let probed = offset > 0 && !opening ? probe?.nextFrame : nil
         let count = min(upload.maxDataSize(frameLimit: probed ?? frameLimit), image.size - offset)
         upload.data = Array(image.bytes[offset..<(offset + count)])
         let frame: SMPFrame
@@ -604,9 +654,7 @@ public struct SMPEngine: TransferEngine {
         inFlight[seq] = offset + count
         if probed != nil { probe?.sent(end: offset + count) }
         sent = offset + count
-        highWater = max(highWater, sent)
-        stats.bytesSent += count
-        stats.packets += 1
+        tally.streamed(offset: offset, count: count)
         return []
     }
 
@@ -615,7 +663,7 @@ public struct SMPEngine: TransferEngine {
             queue.removeAll(keepingCapacity: true)
             queueHead = 0
             // Refill: another upload request while the window has room.
-            guard phase == .streaming, command == nil, !waitingOutBusy, inFlight.count < window, sent < image.size else { return .idle }
+            guard case .streaming(let busy) = state, busy?.waiting != true, inFlight.count < window, sent < image.size else { return .idle }
             _ = sendChunk(at: sent)
             if phase == .failed { return .idle }
         }

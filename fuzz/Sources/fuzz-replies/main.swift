@@ -1,6 +1,6 @@
 import Foundation
 import FuzzDriver
-import OTAWire
+import Native
 
 /// Every control point notification and info value a device can send goes through these
 /// decoders; none may trap, and whatever decodes must encode back to bytes that decode the same.

@@ -1,0 +1,109 @@
+import GATT
+import OTA
+import OTADevice
+import Simulator
+
+/// How the soak runs SMP: `SMPProfile` through the session and the simulator against the Zephyr
+/// server model (`SMPPeripheral`, its answers in the drawn encoding), with an MCUboot image built
+/// in memory (`SMPSlotImage.build`: a header, the drawn bytes, the SHA256 TLV).
+///
+/// Beyond the shared checks: every image the server marked for test or confirmed is, byte for
+/// byte, the image sent, and so is every image MCUboot swapped in; a run that succeeded marked it
+/// (more than once when a mark's answer was lost) as asked and swapped it in once; no resume
+/// re-sent more than the window's worth past the server's offset (buf_count × one request's data).
+public struct SMPSoak: SoakStrategy {
+    public init() {}
+
+    public var name: String { SMPProfile.name }
+
+    /// The server's buffers a run draws: Zephyr's default (4 × 384) or large ones (4 × 2475).
+    static let bufferConfigs: [(size: Int, count: Int)] = [(384, 4), (2475, 4)]
+
+    /// The most data one upload request after the first carries in a frame of `bufferSize` bytes.
+    static func requestData(bufferSize: Int) -> Int {
+        SMPImageUpload(offset: 1, data: []).maxDataSize(frameLimit: bufferSize)
+    }
+
+    /// The encoding of the server's answers a run draws, each as likely (from its own generator, so
+    /// the rest of a seed's scenario is what it was before the draw existed).
+    static func encoding(seed: UInt64) -> SMPReplyEncoding {
+        var rng = SeededGenerator(seed: seed ^ 0x5EC0_DE)
+        let all = SMPReplyEncoding.allCases
+        return all[Int(rng.next() % UInt64(all.count))]
+    }
+
+    /// The session's bound, with the first upload request's longer wait (a server erases its slot
+    /// before answering it) in place of the reply timeout on each try.
+    public func bound(_ settings: SoakSettings) -> Duration {
+        settings.sessionBound + (SMPEngine.firstRequestTimeout - settings.config.replyTimeout) * (settings.config.commandRetries + 1)
+    }
+
+    /// buf_count requests; each run is checked against its own server's buffers, the largest is printed.
+    public func resendLimit(_ settings: SoakSettings) -> (bytes: Int, name: String) {
+        (Self.bufferConfigs.map { $0.count * Self.requestData(bufferSize: $0.size) }.max() ?? 0, "window of buf_count requests")
+    }
+
+    public func trial(_ scenario: SoakScenario, seed: UInt64, settings: SoakSettings) throws(OTAError) -> SoakTrial {
+        var rng = SeededGenerator(seed: seed ^ 0xABCDEF)
+        let body = (0..<scenario.size).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+        let buffers = Self.bufferConfigs[Int(rng.next() % UInt64(Self.bufferConfigs.count))]
+        let confirm = rng.next() % 4 == 0
+        let bytes = SMPSlotImage.build(major: 2, minor: UInt8(rng.next() % 200), revision: UInt16(truncatingIfNeeded: rng.next()), body: body)
+        let image: MCUbootImage
+        do {
+            image = try MCUbootImage(bytes: bytes, source: "soak image")
+        } catch {
+            throw OTAError(.image, "the soak built an MCUboot image otaflash refuses: \(error)")
+        }
+        let deviceConfig = SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link)
+        let encoding = Self.encoding(seed: seed)
+        let model = SMPPeripheral(bufferSize: buffers.size, bufferCount: buffers.count, slotSize: deviceConfig.slotSize,
+                                  firmwareVersion: deviceConfig.firmwareVersion, encoding: encoding, faults: scenario.faults,
+                                  resetDelay: deviceConfig.bootDelay)
+        let device = SimulatedDevice(deviceConfig, model: model)
+        let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: confirm)
+        // The window: every buffer holding a request of the most data one takes (the smallest
+        // offset encodes shortest; the first request, with `len` and `sha`, takes less).
+        let window = buffers.count * Self.requestData(bufferSize: buffers.size)
+        return SoakTrial(device: device, image: FirmwareImage(bytes: bytes), profile: SMPProfile(settings: settings),
+                         detail: "buffers \(buffers.count)×\(buffers.size), \(encoding) answers", group: "\(encoding)",
+                         resendLimit: window, resendLimitName: "window") { result in
+            var verdict = SoakVerdict()
+            let peripheral = device.model(as: SMPPeripheral.self)
+            let marks = peripheral?.server.marks ?? []
+            let activations = peripheral?.activations ?? []
+            if marks.contains(where: { $0.bytes != bytes }) {
+                verdict.violate("marked an image that differs from the one sent")
+                verdict.mismatchedActivation = true
+            }
+            if activations.contains(where: { $0.image != bytes }) {
+                verdict.violate("MCUboot swapped in an image that differs from the one sent")
+                verdict.mismatchedActivation = true
+            }
+            switch result {
+            case .success:
+                // A mark whose answer was lost is sent again: the same image, marked twice.
+                if marks.isEmpty || activations.count != 1 || marks.contains(where: { $0.confirm != confirm }) {
+                    verdict.violate("reported ok with \(marks.count) marks and \(activations.count) swaps")
+                }
+            case .failure:
+                if !activations.isEmpty { verdict.activatedOnFailure = true }
+            }
+            return verdict
+        }
+    }
+
+    public func summary(_ records: [SoakRecord]) -> [String] {
+        let encodings = SMPReplyEncoding.allCases.map { encoding in
+            let runs = records.filter { $0.group == "\(encoding)" }
+            return "\(encoding) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
+        }
+        let okOnce = records.filter(\.passed).count
+        let onFailure = records.filter(\.verdict.activatedOnFailure).count
+        let mismatched = records.filter(\.verdict.mismatchedActivation).count
+        return [
+            "server answers: " + encodings.joined(separator: ", "),
+            "marks and swaps: \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)",
+        ]
+    }
+}
