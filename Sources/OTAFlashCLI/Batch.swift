@@ -203,7 +203,7 @@ extension Flash {
         var options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
                                    timeouts: sessionTimeouts,
                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                                   registry: .cli, protocolName: protocolName,
+                                   registry: .cli(for: request), protocolName: protocolName,
                                    journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory),
                                    pairing: pairing.policy)
         options.readsIdentity = book.ledger != nil

@@ -1,3 +1,4 @@
+import BlueZ
 import Native
 import OTA
 import OTAWire
@@ -372,7 +373,7 @@ public enum SimulateEvents {
         public static let name = "moved"
         public var address: String?
         public var adapter: String
-        public var mode: String
+        public var mode: PeripheralServer.Mode
     }
 
     public struct Connected: JSONEvent {
@@ -468,7 +469,7 @@ public enum EventCatalog {
         let simulate: [any JSONEvent] = [
             SimulateEvents.Serving(adapter: "hci0", address: central, name: "otaflash-sim", protocol: "native", slotSize: 1 << 20,
                                    firmwareVersion: "1.0.0", store: nil, bootloaderAdapter: "hci2", bootloaderAddress: "C0:11:22:33:44:11"),
-            SimulateEvents.Moved(address: "C0:11:22:33:44:11", adapter: "hci2", mode: "bootloader"),
+            SimulateEvents.Moved(address: "C0:11:22:33:44:11", adapter: "hci2", mode: .bootloader),
             SimulateEvents.Connected(central: central),
             SimulateEvents.Disconnected(central: central, reason: "the central disconnected"),
             SimulateEvents.Begin(central: central, size: 4096, crc32: "a1206a16", offset: 0),

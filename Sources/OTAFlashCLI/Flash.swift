@@ -2,19 +2,16 @@ import ArgumentParser
 import BlueZ
 import GATT
 import Logging
-import Native
-import NordicDFU
 import OTA
 import OTAWire
 import Simulator
-import SMP
 
 /// The device a command connects to and the adapter it goes through (`flash`, `info`).
 public struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Bluetooth address of the device, e.g. AA:BB:CC:DD:EE:FF (flash: repeat it to flash several).", valueName: "address"))
     public var device: [String] = []
 
-    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"))
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to use (default: the first powered one).", valueName: "hciN"), completion: .adapters)
     public var adapter: String?
 
     @Option(name: .customLong("connect-timeout"), parsing: .unconditional, help: Ranges.connectTimeout.help("Seconds to find and connect to the device", valueName: "seconds"))
@@ -93,21 +90,24 @@ struct Flash: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
         discussion: """
-            The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol, or a Nordic Secure \
-            DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; --protocol auto picks from \
-            the file, checks it against the services the device exposes, and says what it picked. A Nordic device \
-            that runs its application with the buttonless DFU service is asked into its bootloader first, which is \
-            then flashed where it answers (the application's address with its last octet one higher). otaflash streams it in packets sized from the \
-            negotiated MTU, confirms progress with checkpoints, and lets the device activate it only after the device \
-            computed the whole image's CRC32 and it matched. A transfer that stops (link loss, Ctrl-C) resumes where it \
-            stopped when the same command runs again.
+            The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol; a Nordic Secure \
+            DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; or an MCUboot image \
+            (`imgtool sign`, .signed.bin or .signed.hex), sent over MCUmgr's SMP to a Zephyr or nRF Connect SDK \
+            device. --protocol auto picks from the file, checks it against the services the device exposes, and \
+            says what it picked. A Nordic device that runs its application with the buttonless DFU service is asked \
+            into its bootloader first, which is then flashed where it answers (the application's address with its \
+            last octet one higher). Nothing is activated before the device checked the whole image (CRC32, or the \
+            image's SHA-256). A transfer that stops (link loss, Ctrl-C) resumes where it stopped when the same \
+            command runs again. An option that does not apply to the image's protocol is refused (exit 2).
+
+            The simulated peripheral's options (--sim-*): `otaflash help simulator`.
 
             Examples:
               otaflash --device AA:BB:CC:DD:EE:FF app.bin
+              otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
+              otaflash --device AA:BB:CC:DD:EE:FF zephyr.signed.bin
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
-              otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
-              otaflash --simulator --sim-buttonless unbonded app_dfu_package.zip
 
             Exit codes:
             \(ExitCode.helpTable)
@@ -115,11 +115,14 @@ struct Flash: AsyncParsableCommand {
     )
 
     @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), a Nordic Secure DFU package (.zip), or an MCUboot image (imgtool sign, .bin or .hex) for an SMP device.", valueName: "image"),
-              completion: .file(extensions: ["bin", "hex", "zip"]))
+              completion: .file(extensions: Self.imageExtensions))
     var image: String
 
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol: \(ProtocolRegistry.choicesText); auto picks from the image (a Nordic .zip means nordic-dfu, an MCUboot image smp) and checks the device's services.", valueName: "name"))
-    var protocolName = ProtocolRegistry.auto
+    /// The files a shell offers for the image: raw and MCUboot images (.bin, .signed.bin, .hex), Nordic packages.
+    static let imageExtensions = ["bin", "hex", "zip"]
+
+    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol; auto picks from the image (a Nordic .zip means nordic-dfu, an MCUboot image smp) and checks the device's services.", valueName: "name"))
+    var protocolChoice: ProtocolChoice = .auto
 
     @OptionGroup var target: TargetOptions
     @OptionGroup var output: OutputOptions
@@ -129,22 +132,18 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup(title: "Records (docs/LEDGER.md)") var records: LedgerOptions
 
-    @Option(name: .customLong("image-version"), help: ArgumentHelp("The version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
+    @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
-    @Option(name: .customLong("hw-version"), parsing: .unconditional, help: Ranges.hwVersion.help("Nordic DFU package: the device's hardware version. Every image's init packet must name it (nrfutil pkg generate --hw-version); checked before any radio time, so a package for other hardware costs no transfer", valueName: "n"))
-    var hwVersion: Int?
+    @OptionGroup(title: "Nordic Secure DFU devices") var nordic: NordicDFUFlashOptions
 
-    @Option(name: .customLong("sd-req"), parsing: .unconditional, help: ArgumentHelp("Nordic DFU package: the SoftDevice FWID the device runs, or several separated by commas for devices on either (0xAF or 0xAF,0xB6; each \(Ranges.sdReq.text)). The first image's sd_req must list each, or 0xFFFE (any); checked before any radio time.", valueName: "fwid,..."))
-    var sdReq: FWIDList?
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(FlashRequest.defaultCheckpointInterval))", valueName: "bytes"))
+    var checkpointInterval: Int?
 
-    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("Bytes between checkpoints (write with response carrying offset and CRC32)", valueName: "bytes"))
-    var checkpointInterval: Int = OTAEngine.Settings.defaultCheckpointInterval
-
-    @Flag(name: .customLong("no-activate"), help: "Stop after the device verified the image; do not activate it.")
+    @Flag(name: .customLong("no-activate"), help: "native, smp: stop after the device verified the image; do not activate it.")
     var noActivate = false
 
-    @Flag(name: .long, help: "Ignore any partial transfer the device holds and send the whole image.")
+    @Flag(name: .long, help: "native, smp: ignore any partial transfer the device holds and send the whole image.")
     var restart = false
 
     @OptionGroup(title: "SMP (MCUmgr) devices") var smp: SMPFlashOptions
@@ -167,6 +166,8 @@ struct Flash: AsyncParsableCommand {
     @Option(name: .customLong("stall-timeout"), parsing: .unconditional, help: Ranges.stallTimeout.help("Seconds of connected time without new data confirmed before the transfer gives up (never below --reply-timeout)", valueName: "seconds"))
     var stallTimeout: Double = 30
 
+    var protocolName: String { protocolChoice.name }
+
     mutating func validate() throws {
         try Ranges.checkpointInterval.check(checkpointInterval)
         try Ranges.replyTimeout.check(replyTimeout)
@@ -174,12 +175,7 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
-        try Ranges.hwVersion.check(hwVersion)
-        try Ranges.sdReq.check(sdReq?.values ?? [])
         try smp.check(protocolName: protocolName)
-        guard ProtocolRegistry.choices.contains(protocolName) else {
-            throw ValidationError("--protocol must be \(ProtocolRegistry.choicesText), got '\(protocolName)'")
-        }
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -202,6 +198,19 @@ struct Flash: AsyncParsableCommand {
         }
     }
 
+    /// The steps of a run: everything that can be checked is checked before any radio time.
+    private func flash(_ printer: EventPrinter) async throws {
+        try checkOutputPaths()
+        let plan = try FlashPlan.load(path: image, request)
+        try refuseOptionsThatDoNotApply(to: plan)
+        let book = try openRecords(plan: plan, printer: printer)
+        if batch.isBatch(devices: target.device) {
+            try await flashBatch(plan: plan, book: book, printer: printer)
+        } else {
+            try await flashOne(plan: plan, book: book, printer: printer)
+        }
+    }
+
     /// Checks every path the run writes to, before any radio time.
     private func checkOutputPaths() throws {
         if let logDir = batch.logDir { try OutputPaths.prepareDirectory(logDir, option: "--log-dir") }
@@ -209,113 +218,102 @@ struct Flash: AsyncParsableCommand {
         if let journalDir { try OutputPaths.prepareDirectory(journalDir, option: "--journal-dir") }
     }
 
-    private func flash(_ printer: EventPrinter) async throws {
-        try checkOutputPaths()
-        let plan = try FlashPlan.load(path: image, protocol: protocolName, expect: expectations, native: nativeSettings,
-                                      smp: smp.settings(noReset: smp.noReset))
-        let native = plan.profile is NativeProfile
-        if native, !expectations.isEmpty {
-            throw CLIFailure(.usage, "--hw-version and --sd-req check a Nordic DFU package's init packets; \(image) goes over the \(plan.profile.name) protocol, drop them")
+    /// What the run keeps of each device (ledger, report, logs), checked and opened before any radio time.
+    private func openRecords(plan: FlashPlan, printer: EventPrinter) throws -> RunRecords {
+        RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
+                   image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
+                   protocolName: plan.profile.name,
+                   report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
+                   logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer)
+    }
+
+    private func flashBatch(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {
+        // Each simulated device of a batch lives for the run only: a state folder would be ignored.
+        if target.simulator.stateDir != nil {
+            throw CLIFailure(.usage, "--sim-state keeps one simulated device between runs; a batch's simulated devices live for the run only: drop --sim-state, or flash one device")
         }
-        if native, target.simulator.enabled, let option = target.simulator.secureDFU.given.first {
-            throw CLIFailure(.usage, "\(option) sets up a simulated Secure DFU bootloader, which only a Nordic DFU package (.zip) reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
-        }
-        if target.simulator.enabled, let option = target.simulator.smp.given.first, !(plan.profile is SMPProfile) {
-            throw CLIFailure(.usage, "\(option) sets up a simulated SMP device, which only an MCUboot image reaches; \(image) goes over the \(plan.profile.name) protocol, drop it")
-        }
-        if target.simulator.enabled, target.simulator.device.deviceVersion == 2 {
-            if !native || target.simulator.buttonless != nil {
-                throw CLIFailure(.usage, "--sim-device-version 2 makes a native OTA device; \(image) goes over the \(plan.profile.name) protocol\(target.simulator.buttonless != nil ? " to a buttonless device" : ""), drop it")
-            }
-            if batch.isBatch(devices: target.device) {
-                throw CLIFailure(.usage, "--sim-device-version 2 checks one simulated device against the C device library; flash one device (drop --count)")
-            }
-        }
-        if let option = smp.given.first, !(plan.profile is SMPProfile) {
-            throw CLIFailure(.usage, "\(option) is for SMP devices; \(image) goes over the \(plan.profile.name) protocol, drop it")
-        }
-        if noActivate, !native, !(plan.profile is SMPProfile) {
-            throw CLIFailure(.usage, "--no-activate is not possible with \(plan.profile.name): the bootloader activates an image as soon as it has validated it")
-        }
-        // What the run keeps of each device, checked and opened before any radio time.
-        let book = RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
-                              image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
-                              protocolName: plan.profile.name,
-                              report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
-                              logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer)
-        if batch.isBatch(devices: target.device) {
-            // Each simulated device of a batch lives for the run only: a state folder would be ignored.
-            if target.simulator.stateDir != nil {
-                throw CLIFailure(.usage, "--sim-state keeps one simulated device between runs; a batch's simulated devices live for the run only: drop --sim-state, or flash one device")
-            }
-            printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
-            for warning in plan.warnings { printer.note("warning: \(warning)") }
-            printer.json(FlashEvents.Start(device: nil, image: image, size: plan.size, crc32: plan.crc32,
-                                           simulator: target.simulator.enabled, protocol: plan.profile.name))
-            let targets = try await batchTargets(plan: plan, printer: printer)
-            try await runBatch(targets, plan: plan, book: book, printer: printer)
-            return
-        }
+        printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
+        for warning in plan.warnings { printer.note("warning: \(warning)") }
+        printer.json(FlashEvents.Start(device: nil, image: image, size: plan.size, crc32: plan.crc32,
+                                       simulator: target.simulator.enabled, protocol: plan.profile.name))
+        let targets = try await batchTargets(plan: plan, printer: printer)
+        try await runBatch(targets, plan: plan, book: book, printer: printer)
+    }
+
+    private func flashOne(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {
         let address = try target.address()
         var pairingPolicy = pairing.policy
         pairingPolicy.credentials = pairing.answers.credentials(for: address, file: try pairing.answers.passkeys())
         printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
         for warning in plan.warnings { printer.note("warning: \(warning)") }
-        let central: any GATTCentral
-        var simulated: SimulatedDevice?
-        if target.simulator.enabled, !native || target.simulator.buttonless != nil {
-            guard target.simulator.stateDir == nil else {
-                throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a \(plan.profile.name) device in the simulator")
-            }
-            let device = try target.simulator.device(for: plan, config: target.simulator.deviceConfig(address: address))
-            central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
-            simulated = device
-        } else if target.simulator.enabled {
-            let (c, d) = try target.simulator.makeCentral(address: address)
-            central = c
-            simulated = d
-        } else {
-            central = target.bluezCentral().refusingStackPairing(!pairingPolicy.pair)
-        }
+        let (central, simulated) = try connection(for: plan, address: address, pairs: pairingPolicy.pair)
         if let refusal = await book.begin(address.description) { throw CLIFailure(refusal) }
+        var updater = try updater(for: plan, pairing: pairingPolicy)
+        updater.readsIdentity = book.ledger != nil
+        let started = central.clock.now
+        let outcome = await update(with: updater, central: central, address: address,
+                                   events: events(plan: plan, address: address, book: book, printer: printer), printer: printer)
+        if let simulated { try finish(simulated, address: address, printer: printer) }
+        try await report(outcome, plan: plan, address: address, seconds: (central.clock.now - started).seconds, book: book, printer: printer)
+    }
+
+    /// The central that reaches the device at `address`, and the simulated device when it is one
+    /// (restored from `--sim-state` when given: a native device, the only one that keeps state).
+    private func connection(for plan: FlashPlan, address: DeviceAddress, pairs: Bool) throws -> (any GATTCentral, SimulatedDevice?) {
+        let simulator = target.simulator
+        guard simulator.enabled else { return (target.bluezCentral().refusingStackPairing(!pairs), nil) }
+        if simulator.stateDir != nil { return try simulator.makeCentral(address: address) }
+        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address))
+        return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
+    }
+
+    /// The update of one device as the options describe it.
+    private func updater(for plan: FlashPlan, pairing: PairingPolicy) throws -> DeviceUpdater {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
         let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
-        var updater = DeviceUpdater(plan: plan.update, registry: .cli, protocolName: protocolName, config: try engineConfig(for: plan),
-                                    timeouts: sessionTimeouts,
-                                    reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                                    journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
-                                    logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation,
-                                    pairing: pairingPolicy)
-        updater.readsIdentity = book.ledger != nil
+        return DeviceUpdater(plan: plan.update, registry: .cli(for: request), protocolName: protocolName, config: try engineConfig(for: plan),
+                             timeouts: sessionTimeouts,
+                             reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                             journal: keepsState ? JournalStore(directory: journalDir ?? JournalStore.defaultDirectory) : nil,
+                             logger: output.logger("otaflash.session"), readsBack: plan.profile.readsBackAfterActivation,
+                             pairing: pairing)
+    }
+
+    /// What the run prints and records as the update goes.
+    private func events(plan: FlashPlan, address: DeviceAddress, book: RunRecords, printer: EventPrinter) -> @Sendable (DeviceUpdater.Event) -> Void {
         let (image, simulator) = (image, target.simulator.enabled)
         let labels = plan.parts.map { "\($0.label), \(formatBytes($0.firmware.size))" }
         let (size, crc32, protocolUsed) = (plan.size, plan.crc32, plan.profile.name)
-        let started = central.clock.now
-        let work = Task { () async -> DeviceUpdater.Outcome in
-            let events = { @Sendable (event: DeviceUpdater.Event) in
-                book.observe(event)
-                switch event {
-                case .identity:
-                    break
-                case .prepared(_, let reason, let entry):
-                    printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
-                                                   size: size, crc32: crc32, simulator: simulator, protocol: protocolUsed))
-                    if let reason { printer.note(reason) }
-                    if let entry {
-                        printer.note("\(address) ran its application and was moved into \(entry.mode); "
-                                     + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
-                    }
-                case .image(_, let index, let count, _):
-                    printer.note("image \(index + 1) of \(count): \(labels[index])")
-                case .session(let event):
-                    printer.session(event)
-                case .pairing(let device, let note):
-                    printer.note(note)
-                    printer.json(FlashEvents.Note(device: device, message: note))
+        return { event in
+            book.observe(event)
+            switch event {
+            case .identity:
+                break
+            case .prepared(_, let reason, let entry):
+                printer.json(FlashEvents.Start(device: address.description, bootloader: entry?.address.description, image: image,
+                                               size: size, crc32: crc32, simulator: simulator, protocol: protocolUsed))
+                if let reason { printer.note(reason) }
+                if let entry {
+                    printer.note("\(address) ran its application and was moved into \(entry.mode); "
+                                 + "it answers at \(entry.address)\(entry.name.map { " (advertising as '\($0)')" } ?? "")")
                 }
+            case .image(_, let index, let count, _):
+                printer.note("image \(index + 1) of \(count): \(labels[index])")
+            case .session(let event):
+                printer.session(event)
+            case .pairing(let device, let note):
+                printer.note(note)
+                printer.json(FlashEvents.Note(device: device, message: note))
             }
+        }
+    }
+
+    /// Runs the update until it ends or Ctrl-C (or failed output) stops it, and removes the bonds
+    /// it should whatever its result.
+    private func update(with updater: DeviceUpdater, central: any GATTCentral, address: DeviceAddress,
+                        events: @escaping @Sendable (DeviceUpdater.Event) -> Void, printer: EventPrinter) async -> DeviceUpdater.Outcome {
+        let work = Task { () async -> DeviceUpdater.Outcome in
             var outcome = await updater.run(central: central, address: address, events: events)
-            // Whatever the update's result, and even when it was interrupted.
             outcome.leave(await updater.removeBonds(central: central, address: address, updateModeAddress: outcome.progress.entry?.address, events: events))
             return outcome
         }
@@ -325,9 +323,14 @@ struct Flash: AsyncParsableCommand {
         }
         defer { interrupts.cancel() }
         CLIContext.output.onFailure { work.cancel() }
-        let outcome = await work.value
-        if let simulated { try target.simulator.save(simulated) }
-        if let lockstep = simulated?.target, lockstep.runsCLibrary {
+        return await work.value
+    }
+
+    /// Saves the simulated device (`--sim-state`) and says what it runs; with the C device library
+    /// in lockstep, any difference between the two models ends the run.
+    private func finish(_ simulated: SimulatedDevice, address: DeviceAddress, printer: EventPrinter) throws {
+        try target.simulator.save(simulated)
+        if let lockstep = simulated.target, lockstep.runsCLibrary {
             if let divergence = lockstep.lockstepDivergence {
                 throw CLIFailure(.internalError, "the C device library and the Swift device model answered differently: \(divergence)")
             }
@@ -335,10 +338,14 @@ struct Flash: AsyncParsableCommand {
             printer.json(FlashEvents.Note(device: address.description, message: line))
             printer.note(line)
         }
-        if let simulated, let model = simulated.model(as: NordicButtonlessDevice.self) {
-            printer.note("simulated device: runs its \(model.mode) at \(simulated.address)"
-                         + (model.application.map { ", the application flashed with CRC32 \(hex32(CRC32.checksum($0)))" } ?? ""))
+        if let state = CLIProtocol.all.lazy.compactMap({ $0.describe(simulated) }).first {
+            printer.note("simulated device: \(state)")
         }
+    }
+
+    /// Records the device's outcome and prints its result lines.
+    private func report(_ outcome: DeviceUpdater.Outcome, plan: FlashPlan, address: DeviceAddress, seconds: Double,
+                        book: RunRecords, printer: EventPrinter) async throws {
         let entered = outcome.progress.entry?.address
         let result: OTAResult
         switch outcome.result {
@@ -348,29 +355,27 @@ struct Flash: AsyncParsableCommand {
             // The same record and `done` line a batch keeps of a failed device.
             await book.finish(BatchOutcome(device: address.description, updateModeAddress: entered?.description,
                                            adapter: target.adapter, result: .failed(error), attempts: 1,
-                                           seconds: (central.clock.now - started).seconds, firmwareBefore: nil, firmwareAfter: nil))
+                                           seconds: seconds, firmwareBefore: nil, firmwareAfter: nil))
             throw CLIFailure(error).markedReported()
         }
         // A single device is read back only where its protocol's activation is a reset (SMP); a batch always is.
         let after = outcome.after
         await book.finish(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
                                        attempts: 1, seconds: result.seconds, firmwareAfter: after?.firmwareVersion))
-
         // The device as given, and where its bootloader answered when it was moved there.
         let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {
             printer.result("\(device): skipped, it already runs \(result.firmwareBefore.map { "\($0)" } ?? "that version") "
                            + "(--skip-if-version); nothing sent")
-            try book.throwFirstFailure()
-            return
-        }
-        let what = result.activated ? "verified and activated" : "verified (not activated)"
-        printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
-                       + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
-        if let after {
-            printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.state)")
-        } else if plan.profile.readsBackAfterActivation, result.activated {
-            printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
+        } else {
+            let what = result.activated ? "verified and activated" : "verified (not activated)"
+            printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
+                           + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
+            if let after {
+                printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.state)")
+            } else if plan.profile.readsBackAfterActivation, result.activated {
+                printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
+            }
         }
         try book.throwFirstFailure()
     }
@@ -387,11 +392,6 @@ extension GATTCentral {
 }
 
 extension Flash {
-    /// What `--hw-version` and `--sd-req` say the device is.
-    var expectations: DFUPackage.Expectations {
-        DFUPackage.Expectations(hardwareVersion: hwVersion.map { UInt32(clamping: $0) }, softDevices: sdReq?.values.map(\.value) ?? [])
-    }
-
     var sessionTimeouts: SessionTimeouts {
         SessionTimeouts(connect: Ranges.connectTimeout.duration(target.connectTimeout), stall: Ranges.stallTimeout.duration(stallTimeout))
     }
@@ -413,10 +413,5 @@ extension Flash {
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
                      activateTimeout: Ranges.activateTimeout.duration(activateTimeout),
                      skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
-    }
-
-    /// What `--checkpoint-interval` and `--image-version` set for the native protocol.
-    var nativeSettings: OTAEngine.Settings {
-        OTAEngine.Settings(checkpointInterval: checkpointInterval, imageVersion: imageVersion.flatMap(FirmwareVersion.init))
     }
 }

@@ -38,8 +38,8 @@ struct LedgerCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Only this serial number (as the device's Device Information Service reports it).", valueName: "serial"))
     var serial: String?
 
-    @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "ok|skipped|error|bond_left"))
-    var result: String?
+    @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "result"))
+    var result: RecordResult?
 
     @Option(help: ArgumentHelp("Only this image: its file name, or the first 8 or more hex digits of its SHA-256.", valueName: "name|sha256"))
     var image: String?
@@ -50,7 +50,7 @@ struct LedgerCommand: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: Ranges.ledgerLimit.help("Only the newest this many records", valueName: "n"))
     var limit: Int?
 
-    @Option(help: ArgumentHelp("How to print the records (or the summary): table, csv or json (JSON Lines; one object for --summary).", valueName: "table|csv|json"))
+    @Option(help: ArgumentHelp("How to print the records (or the summary); json: JSON Lines, one object for --summary.", valueName: "format"))
     var format: Format = .table
 
     @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
@@ -58,9 +58,6 @@ struct LedgerCommand: AsyncParsableCommand {
 
     mutating func validate() throws {
         try Ranges.ledgerLimit.check(limit)
-        if let result, !["ok", "skipped", "error", "bond_left"].contains(result) {
-            throw ValidationError("--result must be ok, skipped, error or bond_left, got '\(result)'")
-        }
         if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
         for (option, value) in [("--since", since), ("--until", until)] {
             if let value, Self.time(value, now: Date()) == nil {
@@ -78,7 +75,7 @@ struct LedgerCommand: AsyncParsableCommand {
         do throws(LedgerError) {
             records = try await Self.read(path, LedgerQuery(since: since.flatMap { Self.time($0, now: Date()) },
                                                             until: until.flatMap { Self.time($0, now: Date()) },
-                                                            device: device, serialNumber: serial, result: result, image: image,
+                                                            device: device, serialNumber: serial, result: result?.rawValue, image: image,
                                                             station: station, limit: limit))
         } catch {
             throw CLIFailure(.ledgerFailed, error.message)

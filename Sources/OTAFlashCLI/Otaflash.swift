@@ -13,10 +13,11 @@ public struct Otaflash: AsyncParsableCommand {
 
             Every failure prints one line on stderr and exits with its own code (see `otaflash help flash` and README.md).
 
-            Shell completion: `otaflash --generate-completion-script bash` (or zsh, fish); README.md says where to put it.
+            Shell completion: `otaflash completions --help` says how to install it.
             """,
         version: OtaflashVersion.line,
-        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self, LedgerCommand.self],
+        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self,
+                      LedgerCommand.self, CompletionsCommand.self, SimulatorTopic.self],
         defaultSubcommand: Flash.self
     )
 
@@ -42,13 +43,13 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
         return ExitCode.usage.rawValue
     }
     if arguments == ["--help"] || arguments == ["-h"] || arguments == ["help"] {
-        output.out(Otaflash.helpMessage() + "\n\nFLASH OPTIONS (the default command; `otaflash help flash` shows the same):\n"
-                   + Flash.helpMessage(includeHidden: false) + "\n")
+        output.out(RootHelp.text + "\n")
         return ExitCode.success.rawValue
     }
-    if arguments.first == "help", let name = arguments.dropFirst().first, !Otaflash.commandNames.contains(name) {
-        output.err("otaflash: error: unknown command '\(name)': the commands are \(Otaflash.commandNames.joined(separator: ", "))\n"
-                   + "Run 'otaflash --help' for usage.\n")
+    if arguments.first == "help", let name = arguments.dropFirst().first, !Otaflash.helpTopics.contains(name) {
+        output.err("otaflash: error: unknown command '\(name)': the commands are \(Otaflash.commandNames.joined(separator: ", "))"
+                   + " (and the topic simulator)\n"
+                   + "See 'otaflash --help'.\n")
         return ExitCode.usage.rawValue
     }
     if let shell = Completions.requestedShell(arguments) {
@@ -76,7 +77,9 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
         let code = Otaflash.exitCode(for: error)
         let message = Otaflash.fullMessage(for: error)
         if code == .success {
-            output.out(message + "\n")  // --help, --version
+            // --help, --version; flash's help leaves the simulator's options to `otaflash help simulator`.
+            let isFlashHelp = Otaflash.commandPath(arguments) == ["flash"] && !arguments.contains("--help-hidden") && !arguments.contains("--version")
+            output.out((isFlashHelp ? Flash.shortened(message) : message) + "\n")
             return ExitCode.success.rawValue
         }
         var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
@@ -87,7 +90,7 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
             output.out(UsageErrorEvent(message: line).line + "\n")
         }
         output.err("otaflash: error: \(line)\n"
-                   + "Run 'otaflash --help' for usage.\n")
+                   + "See '\(Otaflash.helpPointer(arguments, line: line))'.\n")
         return ExitCode.usage.rawValue
     }
 }
@@ -95,6 +98,11 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
 extension Otaflash {
     /// The subcommands' names, as `otaflash help <name>` takes them.
     static var commandNames: [String] {
-        configuration.subcommands.map { $0._commandName } + ["help"]
+        configuration.subcommands.filter { $0.configuration.shouldDisplay }.map { $0._commandName } + ["help"]
+    }
+
+    /// What `otaflash help <name>` takes: the commands and the simulator topic.
+    static var helpTopics: [String] {
+        commandNames + [SimulatorTopic._commandName]
     }
 }

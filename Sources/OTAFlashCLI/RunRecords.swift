@@ -169,11 +169,11 @@ final class RunRecords: Sendable {
     }
 
     private func record(_ o: BatchOutcome, _ note: Notes, ended: Date) -> LedgerRecord {
-        let (result, code, message): (String, ExitCode, String?) = switch o.result {
-        case .ok: ("ok", .success, nil)
-        case .skipped: ("skipped", .success, nil)
+        let (result, code, message): (RecordResult, ExitCode, String?) = switch o.result {
+        case .ok: (.ok, .success, nil)
+        case .skipped: (.skipped, .success, nil)
         // A bond left behind is a result of its own: the image may well have gone through.
-        case .failed(let e): (e.code == .bondLeft ? ExitCode.bondLeft.name : "error", ExitCode(e.code), e.description)
+        case .failed(let e): (e.code == .bondLeft ? .bondLeft : .error, ExitCode(e.code), e.description)
         }
         var sent = Int64(note.bytesSent)
         var resent: Int64 = 0
@@ -191,7 +191,7 @@ final class RunRecords: Sendable {
                             firmwareBefore: o.firmwareBefore?.description ?? note.firmwareBefore ?? note.identity?.firmwareRevision,
                             protocolName: protocolName, imageName: image.name, imageSize: image.size, imageSHA256: image.sha256,
                             imageVersion: image.version, firmwareAfter: o.firmwareAfter?.description, bytesSent: sent,
-                            bytesResent: resent, seconds: o.seconds, rate: rate, attempts: o.attempts, result: result,
+                            bytesResent: resent, seconds: o.seconds, rate: rate, attempts: o.attempts, result: result.rawValue,
                             exitCode: Int(code.rawValue), errorCode: code == .success ? nil : code.name, message: message,
                             otaflashVersion: OtaflashVersion.number, otaflashCommit: OtaflashVersion.commit ?? "unknown")
     }

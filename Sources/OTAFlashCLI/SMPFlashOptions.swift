@@ -37,6 +37,8 @@ public struct SMPFlashOptions: ParsableArguments {
     }
 
     /// The SMP options given, by name, for a refusal when the image does not go over SMP.
+    static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window"]
+
     var given: [String] {
         [confirm ? "--confirm" : nil, noReset ? "--no-reset" : nil, anyImage ? "--smp-any-image" : nil,
          window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil].compactMap { $0 }

@@ -19,7 +19,7 @@ struct Scan: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to scan on (default: the first powered one).", valueName: "hciN"))
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to scan on (default: the first powered one).", valueName: "hciN"), completion: .adapters)
     var adapter: String?
 
     @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions

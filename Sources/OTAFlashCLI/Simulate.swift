@@ -23,7 +23,7 @@ struct Simulate: AsyncParsableCommand {
             --protocol native (the default) serves otaflash's own OTA service and the Device Information Service: \
             after an ACTIVATE it answers, then reboots into the image, refusing centrals for the reboot time. One \
             central's transfer at a time: a second central's commands fail with ATT error 0x89 (busy). \
-            --device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
+            --sim-device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
             library (Sources/COTADevice) in lockstep: every write goes to both, and any difference between their \
             answers is reported when serving stops, with exit 1.
 
@@ -33,16 +33,16 @@ struct Simulate: AsyncParsableCommand {
             image once its hash matched and resets into it.
 
             --protocol smp serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service \
-            8D53DC1D with its characteristic DA2E7828, write without response and notify): --buf-size and \
-            --buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
-            --slot-size each of its two slots, --firmware-version the version of the image it runs in slot 0, \
-            --cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
+            8D53DC1D with its characteristic DA2E7828, write without response and notify): --sim-smp-buf-size and \
+            --sim-smp-buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
+            --sim-slot-size each of its two slots, --sim-firmware-version the version of the image it runs in slot 0, \
+            --sim-smp-cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
             Uploads go to slot 1 and resume by the file's SHA-256; an image marked for test is swapped in at the \
             next reset and runs unconfirmed, a second reset without a confirm reverts it; one confirmed stays. \
             `smpmgr --ble <address> upgrade --slot 1 app.signed.bin` or `otaflash --protocol smp --device \
             <address> app.signed.bin` can update it.
 
-            --buttonless (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
+            --sim-buttonless unbonded (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
             buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its \
             Secure DFU bootloader answers at the address whose least significant octet is one higher. A BlueZ \
             adapter cannot change its address, so the bootloader is served and advertised on \
@@ -51,111 +51,118 @@ struct Simulate: AsyncParsableCommand {
             --adapter again. --name is the application's name; the bootloader advertises DfuTarg, or the name \
             the central gave it.
 
+            The device options have the names `otaflash --simulator` gives the same devices (`otaflash help simulator`); \
+            their former names (--slot-size, --firmware-version, --public-key, --buf-size, --buf-count, --cbor, \
+            --device-version, --security, --passkey, --buttonless) are still taken.
+
             Serves until SIGINT or SIGTERM, then unregisters and exits 0.
 
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
-              otaflash simulate --adapter hci1 --device-version 2
+              otaflash simulate --adapter hci1 --sim-device-version 2
               otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --public-key firmware-samples/nordic/test-key-public.pem
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --buttonless --bootloader-adapter hci2
-              otaflash simulate --adapter hci1 --protocol smp --buf-size 2475 --slot-size 262144
+              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-public-key firmware-samples/nordic/test-key-public.pem
+              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-buttonless unbonded --bootloader-adapter hci2
+              otaflash simulate --adapter hci1 --protocol smp --sim-smp-buf-size 2475 --sim-slot-size 262144
             """
     )
 
-    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to serve on (default: the first powered one).", valueName: "hciN"))
+    @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to serve on (default: the first powered one).", valueName: "hciN"), completion: .adapters)
     var adapter: String?
 
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks: \(Self.protocols.joined(separator: " or ")).", valueName: "name"))
-    var protocolName: String = NativeProfile.name
+    @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks.", valueName: "name"))
+    var served: ServedProtocol = .native
 
-    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --buttonless's application; otaflash-smp for smp).")
+    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --sim-buttonless's application; otaflash-smp for smp).")
     var name: String?
 
-    @Flag(name: .long, help: "nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter.")
-    var buttonless = false
+    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp("nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter. " + SimulatedButtonless.kinds, valueName: "kind"))
+    var buttonlessKind: SimulatedButtonless?
 
-    @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"))
+    @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --sim-buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"), completion: .adapters)
     var bootloaderAdapter: String?
 
-    @Option(name: .customLong("address"), help: ArgumentHelp("With --buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
+    @Option(name: .customLong("address"), help: ArgumentHelp("With --sim-buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
     var applicationAddress: String?
 
-    @Option(name: .customLong("slot-size"), parsing: .unconditional, help: Ranges.slotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds", valueName: "bytes"))
-    var slotSize: Int = 1 << 20
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds (default 1048576)", valueName: "bytes"))
+    var slotSizeOption: Int?
 
-    @Option(name: .customLong("firmware-version"), help: "Firmware version the device runs before an update: 1.2.3 (native; smp: its slot 0 image's), a number (nordic-dfu's application version; default 1.0.0 or 0).")
-    var firmwareVersion: String?
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("native, smp: the firmware version the device runs before an update (default 1.0.0).", valueName: "version"))
+    var firmwareVersionOption: String?
 
-    @Option(name: .customLong("public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "file"), completion: .file())
-    var publicKey: String?
+    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: Ranges.simAppVersion.help("nordic-dfu: the version of the application the bootloader holds; a lower application fw_version is a downgrade (default 0)", valueName: "n"))
+    var applicationVersionOption: Int?
+
+    @Option(name: .customLong("sim-public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "pem"), completion: .file(extensions: ["pem"]))
+    var publicKeyOption: String?
 
     @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
     var softDeviceAfterUpdate: FWID?
 
-    @Option(name: .customLong("buf-size"), parsing: .unconditional, help: Ranges.bufSize.help("smp: the largest SMP frame the server takes (its buf_size; Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE)", valueName: "bytes"))
-    var bufferSize: Int?
+    @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("smp: the largest SMP frame the server takes (its buf_size; Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE; default 384)", valueName: "bytes"))
+    var bufferSizeOption: Int?
 
-    @Option(name: .customLong("buf-count"), parsing: .unconditional, help: Ranges.bufCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT)", valueName: "n"))
-    var bufferCount: Int?
+    @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT; default 4)", valueName: "n"))
+    var bufferCountOption: Int?
 
-    @Option(name: .customLong("cbor"), help: SMPReplyEncoding.help)
-    var cbor: SMPReplyEncoding?
+    @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
+    var cborOption: SMPReplyEncoding?
 
-    @Option(name: .customLong("device-version"), parsing: .unconditional, help: Ranges.deviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1", valueName: "n"))
-    var deviceVersion: Int = 1
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
+    var deviceVersionOption: Int?
 
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
 
-    @Option(name: .long, help: ArgumentHelp("What the device's characteristics require of the link: none; encrypt (a bond, Just Works will do); authenticate (a bond made with --passkey, else by a confirmed numeric comparison). The device runs its own pairing agent.", valueName: "none|encrypt|authenticate"),
-            completion: .list(LinkSecurity.allCases.map(\.rawValue)))
-    var security: String = "none"
+    @Option(name: .customLong("sim-security"), help: ArgumentHelp("What the device's characteristics require of the link: none; encrypt (a bond, Just Works will do); authenticate (a bond made with --sim-passkey, else by a confirmed numeric comparison). The device runs its own pairing agent.", valueName: "level"))
+    var securityOption: LinkSecurity?
 
-    @Option(name: .long, parsing: .unconditional, help: Ranges.passkey.help("With --security authenticate: the passkey the device expects a central to enter", valueName: "n"))
-    var passkey: Int?
+    @Option(name: .customLong("sim-passkey"), parsing: .unconditional, help: Ranges.simPasskey.help("With --sim-security authenticate: the passkey the device expects a central to enter", valueName: "n"))
+    var passkeyOption: Int?
 
     @OptionGroup(title: "Faults")
     var faults: FaultOptions
 
     @OptionGroup var output: OutputOptions
 
-    static let protocols = [NativeProfile.name, NordicDFUProfile.name, SMPProfile.name]
+    /// The names these options had before they took `flash`'s `--sim-*` names; still taken.
+    @OptionGroup var formerNames: SimulateFormerNames
+
+    var protocolName: String { served.name }
+    var slotSize: Int { slotSizeOption ?? formerNames.slotSize ?? 1 << 20 }
+    var publicKey: String? { publicKeyOption ?? formerNames.publicKey }
+    var bufferSize: Int? { bufferSizeOption ?? formerNames.bufferSize }
+    var bufferCount: Int? { bufferCountOption ?? formerNames.bufferCount }
+    var cbor: SMPReplyEncoding? { cborOption ?? formerNames.cbor }
+    var deviceVersion: Int { deviceVersionOption ?? formerNames.deviceVersion ?? 1 }
+    var security: LinkSecurity { securityOption ?? formerNames.security ?? .none }
+    var passkey: Int? { passkeyOption ?? formerNames.passkey }
+    var buttonless: SimulatedButtonless? { buttonlessKind ?? (formerNames.buttonless ? .unbonded : nil) }
+
+    /// The version the served device runs before an update, as text: `--sim-firmware-version`
+    /// (native, smp), `--sim-app-version` (nordic-dfu), or the former `--firmware-version` (either).
+    var firmwareVersion: String? {
+        firmwareVersionOption ?? applicationVersionOption.map { "\($0)" } ?? formerNames.firmwareVersion
+    }
 
     mutating func validate() throws {
-        try Ranges.slotSize.check(slotSize)
-        guard let level = LinkSecurity(rawValue: security) else {
-            throw ValidationError("--security must be none, encrypt or authenticate, got '\(security)'")
+        try formerNames.check(against: self)
+        try Ranges.simSlotSize.check(slotSizeOption)
+        try Ranges.simPasskey.check(passkeyOption)
+        try Ranges.simAppVersion.check(applicationVersionOption)
+        if passkey != nil, security != .authenticate {
+            throw ValidationError("\(formerNames.passkey != nil ? "--passkey" : "--sim-passkey") is what an authenticated pairing expects; add --sim-security authenticate")
         }
-        try Ranges.passkey.check(passkey)
-        if passkey != nil, level != .authenticate { throw ValidationError("--passkey is what an authenticated pairing expects; add --security authenticate") }
-        guard Self.protocols.contains(protocolName) else {
-            throw ValidationError("--protocol must be \(Self.protocols.joined(separator: " or ")), got '\(protocolName)'")
-        }
-        try Ranges.deviceVersion.check(deviceVersion)
-        if deviceVersion != 1, protocolName != NativeProfile.name {
-            throw ValidationError("--device-version is the native OTA protocol's version; drop it or use --protocol native")
-        }
-        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize, option: "--device-version", slotOption: "--slot-size")
-        try Ranges.bufSize.check(bufferSize)
-        try Ranges.bufCount.check(bufferCount)
-        if protocolName != SMPProfile.name {
-            for (option, given) in [("--buf-size", bufferSize != nil), ("--buf-count", bufferCount != nil), ("--cbor", cbor != nil)] where given {
-                throw ValidationError("\(option) configures an SMP server; add --protocol smp")
-            }
-        }
-        let nordic = protocolName == NordicDFUProfile.name
-        if !nordic {
-            for (option, given) in [("--public-key", publicKey != nil), ("--sd-after-update", softDeviceAfterUpdate != nil)] where given {
-                throw ValidationError("\(option) configures a Secure DFU bootloader; add --protocol nordic-dfu")
-            }
-        }
-        if let firmwareVersion {
-            if nordic, UInt32(firmwareVersion) == nil {
-                throw ValidationError("--firmware-version for nordic-dfu is the application version, a number 0-\(UInt32.max), got '\(firmwareVersion)'")
-            } else if !nordic, FirmwareVersion(firmwareVersion) == nil {
-                throw ValidationError("--firmware-version must look like 1.2.3, got '\(firmwareVersion)'")
-            }
+        try Ranges.simDeviceVersion.check(deviceVersionOption)
+        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize,
+                                                 option: formerNames.deviceVersion != nil ? "--device-version" : "--sim-device-version",
+                                                 slotOption: formerNames.slotSize != nil ? "--slot-size" : "--sim-slot-size")
+        try Ranges.smpBufferSize.check(bufferSizeOption)
+        try Ranges.smpBufferCount.check(bufferCountOption)
+        try refuseOptionsOfOtherProtocols()
+        if let firmwareVersionOption, FirmwareVersion(firmwareVersionOption) == nil {
+            throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersionOption)'")
         }
         try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
         if let name {
@@ -166,32 +173,60 @@ struct Simulate: AsyncParsableCommand {
                 throw ValidationError("\(option) must look like hci0, got '\(given)'")
             }
         }
-        try Self.checkButtonless(buttonless, protocol: protocolName, adapter: adapter, bootloaderAdapter: bootloaderAdapter)
+        try Self.checkButtonless(buttonless != nil, protocol: protocolName, adapter: adapter, bootloaderAdapter: bootloaderAdapter)
         if let applicationAddress {
-            guard buttonless else { throw ValidationError("--address is where a --buttonless device's application answers; add --buttonless") }
+            guard buttonless != nil else { throw ValidationError("--address is where a --sim-buttonless device's application answers; add --sim-buttonless unbonded") }
             guard DeviceAddress(applicationAddress) != nil else {
                 throw ValidationError("--address must look like C0:11:22:33:44:10, got '\(applicationAddress)'")
             }
         }
     }
 
-    /// `--buttonless` serves a Secure DFU device on two adapters: the application's and the bootloader's.
+    /// Each served device's own options, refused with another protocol: one line that says which
+    /// protocol they configure.
+    private func refuseOptionsOfOtherProtocols() throws {
+        let given: [(String, Bool)] = [
+            (deviceVersionOption != nil ? "--sim-device-version" : "--device-version", deviceVersion != 1),
+            ("--sim-smp-buf-size", bufferSizeOption != nil), ("--buf-size", formerNames.bufferSize != nil),
+            ("--sim-smp-buf-count", bufferCountOption != nil), ("--buf-count", formerNames.bufferCount != nil),
+            ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil),
+            ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
+            ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
+        ]
+        for (option, isGiven) in given where isGiven && !(CLIProtocol.named(protocolName)?.servedOptions.contains(option) ?? false) {
+            guard let owner = CLIProtocol.all.first(where: { $0.servedOptions.contains(option) }) else { continue }
+            throw ValidationError("\(option) configures a simulated \(owner.device); add --protocol \(owner.name)")
+        }
+        let takesVersions = CLIProtocol.named(protocolName)?.takes.contains("--sim-firmware-version") ?? false
+        if firmwareVersionOption != nil, !takesVersions {
+            throw ValidationError("--sim-firmware-version is a native or SMP device's version; a Secure DFU bootloader's application version is --sim-app-version")
+        }
+        if let version = formerNames.firmwareVersion {
+            if !takesVersions, UInt32(version) == nil {
+                throw ValidationError("--firmware-version for \(protocolName) is the application version, a number 0-\(UInt32.max), got '\(version)'")
+            } else if takesVersions, FirmwareVersion(version) == nil {
+                throw ValidationError("--firmware-version must look like 1.2.3, got '\(version)'")
+            }
+        }
+    }
+
+    /// `--sim-buttonless` serves a Secure DFU device on two adapters: the application's and the bootloader's.
     static func checkButtonless(_ buttonless: Bool, protocol name: String, adapter: String?, bootloaderAdapter: String?) throws {
         guard buttonless else {
             if bootloaderAdapter != nil {
-                throw ValidationError("--bootloader-adapter is where a --buttonless device's bootloader answers; add --buttonless")
+                throw ValidationError("--bootloader-adapter is where a --sim-buttonless device's bootloader answers; add --sim-buttonless unbonded")
             }
             return
         }
-        guard name == NordicDFUProfile.name else {
-            throw ValidationError("--buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
+        guard CLIProtocol.named(name)?.servedOptions.contains("--sim-buttonless") == true else {
+            throw ValidationError("--sim-buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
         }
         guard let bootloaderAdapter else {
-            throw ValidationError("--buttonless needs --bootloader-adapter hciN: a BlueZ adapter cannot change its address, "
+            throw ValidationError("--sim-buttonless needs --bootloader-adapter hciN: a BlueZ adapter cannot change its address, "
                                   + "so the bootloader answers on a second adapter whose address is the application's + 1")
         }
         guard let adapter else {
-            throw ValidationError("--buttonless needs --adapter hciN, the adapter the application answers on (its address + 1 is --bootloader-adapter's)")
+            throw ValidationError("--sim-buttonless needs --adapter hciN, the adapter the application answers on (its address + 1 is --bootloader-adapter's)")
         }
         guard adapter != bootloaderAdapter else {
             throw ValidationError("--bootloader-adapter must be another adapter than --adapter (\(adapter)): the bootloader answers at another address")
@@ -213,7 +248,7 @@ struct Simulate: AsyncParsableCommand {
 
         let server: PeripheralServer
         do {
-            server = try await PeripheralServer.open(adapter: adapter, bootloaderAdapter: buttonless ? bootloaderAdapter : nil)
+            server = try await PeripheralServer.open(adapter: adapter, bootloaderAdapter: buttonless != nil ? bootloaderAdapter : nil)
         } catch {
             throw Self.failure(error, "")
         }
@@ -225,7 +260,7 @@ struct Simulate: AsyncParsableCommand {
             await server.close()
             throw error
         }
-        let security = LinkSecurity(rawValue: security) ?? .none
+        let security = security
         var trace: (@Sendable (String) -> Void)?
         if output.verbose {
             trace = { line in StandardOutput().err("otaflash: \(line)\n") }
@@ -285,7 +320,7 @@ struct Simulate: AsyncParsableCommand {
                 let at = address?.description ?? "?"
                 printer.note(mode == .bootloader ? "the device reset into its bootloader: \"\(name ?? "DfuTarg")\" at \(at) on \(adapter)"
                                                  : "the device reset into its application at \(at) on \(adapter)")
-                printer.json(SimulateEvents.Moved(address: address?.description, adapter: adapter, mode: mode.rawValue))
+                printer.json(SimulateEvents.Moved(address: address?.description, adapter: adapter, mode: mode))
             case .problem(let line):
                 printer.json(SimulateEvents.Note(message: line))
                 printer.note(line)
@@ -319,44 +354,13 @@ struct Simulate: AsyncParsableCommand {
         var bootloaderServices: [OTADevice.PeripheralService]?
     }
 
-    /// The device `--protocol` names, as its options configure it.
-    /// `address`: the served adapter's, where a `--buttonless` application answers.
+    /// The device `--protocol` names, as its options configure it (its protocol's registration).
+    /// `address`: the served adapter's, where a `--sim-buttonless` application answers.
     private func served(address: DeviceAddress?) throws -> ServedDevice {
-        if protocolName == SMPProfile.name {
-            let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            let model = SMPPeripheral(bufferSize: bufferSize ?? SMPServer.Config().bufferSize, bufferCount: bufferCount ?? SMPServer.Config().bufferCount,
-                                      slotSize: slotSize, firmwareVersion: version, encoding: cbor ?? .zephyr, faults: faults.plan)
-            return ServedDevice(model: model, name: name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
-                                what: "SMP server (MCUmgr with MCUboot, \(model.server.config.bufferCount) × \(model.server.config.bufferSize) B buffers, \(model.server.config.encoding) answers)")
+        guard let registration = CLIProtocol.named(protocolName) else {
+            throw CLIFailure(.internalError, "the \(protocolName) protocol registers no served device; please report this")
         }
-        guard protocolName == NordicDFUProfile.name else {
-            let version = firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            var config = OTAPeripheralConfig(name: name ?? "otaflash-sim", slotSize: slotSize, firmwareVersion: version, faults: faults.plan)
-            if deviceVersion == 2 {
-                config.version2 = OTATarget.Version2()
-                config.runsCLibrary = true
-            }
-            return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
-                                what: deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
-        }
-        var config = NordicDFUBootloader.Config()
-        config.bankSize = slotSize
-        config.applicationVersion = firmwareVersion.flatMap { UInt32($0) } ?? 0
-        if let publicKey {
-            config.signatureCheck = try SecureDFUSimulatorOptions.signatureCheck(publicKeyFile: publicKey, option: "--public-key")
-        }
-        let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: faults.plan,
-                                        softDeviceAfterUpdate: softDeviceAfterUpdate?.value)
-        guard buttonless else {
-            return ServedDevice(model: model, name: name ?? "DfuTarg", firmwareVersion: "\(config.applicationVersion)", what: "Secure DFU bootloader")
-        }
-        guard let address else {
-            throw CLIFailure(.bluetoothUnavailable, "--buttonless: BlueZ did not report \(adapter ?? "the adapter")'s address, which the bootloader's is derived from")
-        }
-        let device = NordicButtonlessDevice(address: address, bootloader: model)
-        return ServedDevice(model: device, name: name ?? "otaflash-app", firmwareVersion: "\(config.applicationVersion)",
-                            what: "Secure DFU application with the buttonless service", bootloaderAddress: device.bootloaderAddress,
-                            bootloaderServices: device.bootloader.services)
+        return try registration.served(self, address)
     }
 
 
@@ -441,3 +445,58 @@ final class StopLatch: Sendable {
     }
 }
 
+
+/// `simulate`'s former option names, from before it took the `--sim-*` names `flash --simulator`
+/// gives the same simulated devices: hidden from the help, still taken, so that scripts keep
+/// working. Each is refused together with its new name.
+struct SimulateFormerNames: ParsableArguments {
+    @Option(name: .customLong("slot-size"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-slot-size.", visibility: .hidden)) var slotSize: Int?
+    @Option(name: .customLong("firmware-version"), help: ArgumentHelp("The former name of --sim-firmware-version or --sim-app-version.", visibility: .hidden)) var firmwareVersion: String?
+    @Option(name: .customLong("public-key"), help: ArgumentHelp("The former name of --sim-public-key.", visibility: .hidden)) var publicKey: String?
+    @Option(name: .customLong("buf-size"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-size.", visibility: .hidden)) var bufferSize: Int?
+    @Option(name: .customLong("buf-count"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-count.", visibility: .hidden)) var bufferCount: Int?
+    @Option(name: .customLong("cbor"), help: ArgumentHelp("The former name of --sim-smp-cbor.", visibility: .hidden)) var cborText: String?
+    @Option(name: .customLong("device-version"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-device-version.", visibility: .hidden)) var deviceVersion: Int?
+    @Option(name: .customLong("security"), help: ArgumentHelp("The former name of --sim-security.", visibility: .hidden)) var securityText: String?
+
+    // Taken as text: ArgumentParser names the values of a hidden option's type in no refusal.
+    var cbor: SMPReplyEncoding? { cborText.flatMap(SMPReplyEncoding.init(argument:)) }
+    var security: LinkSecurity? { securityText.flatMap(LinkSecurity.init(argument:)) }
+    @Option(name: .customLong("passkey"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-passkey.", visibility: .hidden)) var passkey: Int?
+    @Flag(name: .customLong("buttonless"), help: ArgumentHelp("The former name of --sim-buttonless unbonded.", visibility: .hidden)) var buttonless = false
+
+    /// Each former name's range (as its new name's), and no value given under both names.
+    func check(against new: Simulate) throws {
+        try Self.checkChoice(cborText, SMPReplyEncoding.self, option: "--cbor")
+        try Self.checkChoice(securityText, LinkSecurity.self, option: "--security")
+        try Ranges.slotSize.check(slotSize)
+        try Ranges.bufSize.check(bufferSize)
+        try Ranges.bufCount.check(bufferCount)
+        try Ranges.deviceVersion.check(deviceVersion)
+        try Ranges.passkey.check(passkey)
+        let pairs: [(String, Bool, String, Bool)] = [
+            ("--slot-size", slotSize != nil, "--sim-slot-size", new.slotSizeOption != nil),
+            ("--firmware-version", firmwareVersion != nil, "--sim-firmware-version", new.firmwareVersionOption != nil),
+            ("--firmware-version", firmwareVersion != nil, "--sim-app-version", new.applicationVersionOption != nil),
+            ("--public-key", publicKey != nil, "--sim-public-key", new.publicKeyOption != nil),
+            ("--buf-size", bufferSize != nil, "--sim-smp-buf-size", new.bufferSizeOption != nil),
+            ("--buf-count", bufferCount != nil, "--sim-smp-buf-count", new.bufferCountOption != nil),
+            ("--cbor", cborText != nil, "--sim-smp-cbor", new.cborOption != nil),
+            ("--device-version", deviceVersion != nil, "--sim-device-version", new.deviceVersionOption != nil),
+            ("--security", securityText != nil, "--sim-security", new.securityOption != nil),
+            ("--passkey", passkey != nil, "--sim-passkey", new.passkeyOption != nil),
+            ("--buttonless", buttonless, "--sim-buttonless", new.buttonlessKind != nil),
+        ]
+        for (former, formerGiven, current, currentGiven) in pairs where formerGiven && currentGiven {
+            throw ValidationError("\(former) is the former name of \(current); give \(current) once")
+        }
+    }
+
+    /// ArgumentParser's refusal of a value outside `Choice`'s.
+    static func checkChoice<Choice: ExpressibleByArgument>(_ text: String?, _: Choice.Type, option: String) throws {
+        guard let text, Choice(argument: text) == nil else { return }
+        let values = Choice.allValueStrings.map { "'\($0)'" }
+        throw ValidationError("The value '\(text)' is invalid for '\(option)'. Please provide one of "
+                              + values.dropLast().joined(separator: ", ") + " or " + (values.last ?? "") + ".")
+    }
+}

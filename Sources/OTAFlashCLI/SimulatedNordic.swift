@@ -6,7 +6,7 @@ import Simulator
 
 /// How `--sim-buttonless` starts the simulated Secure DFU device: in its application, with the
 /// buttonless service, and what it does when asked to enter its bootloader.
-enum SimulatedButtonless: String, CaseIterable {
+enum SimulatedButtonless: String, CaseIterable, ExpressibleByArgument {
     /// 8EC90003: it reboots into its bootloader at the address + 1.
     case unbonded
     /// 8EC90004: it enters its bootloader only for a bonded central.
@@ -16,15 +16,15 @@ enum SimulatedButtonless: String, CaseIterable {
     /// It accepts Enter Bootloader, resets, and its bootloader never comes up.
     case lost
 
-    static let valueName = allCases.map(\.rawValue).joined(separator: "|")
+    static let help = "Start the simulated Secure DFU device in its application with the buttonless service: " + kinds
 
-    static let help = "Start the simulated Secure DFU device in its application with the buttonless service: "
-        + "unbonded (8EC90003: it reboots into its bootloader at the address + 1), bonded (8EC90004: only for a bonded central), "
+    static let kinds = "unbonded (8EC90003: it reboots into its bootloader at the address + 1), bonded (8EC90004: only for a bonded central), "
         + "refusing (it answers Enter Bootloader with 'operation failed') or lost (its bootloader never comes up)."
 
-    static func check(_ value: String?) throws {
-        guard let value, Self(rawValue: value) == nil else { return }
-        throw ValidationError("--sim-buttonless must be \(allCases.map(\.rawValue).joined(separator: ", ")), got '\(value)'")
+    /// The device in its application, `bootloader` behind it.
+    func device(address: DeviceAddress, bootloader: NordicDFUPeripheral) -> NordicButtonlessDevice {
+        NordicButtonlessDevice(address: address, requiresBond: self == .bonded, bootloader: bootloader,
+                               enterRefusal: self == .refusing ? .operationFailed : nil, bootloaderNeverAppears: self == .lost)
     }
 }
 
@@ -36,12 +36,9 @@ extension SimulatorOptions {
         let settings = try secureDFU.bootloaderConfig(bankSize: config.slotSize)
         let bootloader = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: settings), faults: config.faults,
                                              resetDelay: config.bootDelay, softDeviceAfterUpdate: softDeviceAfterUpdate)
-        guard let kind = buttonless.flatMap(SimulatedButtonless.init(rawValue:)) else {
+        guard let kind = buttonless else {
             return SimulatedDevice(config, model: bootloader)
         }
-        let device = NordicButtonlessDevice(address: address, requiresBond: kind == .bonded, bootloader: bootloader,
-                                            enterRefusal: kind == .refusing ? .operationFailed : nil,
-                                            bootloaderNeverAppears: kind == .lost)
-        return SimulatedDevice(config, model: device)
+        return SimulatedDevice(config, model: kind.device(address: address, bootloader: bootloader))
     }
 }

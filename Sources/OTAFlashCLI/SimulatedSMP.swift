@@ -65,6 +65,10 @@ public struct SimulatedSMPOptions: ParsableArguments {
     }
 
     /// The options given, by name: each sets up a simulated SMP device, which only an MCUboot image reaches.
+    static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
+                                     "--sim-smp-downgrade-check", "--sim-smp-busy", "--sim-smp-refuse-upload", "--sim-smp-busy-above",
+                                     "--sim-smp-no-params", "--sim-smp-cbor"]
+
     var given: [String] {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
          pending ? "--sim-smp-pending" : nil, unconfirmed ? "--sim-smp-unconfirmed" : nil,
@@ -101,22 +105,4 @@ extension SMPReplyEncoding: ExpressibleByArgument {
     static let help = ArgumentHelp(
         "How the simulated SMP server encodes its answers: zcbor (default: Zephyr 3.x and later, indefinite-length maps in its handlers' field order, no rc on success), tinycbor (mcumgr on Mynewt or Zephyr up to 2.7: indefinite lengths, rc 0 in answers, general error codes only, no MCUmgr parameters read), indefinite (otaflash's fields in its own order, indefinite lengths) or definite (canonical CBOR).",
         valueName: "zcbor|tinycbor|indefinite|definite")
-}
-
-extension SimulatorOptions {
-    /// The simulated device `plan` goes to, with `config`'s address, link and faults: an SMP
-    /// server for an MCUboot image, a Secure DFU bootloader (or buttonless application) for a
-    /// Nordic package, otherwise a native device.
-    func device(for plan: FlashPlan, config: SimulatedDeviceConfig, native: NativeDeviceOptions? = nil) throws -> SimulatedDevice {
-        let native = native ?? self.native
-        guard native.hasOTAService else { return SimulatedDevice(config, native: native) }
-        switch plan.profile {
-        case is SMPProfile:
-            return SimulatedSMP.device(config: config, options: smp)
-        case is NativeProfile where buttonless == nil:
-            return SimulatedDevice(config, native: native)
-        default:
-            return try nordicDevice(config: config, softDeviceAfterUpdate: plan.softDeviceAfterUpdate)
-        }
-    }
 }

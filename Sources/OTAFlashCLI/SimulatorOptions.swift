@@ -9,14 +9,16 @@ import Simulator
 
 /// The simulated peripheral as `scan` and `info` see it: whether to use it, and what it reports.
 public struct SimulatedDeviceOptions: ParsableArguments {
-    @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device.")
+    @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device (its options: otaflash help simulator).")
     public var enabled = false
 
     @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds (a simulated Secure DFU bootloader: its bank)", valueName: "bytes"))
     public var slotSize: Int = 1 << 20
 
-    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version the device reports before the update.", valueName: "version"))
-    public var firmwareVersion: String = "1.0.0"
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version a native or SMP device runs before the update (default 1.0.0).", valueName: "version"))
+    var firmwareVersionOption: String?
+
+    public var firmwareVersion: String { firmwareVersionOption ?? "1.0.0" }
 
     @Flag(name: .customLong("sim-no-ota-service"), help: "The device does not expose the OTA service.")
     public var noOTAService = false
@@ -31,7 +33,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
 
     public func validate() throws {
         try Ranges.simSlotSize.check(slotSize)
-        guard FirmwareVersion(firmwareVersion) != nil else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
+        guard firmwareVersionOption.map({ FirmwareVersion($0) != nil }) ?? true else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
         try Ranges.simDeviceVersion.check(deviceVersion)
         try Self.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
     }
@@ -49,9 +51,8 @@ public struct SimulatedDeviceOptions: ParsableArguments {
 
 /// What the simulated device requires of the link (`flash`, `pair`, `unpair`; not `scan`/`info`).
 public struct SimulatedSecurityOptions: ParsableArguments {
-    @Option(name: .customLong("sim-security"), help: ArgumentHelp("What the device requires of the link: none; encrypt (a bond, Just Works will do); authenticate (a passkey bond: --sim-passkey, else a numeric comparison).", valueName: "none|encrypt|authenticate"),
-            completion: .list(LinkSecurity.allCases.map(\.rawValue)))
-    public var security: String = "none"
+    @Option(name: .customLong("sim-security"), help: ArgumentHelp("What the device requires of the link: none; encrypt (a bond, Just Works will do); authenticate (a passkey bond: --sim-passkey, else a numeric comparison).", valueName: "level"))
+    public var security: LinkSecurity = .none
 
     @Option(name: .customLong("sim-passkey"), parsing: .unconditional, help: Ranges.simPasskey.help("With --sim-security authenticate: the passkey the device expects", valueName: "n"))
     public var passkey: Int?
@@ -59,19 +60,57 @@ public struct SimulatedSecurityOptions: ParsableArguments {
     public init() {}
 
     public func validate() throws {
-        guard let level = LinkSecurity(rawValue: security) else {
-            throw ValidationError("--sim-security must be none, encrypt or authenticate, got '\(security)'")
-        }
         try Ranges.simPasskey.check(passkey)
-        if passkey != nil, level != .authenticate { throw ValidationError("--sim-passkey needs --sim-security authenticate") }
+        if passkey != nil, security != .authenticate { throw ValidationError("--sim-passkey needs --sim-security authenticate") }
     }
 
     /// `config` with the device's security.
     func apply(to config: SimulatedDeviceConfig) -> SimulatedDeviceConfig {
         var config = config
-        config.security = LinkSecurity(rawValue: security) ?? .none
+        config.security = security
         config.passkey = passkey.map { UInt32($0) }
         return config
+    }
+}
+
+/// The simulated link and what `flash --simulator` does with the device: its timing, its state
+/// between runs, a buttonless application in front of a Secure DFU bootloader.
+public struct SimulatedLinkOptions: ParsableArguments {
+    @Option(name: .customLong("sim-mtu"), parsing: .unconditional, help: Ranges.mtu.help("Negotiated ATT MTU", valueName: "bytes"))
+    public var mtu: Int = 247
+
+    @Option(name: .customLong("sim-phy"), help: ArgumentHelp("Radio PHY.", valueName: "phy"))
+    public var phy: LinkModel.PHY = .le2M
+
+    @Option(name: .customLong("sim-interval-ms"), parsing: .unconditional, help: Ranges.interval.help("Connection interval in milliseconds", valueName: "ms"))
+    public var intervalMs: Double = 15
+
+    @Option(name: .customLong("sim-packets-per-event"), parsing: .unconditional, help: Ranges.packetsPerEvent.help("Most link-layer packets per connection event (default: as many as fit)", valueName: "n"))
+    public var packetsPerEvent: Int?
+
+    @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "time"))
+    var time: SimulatedTime = .real
+
+    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one native device, not a batch).", valueName: "dir"), completion: .directory)
+    public var stateDir: String?
+
+    @Flag(name: .customLong("sim-data-without-write-without-response"), help: "native: the data characteristic lacks write-without-response.")
+    public var dataWithoutWriteWithoutResponse = false
+
+    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: "kind"))
+    var buttonless: SimulatedButtonless?
+
+    public init() {}
+
+    public func validate() throws {
+        try Ranges.mtu.check(mtu)
+        try Ranges.interval.check(intervalMs)
+        try Ranges.packetsPerEvent.check(packetsPerEvent)
+    }
+
+    public var model: LinkModel {
+        LinkModel(mtu: mtu, phy: phy, connectionInterval: Ranges.interval.duration(intervalMs), packetsPerEvent: packetsPerEvent,
+                  timed: time != .unlimited)
     }
 }
 
@@ -81,6 +120,8 @@ public struct SimulatorOptions: ParsableArguments {
 
     @OptionGroup public var security: SimulatedSecurityOptions
 
+    @OptionGroup public var linkOptions: SimulatedLinkOptions
+
     @OptionGroup(title: "Simulated faults")
     public var faultOptions: FaultOptions
 
@@ -88,31 +129,9 @@ public struct SimulatorOptions: ParsableArguments {
     public var seed: UInt64 { faultOptions.seed }
     public var enabled: Bool { device.enabled }
     public var slotSize: Int { device.slotSize }
-
-    @Option(name: .customLong("sim-mtu"), parsing: .unconditional, help: Ranges.mtu.help("Negotiated ATT MTU", valueName: "bytes"))
-    public var mtu: Int = 247
-
-    @Option(name: .customLong("sim-phy"), help: ArgumentHelp("Radio PHY: 1M or 2M.", valueName: "1M|2M"), completion: .list(["1M", "2M"]))
-    public var phy: String = "2M"
-
-    @Option(name: .customLong("sim-interval-ms"), parsing: .unconditional, help: Ranges.interval.help("Connection interval in milliseconds", valueName: "ms"))
-    public var intervalMs: Double = 15
-
-    @Option(name: .customLong("sim-packets-per-event"), parsing: .unconditional, help: Ranges.packetsPerEvent.help("Most link-layer packets per connection event (default: as many as fit)", valueName: "n"))
-    public var packetsPerEvent: Int?
-
-    @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "real|virtual|unlimited"), completion: .list(["real", "virtual", "unlimited"]))
-    public var time: String = "real"
-
-    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one device, not a batch).", valueName: "dir"), completion: .directory)
-    public var stateDir: String?
-
-    @Flag(name: .customLong("sim-data-without-write-without-response"), help: "The data characteristic lacks write-without-response.")
-    public var dataWithoutWriteWithoutResponse = false
-
-    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: SimulatedButtonless.valueName),
-            completion: .list(SimulatedButtonless.allCases.map(\.rawValue)))
-    public var buttonless: String?
+    public var stateDir: String? { linkOptions.stateDir }
+    public var dataWithoutWriteWithoutResponse: Bool { linkOptions.dataWithoutWriteWithoutResponse }
+    var buttonless: SimulatedButtonless? { linkOptions.buttonless }
 
     /// Reaches only a Nordic package's simulated bootloader; each help text says so, as
     /// ArgumentParser shows a nested group's options under the enclosing title.
@@ -122,23 +141,13 @@ public struct SimulatorOptions: ParsableArguments {
 
     public init() {}
 
-    public mutating func validate() throws {
-        try Ranges.mtu.check(mtu)
-        guard LinkModel.PHY(rawValue: phy.uppercased()) != nil else { throw ValidationError("--sim-phy must be 1M or 2M, got '\(phy)'") }
-        try Ranges.interval.check(intervalMs)
-        guard ["real", "virtual", "unlimited"].contains(time) else { throw ValidationError("--sim-time must be real, virtual or unlimited, got '\(time)'") }
-        try Ranges.packetsPerEvent.check(packetsPerEvent)
-        try SimulatedButtonless.check(buttonless)
+    public func validate() throws {
         if device.deviceVersion == 2, stateDir != nil {
             throw ValidationError("--sim-state keeps a version 1 device only; drop it or --sim-device-version 2")
         }
     }
 
-    public var link: LinkModel {
-        LinkModel(mtu: mtu, phy: LinkModel.PHY(rawValue: phy.uppercased()) ?? .le2M,
-                  connectionInterval: Ranges.interval.duration(intervalMs), packetsPerEvent: packetsPerEvent,
-                  timed: time != "unlimited")
-    }
+    public var link: LinkModel { linkOptions.model }
 
     public var faults: FaultPlan { faultOptions.plan }
 
@@ -175,7 +184,7 @@ public struct SimulatorOptions: ParsableArguments {
     }
 
     public var clock: any MonotonicClock {
-        time == "real" ? SystemClock() : VirtualClock()
+        linkOptions.time == .real ? SystemClock() : VirtualClock()
     }
 
     public static let defaultAddress = DeviceAddress("C0:FF:EE:00:00:01")!
@@ -295,7 +304,10 @@ public struct SecureDFUSimulatorOptions: ParsableArguments {
         try Ranges.simBootloaderVersion.check(bootloaderVersion)
     }
 
-    /// The options given, by name: for the line that refuses them with a native image.
+    static let names: Set<String> = ["--sim-hw-version", "--sim-softdevice", "--sim-app-version", "--sim-bootloader-version",
+                                     "--sim-public-key", "--sim-open-bootloader", "--sim-debug-bootloader"]
+
+    /// The options given, by name: for the line that refuses them with another protocol's image.
     var given: [String] {
         [("--sim-hw-version", hardwareVersion != nil), ("--sim-softdevice", softDevice != nil),
          ("--sim-app-version", applicationVersion != nil), ("--sim-bootloader-version", bootloaderVersion != nil),

@@ -22,7 +22,7 @@ func ledgerFigures(count: Int, url: String? = nil, claims: Bool = false) async t
         let device = String(format: "C0:FF:EE:%02X:%02X:%02X", (i >> 16) & 0xFF, (i >> 8) & 0xFF, i & 0xFF)
         if claims {
             guard case .granted = try await ledger.claim(device, image: run, by: holder, lease: .seconds(60)) else {
-                throw BenchError("\(device) was not granted")
+                throw BenchFailure("\(device) was not granted")
             }
         }
         let now = LedgerRecord.timestamp(Date())

@@ -61,10 +61,10 @@ struct DeviceVersion2Tests {
         OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", "--count", "2", samplePath("seeded-4k.bin")],
                                        says: ["--sim-device-version 2", "drop --count"]),
         OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", samplePath("nordic/blinky-app.zip")],
-                                       says: ["--sim-device-version 2 makes a native OTA device", "nordic-dfu"]),
+                                       says: ["--sim-device-version applies to native only", "nordic-dfu"]),
         OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "0"], says: ["--device-version", "1 and 2"]),
         OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "2", "--protocol", "smp"],
-                                       says: ["--device-version is the native OTA protocol's version"]),
+                                       says: ["--device-version configures a simulated native OTA device", "add --protocol native"]),
         OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "2", "--slot-size", "100000"],
                                        says: ["--slot-size must be a multiple of 4096", "100000"]),
     ])
@@ -74,10 +74,10 @@ struct DeviceVersion2Tests {
     }
 
     @Test func helpStatesBothOptionsWithTheirRange() async {
-        let flash = await otaflash(["flash", "--help"])
+        let flash = await otaflash(["help", "simulator"])
         #expect(flash.stdout.contains("--sim-device-version"))
         let simulate = await otaflash(["simulate", "--help"])
-        #expect(simulate.stdout.contains("--device-version"))
+        #expect(simulate.stdout.contains("--sim-device-version"))
         for run in [flash, simulate] {
             // Help wraps its lines: compare the words.
             let words = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")

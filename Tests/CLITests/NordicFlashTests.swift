@@ -82,7 +82,7 @@ struct NordicFlashTests {
     @Test(arguments: [
         (["--protocol", "native", "blinky-app.zip"], 3, "the native protocol does not send nordic-dfu-package images"),
         (["--protocol", "smp", "blinky-app.zip"], 3, "the smp protocol does not send nordic-dfu-package images"),
-        (["--no-activate", "blinky-app.zip"], 2, "--no-activate is not possible with nordic-dfu"),
+        (["--no-activate", "blinky-app.zip"], 2, "--no-activate applies to native and smp only (the bootloader activates an image as soon as it has validated it)"),
         (["blinky-app-unsigned-debug.zip"], 7, "signature missing (ext 0x08)"),
     ])
     func whatCannotBeSentGetsOneLineAndItsExitCode(arguments: [String], status: Int32, says: String) async {
@@ -142,7 +142,7 @@ struct NordicFlashTests {
         #expect(run.code == 2, "\(run.stderr)")
         #expect(run.errorLines.count == 1, "\(run.stderr)")
         #expect(run.errorLines.first?.contains(extra[0]) == true, "\(run.stderr)")
-        #expect(run.errorLines.first?.contains("goes over the native protocol") == true, "\(run.stderr)")
+        #expect(run.errorLines.first?.contains("goes over native: drop it") == true, "\(run.stderr)")
     }
 
     // MARK: The simulated bootloader's refusals

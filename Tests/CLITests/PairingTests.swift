@@ -146,7 +146,7 @@ struct PairingTests {
         (["--confirm-pairing"], ["--confirm-pairing answers the device while pairing; add --pair"]),
         (["--pair", "--pair-timeout", "0"], ["--pair-timeout must be between 0.001 and 86400 seconds"]),
         (["--sim-passkey", "123456"], ["--sim-passkey needs --sim-security authenticate"]),
-        (["--sim-security", "tls"], ["--sim-security must be none, encrypt or authenticate, got 'tls'"]),
+        (["--sim-security", "tls"], ["'--sim-security <level>'", "Please provide one of 'none', 'encrypt' or 'authenticate'"]),
     ])
     func badPairingOptionsAreOneUsageLine(arguments: [String], says: [String]) async {
         let run = await otaflash(simulator + arguments + [samplePath("seeded-4k.bin")])

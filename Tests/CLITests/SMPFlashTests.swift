@@ -81,7 +81,7 @@ struct SMPFlashTests {
     }
 
     @Test(arguments: [
-        (["--confirm", "seeded-4k.bin"], 2, "--confirm is for SMP devices"),
+        (["--confirm", "seeded-4k.bin"], 2, "--confirm applies to smp only; "),
         (["--smp-any-image", "seeded-4k.bin"], 2, "--smp-any-image sends a file over SMP as it is: it needs --protocol smp"),
         (["--smp-window", "0", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--smp-window"),
         (["--sim-smp-buf-size", "10", "mcuboot/blinky-ec256-v1.3.0.bin"], 2, "--sim-smp-buf-size"),

@@ -1,7 +1,7 @@
 import OTAFlashCLI
 import Testing
 
-/// `otaflash simulate --buttonless` serves one Secure DFU device on two adapters; every wrong
+/// `otaflash simulate --sim-buttonless` serves one Secure DFU device on two adapters; every wrong
 /// combination of its options is one usage line saying what to add or change, before any adapter
 /// is opened.
 @Suite("otaflash simulate --buttonless options")
@@ -11,22 +11,25 @@ struct SimulateButtonlessTests {
     static let nordic = ["simulate", "--protocol", "nordic-dfu"]
 
     @Test(arguments: [
+        Case(arguments: ["simulate", "--sim-buttonless", "unbonded", "--adapter", "hci1", "--bootloader-adapter", "hci2"],
+             says: ["--sim-buttonless", "add --protocol nordic-dfu"]),
+        // The former name, --buttonless, is --sim-buttonless unbonded.
         Case(arguments: ["simulate", "--buttonless", "--adapter", "hci1", "--bootloader-adapter", "hci2"],
-             says: ["--buttonless", "add --protocol nordic-dfu"]),
-        Case(arguments: nordic + ["--buttonless", "--adapter", "hci1"],
-             says: ["--buttonless needs --bootloader-adapter", "cannot change its address", "application's + 1"]),
+             says: ["--sim-buttonless", "add --protocol nordic-dfu"]),
+        Case(arguments: nordic + ["--sim-buttonless", "bonded", "--adapter", "hci1"],
+             says: ["--sim-buttonless needs --bootloader-adapter", "cannot change its address", "application's + 1"]),
         Case(arguments: nordic + ["--buttonless", "--bootloader-adapter", "hci2"],
-             says: ["--buttonless needs --adapter"]),
+             says: ["--sim-buttonless needs --adapter"]),
         Case(arguments: nordic + ["--buttonless", "--adapter", "hci1", "--bootloader-adapter", "hci1"],
              says: ["--bootloader-adapter must be another adapter than --adapter (hci1)"]),
         Case(arguments: nordic + ["--buttonless", "--adapter", "hci1", "--bootloader-adapter", "usb0"],
              says: ["--bootloader-adapter must look like hci0", "'usb0'"]),
         Case(arguments: nordic + ["--adapter", "hci1", "--bootloader-adapter", "hci2"],
-             says: ["--bootloader-adapter", "add --buttonless"]),
+             says: ["--bootloader-adapter", "add --sim-buttonless unbonded"]),
         Case(arguments: ["simulate", "--bootloader-adapter", "hci2", "--json"],
-             says: ["--bootloader-adapter", "add --buttonless"]),
+             says: ["--bootloader-adapter", "add --sim-buttonless unbonded"]),
         Case(arguments: nordic + ["--address", "C0:11:22:33:44:10"],
-             says: ["--address", "add --buttonless"]),
+             says: ["--address", "add --sim-buttonless unbonded"]),
         Case(arguments: nordic + ["--buttonless", "--adapter", "hci1", "--bootloader-adapter", "hci2", "--address", "C0:11:22:33:44"],
              says: ["--address must look like", "'C0:11:22:33:44'"]),
     ])
