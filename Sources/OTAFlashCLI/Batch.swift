@@ -111,7 +111,7 @@ extension Flash {
         if let file = batch.devicesFile { addresses += try readDevicesFile(file) }
         if target.simulator.enabled {
             if let count = batch.count {
-                addresses += (1...count).map { i in DeviceAddress(String(format: "C0:FF:EE:00:%02X:%02X", i >> 8, i & 0xFF))! }
+                addresses += (1...count).map { i in DeviceAddress(0xC0, 0xFF, 0xEE, 0x00, UInt8(truncatingIfNeeded: i >> 8), UInt8(truncatingIfNeeded: i)) }
             }
             if addresses.isEmpty { addresses = [SimulatorOptions.defaultAddress] }
             return try simulatedTargets(unique(addresses), plan: plan)

@@ -517,15 +517,13 @@ struct EventEncoder {
 
         func field(_ key: some CodingKey) -> Node {
             let child = Node()
-            fields = fields ?? []
-            fields!.append((EventEncoder.snakeCase(key.stringValue), child))
+            fields = (fields ?? []) + [(EventEncoder.snakeCase(key.stringValue), child)]
             return child
         }
 
         func item() -> Node {
             let child = Node()
-            items = items ?? []
-            items!.append(child)
+            items = (items ?? []) + [child]
             return child
         }
     }

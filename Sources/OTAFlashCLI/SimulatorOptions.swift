@@ -187,7 +187,7 @@ public struct SimulatorOptions: ParsableArguments {
         linkOptions.time == .real ? SystemClock() : VirtualClock()
     }
 
-    public static let defaultAddress = DeviceAddress("C0:FF:EE:00:00:01")!
+    public static let defaultAddress = DeviceAddress(0xC0, 0xFF, 0xEE, 0x00, 0x00, 0x01)
 }
 
 extension SimulatedDeviceOptions {
