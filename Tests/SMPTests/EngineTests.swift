@@ -171,26 +171,62 @@ struct SMPEngineTests {
         #expect(engine.stats.bytesResent > 0)
     }
 
-    @Test func nothingIsMarkedWhenTheDeviceHoldsAnotherHash() throws {
-        var engine = Self.engine()
-        var server = ScriptedServer()
-        _ = engine.handle(.connected(Self.link, mtu: 247))
-        var most = 0
-        let first = try server.drain(&engine)
-        guard case .imageUpload(let opening) = first[0].request else { return }
-        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
-        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { Issue.record("no state read"); return }
-        let actions = engine.handle(try ScriptedServer.answer(Self.states(hash: Array(repeating: 0x55, count: 32)), to: header))
-        guard case .failed(let error)? = actions.first else { Issue.record("a wrong hash was accepted: \(actions)"); return }
-        #expect(error.code == .verifyFailed)
-        #expect(try server.drain(&engine).isEmpty, "nothing marked, nothing reset")
+    /// Uploads the whole image from a fresh first request (the server answers each request at its
+    /// end, `match` on the last as given) until the engine asks something else or stops.
+    static func uploadAll(_ engine: inout SMPEngine, _ server: inout ScriptedServer, match: Bool?) throws -> (last: [TransferAction], next: (SMPHeader, SMPRequest)?) {
+        var requests = try server.drain(&engine)
+        var last: [TransferAction] = []
+        while let (header, request) = requests.first {
+            requests.removeFirst()
+            guard case .imageUpload(let chunk) = request else { return (last, (header, request)) }
+            let end = chunk.offset + UInt64(chunk.data.count)
+            last = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: end, match: end == UInt64(Self.image.size) ? match : nil)), to: header))
+            requests += try server.drain(&engine)
+            if case .failed? = last.first { return (last, nil) }
+            // Uploaded again from 0: the new first request is the next one to answer.
+            if end == UInt64(Self.image.size), let first = requests.first, case .imageUpload(let u) = first.request, u.offset == 0 {
+                return (last, first)
+            }
+        }
+        return (last, nil)
     }
 
-    @Test func aServerReportingAMismatchedSHAFailsVerification() throws {
+    /// The device holds another hash after the upload: the upload goes again from 0 once
+    /// (a first request with the file's length and SHA-256); a second wrong hash fails,
+    /// resumably, and nothing is ever marked.
+    @Test func anotherHashAfterTheUploadUploadsAgainOnceThenNothingIsMarked() throws {
         var engine = Self.engine()
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
-        var requests = try server.drain(&engine)
+        for attempt in 0..<2 {
+            let (_, next) = try Self.uploadAll(&engine, &server, match: nil)
+            guard let (header, request) = next, request == .imageStateRead else { Issue.record("no state read: \(String(describing: next))"); return }
+            let actions = engine.handle(try ScriptedServer.answer(Self.states(hash: Array(repeating: 0x55, count: 32)), to: header))
+            if attempt == 0 {
+                #expect(actions.isEmpty, "uploaded again instead: \(actions)")
+                #expect(engine.phase == .beginning && engine.startOvers == 1 && engine.stats.restarts == 1)
+                #expect(engine.notes.last?.contains("uploading it again from 0") == true)
+                continue
+            }
+            guard case .failed(let error)? = actions.first else { Issue.record("a wrong hash was accepted: \(actions)"); return }
+            #expect(error.code == .verifyFailed && error.resumable, "a retry must be allowed to send it anew")
+            #expect(error.message.contains("also after uploading it again from 0"))
+        }
+        #expect(!server.requests.contains { if case .imageStateWrite = $0.request { true } else { false } }, "nothing marked")
+        let firsts = server.requests.filter { if case .imageUpload(let u) = $0.request { u.offset == 0 && u.sha == Self.sha && u.length == UInt64(Self.image.size) } else { false } }
+        #expect(firsts.count == 2)
+    }
+
+    /// `match` false on the last answer: the same once, then a resumable failure.
+    @Test func aServerReportingAMismatchedSHAUploadsAgainOnce() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (again, next) = try Self.uploadAll(&engine, &server, match: false)
+        #expect(again.isEmpty && engine.startOvers == 1)
+        guard let next else { Issue.record("not uploaded again"); return }
+        // The second upload's first request is already in flight: the server answers it and the rest.
+        var requests = [next]
         var last: [TransferAction] = []
         while let (header, request) = requests.first {
             requests.removeFirst()
@@ -200,7 +236,42 @@ struct SMPEngineTests {
             requests += try server.drain(&engine)
         }
         guard case .failed(let error)? = last.first else { Issue.record("a mismatched upload went on: \(last)"); return }
-        #expect(error.code == .verifyFailed)
+        #expect(error.code == .verifyFailed && error.resumable)
+        #expect(engine.stats.restarts == 1)
+    }
+
+    /// The start-over is one of the engine's recoveries: with none allowed, the first mismatch fails.
+    @Test func noRecoveriesMeansNoStartOver() throws {
+        var engine = SMPEngine(image: Self.image, config: EngineConfig(maxRecoveries: 0),
+                               settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash))
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (last, _) = try Self.uploadAll(&engine, &server, match: false)
+        guard case .failed(let error)? = last.first else { Issue.record("went on: \(last)"); return }
+        #expect(error.code == .verifyFailed && engine.startOvers == 0)
+    }
+
+    /// While the first upload request goes unanswered, each timeout says what the engine waits
+    /// for (the slot's erase) before it asks again.
+    @Test func anUnansweredFirstRequestIsExplainedAtEachTimeout() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        _ = try server.drain(&engine)
+        #expect(engine.notes.isEmpty)
+        #expect(engine.currentTimeout == SMPEngine.firstRequestTimeout)
+        for retry in 1...EngineConfig().commandRetries {
+            #expect(engine.handle(.timeout).isEmpty)
+            #expect(engine.notes.count == retry)
+            #expect(engine.notes.last?.contains("has not answered the first upload request in 40 s") == true)
+            #expect(engine.notes.last?.contains("erases its slot for the \(Self.image.size)-byte image") == true)
+            #expect(engine.notes.last?.hasSuffix("\(retry) of \(EngineConfig().commandRetries)") == true)
+            let again = try server.drain(&engine)
+            guard case .imageUpload(let u)? = again.first?.request else { Issue.record("not asked again"); return }
+            #expect(u.offset == 0)
+        }
+        guard case .failed(let error)? = engine.handle(.timeout).first else { Issue.record("no failure"); return }
+        #expect(error.code == .timeout && error.resumable)
     }
 
     @Test func withoutParametersOneRequestIsInFlightInOneWrite() throws {

@@ -70,6 +70,14 @@ public struct SMPUploadSettings: Sendable, Hashable {
 /// image's (the device computed it over what it holds); nothing is marked unless it does. Then
 /// it marks the image for test (or confirms it) and resets the device. A lost link resumes the
 /// upload through the server's offset on the next connection.
+///
+/// An upload the server checked and found wrong (`match` false, or no slot with the image's hash)
+/// is sent again from offset 0 once (`maxStartOvers`, within `maxRecoveries`), as smpmgr and
+/// mcumgr users do by hand: the server starts a new upload at a first request once the last one
+/// finished. If that fails too, the failure is resumable, so a retry (`--retries`) sends it anew.
+///
+/// While it waits on the first upload request (the server erases its slot before it answers), it
+/// says so in `notes` at each timeout, before it asks again.
 public struct SMPEngine: TransferEngine {
     public typealias Peer = SMPLink
 
@@ -78,6 +86,8 @@ public struct SMPEngine: TransferEngine {
     /// How long the first upload request may take: a server erases its slot before answering
     /// (smpclient allows 40 s).
     public static let firstRequestTimeout: Duration = .seconds(40)
+    /// How often an upload the server found wrong is sent again from 0 on this run.
+    public static let maxStartOvers = 1
 
     public let image: FirmwareImage
     public let config: EngineConfig
@@ -132,6 +142,9 @@ public struct SMPEngine: TransferEngine {
     public private(set) var notes: [String] = []
     /// Whether the server reported `match` for the finished upload (nil: it did not say).
     public private(set) var serverMatch: Bool?
+    /// Uploads sent again from 0 after the server found one wrong.
+    public private(set) var startOvers = 0
+    private var toldBusy = false
 
     private var prefix: PrefixCRC
     private var maxWrite = 20
@@ -385,7 +398,8 @@ public struct SMPEngine: TransferEngine {
         case .error(let e) where e.general == .busy || e.general == .noMemory:
             if window > 1 {
                 // The server ran out of buffers: go on with one request at a time.
-                if notes.isEmpty {
+                if !toldBusy {
+                    toldBusy = true
                     notes.append("the device answered \(Self.name(of: e)) with \(window) requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower")
                 }
                 window = 1
@@ -428,8 +442,10 @@ public struct SMPEngine: TransferEngine {
             prefix.record(offset: offset, crc: ackedCRC)
             serverMatch = status.match
             if status.match == false {
-                return fail(OTAError(.verifyFailed, "the device's SHA-256 of the uploaded file does not match the file's; nothing was marked",
-                                     hint: "run the same command again with --restart"))
+                let what = "the device's SHA-256 of the uploaded file does not match the file's"
+                return startOver(because: what, OTAError(.verifyFailed, "the device's SHA-256 of the uploaded file does not match the file's\(againSaid); nothing was marked",
+                                          hint: "run the same command again: it uploads the file anew; if it fails again, the link or the device's flash corrupts data",
+                                          resumable: true))
             }
             return verify()
         }
@@ -541,8 +557,10 @@ public struct SMPEngine: TransferEngine {
         }
         guard slots.contains(where: { $0.hash == hash }) else {
             let listed = slots.map { "slot \($0.slot) \($0.hash.map(hexString) ?? "without a hash")" }.joined(separator: ", ")
-            return fail(OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed)); nothing was marked",
-                                 hint: "run the same command again with --restart; if it fails again, the device's flash or its image check is at fault"))
+            let what = "after the upload the device holds no image with this image's hash \(hexString(hash))"
+            return startOver(because: what, OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed))\(againSaid); nothing was marked",
+                                      hint: "run the same command again: it uploads the file anew; if it fails again, the device's flash or its image check is at fault",
+                                      resumable: true))
         }
         return markOrFinish()
     }
@@ -574,6 +592,28 @@ public struct SMPEngine: TransferEngine {
 
     // MARK: Timeouts and failures
 
+    /// ", after uploading it again from 0": said in a failure after a start-over.
+    private var againSaid: String { startOvers > 0 ? ", also after uploading it again from 0" : "" }
+
+    /// The server found the upload wrong: upload it again from offset 0 (a first request, which
+    /// starts a new upload on a server whose last one finished) while start-overs are left;
+    /// else fail with `error`.
+    private mutating func startOver(because what: String, _ error: OTAError) -> [TransferAction] {
+        guard startOvers < min(Self.maxStartOvers, config.maxRecoveries) else { return fail(error) }
+        startOvers += 1
+        tally.stats.restarts += 1
+        notes.append("\(what): uploading it again from 0")
+        serverMatch = nil
+        retries = 0
+        inFlight = [:]
+        queue = []
+        queueHead = 0
+        acked = 0
+        sent = 0
+        state = .opening(nil)
+        return sendChunk(at: 0)
+    }
+
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
         let afterBusy = waitingOutBusy
@@ -591,6 +631,10 @@ public struct SMPEngine: TransferEngine {
                                  hint: "check the link and the device, then run the same command again to resume", resumable: true))
         }
         tally.stats.commandRetries += 1
+        if case .opening = state, !afterBusy {
+            let waited = timeout.seconds == timeout.seconds.rounded() ? "\(Int(timeout.seconds))" : "\(timeout.seconds)"
+            notes.append("the device has not answered the first upload request in \(waited) s (it erases its slot for the \(image.size)-byte image before it answers): asking again, \(retries) of \(config.commandRetries)")
+        }
         switch state {
         case .erasing(let c): return send(c.request, as: { .erasing($0) })
         case .verifying(let c): return send(c.request, as: { .verifying($0) })
