@@ -217,6 +217,20 @@ struct SMPEngineTests {
         #expect(firsts.count == 2)
     }
 
+    /// A server that did not say `match` leaves the only check of the bytes to MCUboot: said
+    /// before the mark; a server that said `match` true is not.
+    @Test(arguments: [nil, true] as [Bool?])
+    func aServerWithoutMatchIsSaidToLeaveTheCheckToMCUboot(match: Bool?) throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (_, next) = try Self.uploadAll(&engine, &server, match: match)
+        guard let (header, request) = next, request == .imageStateRead else { Issue.record("no state read"); return }
+        #expect(engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header)).isEmpty)
+        #expect(try server.drain(&engine).map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: false)])
+        #expect(engine.notes.contains { $0.contains("only MCUboot's check at the reset") } == (match == nil))
+    }
+
     /// `match` false on the last answer: the same once, then a resumable failure.
     @Test func aServerReportingAMismatchedSHAUploadsAgainOnce() throws {
         var engine = Self.engine()

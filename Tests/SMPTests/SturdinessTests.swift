@@ -153,6 +153,7 @@ struct SMPSturdinessTests {
         let bytes = try MCUbootSamples.bytes(MCUbootSamples.ed25519)
         let (_, model) = try await Self.flash(bytes, faults: FaultPlan(corruptAt: [300]), key: try Self.key("ed25519-public.pem"),
                                               encoding: .tinycbor)
+        #expect(model?.server.marks.count == 1 && model?.server.marks.first?.bytes != bytes, "the corrupted upload was marked")
         let server = try #require(model?.server)
         #expect(model?.activations.isEmpty == true)
         guard case .refused = server.lastBoot else { Issue.record("MCUboot did not refuse: \(server.lastBoot)"); return }

@@ -573,6 +573,11 @@ public struct SMPEngine: TransferEngine {
         guard let hash = markHash else {
             return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"), in: .activating)
         }
+        if serverMatch == nil, settings.imageHash != nil {
+            // An mcumgr server answers no `match` and reports the slot's hash TLV, not a hash of
+            // what it holds: a corrupted upload looks intact until MCUboot checks it at the reset.
+            notes.append("the device did not check the uploaded file's SHA-256 (its answer has no 'match', as an mcumgr server's), and the slot's hash it reports is read from the image: only MCUboot's check at the reset can find a corrupted upload; check that the new version runs afterwards (otaflash image list)")
+        }
         // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
         return send(.imageStateWrite(hash: hash, confirm: settings.confirm), as: { .activating($0) })
     }
