@@ -136,9 +136,10 @@ public struct SMPEngine: TransferEngine {
     /// The frame size limit on this connection: the server's `buf_size` (or `maxFrame`), down to
     /// whole ATT writes.
     public private(set) var frameLimit = 0
-    /// Said once per run (the session reports it): the server ran out of buffers and the upload
-    /// went on with one request in flight. A device with one buffer, or none reported, is
-    /// described by the profile's `device_info` instead.
+    /// What the session reports, each once, as it happens: the server ran out of buffers and the
+    /// upload went on with one request in flight (once per run; a device with one buffer, or none
+    /// reported, is described by the profile's `device_info` instead); the first upload request
+    /// went unanswered and is asked again; the upload goes again from 0; the server gave no `match`.
     public private(set) var notes: [String] = []
     /// Whether the server reported `match` for the finished upload (nil: it did not say).
     public private(set) var serverMatch: Bool?
