@@ -93,8 +93,88 @@ struct SMPEngineTests {
         _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
         let reset = try server.drain(&engine)
         #expect(reset.map(\.request) == [.reset(force: false)])
-        #expect(engine.handle(try ScriptedServer.answer(.empty, to: reset[0].header)) == [.finished])
+        // Answered: the device resets and drops the link; the next connection says what booted.
+        #expect(engine.handle(try ScriptedServer.answer(.empty, to: reset[0].header)).isEmpty)
+        #expect(engine.phase == .activating && engine.isAwaitingReply)
+        guard case .failed(let lost)? = engine.handle(.disconnected(.linkLost("reset"))).first else { Issue.record("no reconnect asked"); return }
+        #expect(lost.code == .connection && lost.resumable)
+        #expect(engine.handle(.connected(Self.booted(Self.hash), mtu: 247)) == [.finished])
+        #expect(engine.phase == .done)
         #expect(engine.stats.bytesResent == 0)
+    }
+
+    /// The link after the reset: slot 0 runs the image with `running` as its hash, slot 1 is
+    /// empty (MCUboot erased a refused image, or moved the old one there after a swap).
+    static func booted(_ running: [UInt8], version: String = "1.2.3") -> SMPLink {
+        SMPLink(parameters: link.parameters, states: SMPImageStates(images: [
+            SMPImageSlot(slot: 0, version: version, hash: running, bootable: true, confirmed: false, active: true),
+        ]))
+    }
+
+    /// An engine that uploaded, verified and marked the image and sent the reset: the reset's header.
+    static func resetting(confirm: Bool = false) throws -> (SMPEngine, ScriptedServer, SMPHeader) {
+        var engine = Self.engine(confirm: confirm)
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var most = 0
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { throw OTAError(.internalError, "not an upload") }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { throw OTAError(.internalError, "no state read") }
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header))
+        let mark = try server.drain(&engine)
+        #expect(mark.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: confirm)])
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
+        let reset = try server.drain(&engine)
+        #expect(reset.map(\.request) == [.reset(force: false)])
+        return (engine, server, reset[0].header)
+    }
+
+    /// MCUboot refused the image at boot (an mcumgr server let a corrupted upload through): the
+    /// old image runs on. The engine uploads it again from 0 once; refused again, the run fails
+    /// with what happened, never ok.
+    @Test func anImageMCUbootRefusedAtBootIsUploadedAgainOnceThenFails() throws {
+        var (engine, server, header) = try Self.resetting()
+        _ = engine.handle(try ScriptedServer.answer(.empty, to: header))
+        _ = engine.handle(.disconnected(.linkLost("reset")))
+        let old = Array(repeating: UInt8(0xAA), count: 32)
+        #expect(engine.handle(.connected(Self.booted(old, version: "1.0.0"), mtu: 247)).isEmpty)
+        #expect(engine.phase == .beginning && engine.startOvers == 1)
+        #expect(engine.notes.last?.contains("MCUboot refused the image at boot") == true)
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let opening) = again.first?.request else { Issue.record("no new upload: \(again)"); return }
+        #expect(opening.offset == 0 && opening.sha == Self.sha)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: again[0].header))
+        var most = 0
+        guard let (read, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { Issue.record("no state read"); return }
+        #expect(engine.furthestAgreed == 2 * Self.image.size, "the second upload counts on for the stall budget")
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: read))
+        let mark = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
+        #expect(try server.drain(&engine).map(\.request) == [.reset(force: false)])
+        _ = engine.handle(.disconnected(.linkLost("reset")))
+        guard case .failed(let error)? = engine.handle(.connected(Self.booted(old, version: "1.0.0"), mtu: 247)).first else {
+            Issue.record("refused twice, yet no failure"); return
+        }
+        #expect(error.code == .verifyFailed && error.resumable)
+        #expect(error.message == "MCUboot refused the image at boot (its hash or signature did not check out) and the device runs its old image 1.0.0, also after uploading it again from 0")
+        #expect(engine.phase == .failed)
+    }
+
+    /// A device that answered the reset but kept the link: bounded by the activate timeout, then
+    /// a new connection reads what runs; the image still pending there is no success either.
+    @Test func aResetThatKeepsTheLinkIsCheckedOnANewConnection() throws {
+        var (engine, _, header) = try Self.resetting()
+        _ = engine.handle(try ScriptedServer.answer(.empty, to: header))
+        #expect(engine.currentTimeout == .seconds(10))
+        guard case .failed(let waited)? = engine.handle(.timeout).first else { Issue.record("no failure at the timeout"); return }
+        #expect(waited.code == .timeout && waited.resumable)
+        let pending = SMPLink(parameters: Self.link.parameters, states: SMPImageStates(images: [
+            SMPImageSlot(slot: 0, version: "1.0.0", hash: Array(repeating: 0xAA, count: 32), bootable: true, confirmed: true, active: true),
+            SMPImageSlot(slot: 1, version: "1.2.3", hash: Self.hash, bootable: true, pending: true),
+        ]))
+        guard case .failed(let error)? = engine.handle(.connected(pending, mtu: 247)).first else { Issue.record("a pending image passed"); return }
+        #expect(error.code == .timeout && error.message.contains("still lists the image in slot 1"))
     }
 
     /// An engine whose first request the server answered with `offset`: it held that much of the file.
@@ -442,7 +522,9 @@ struct SMPEngineTests {
         #expect(confirm.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: true)])
         _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: confirm[0].header))
         #expect(try server.drain(&engine).map(\.request) == [.reset(force: false)])
-        #expect(engine.handle(.disconnected(.linkLost("reset"))) == [.finished])
+        guard case .failed(let lost)? = engine.handle(.disconnected(.linkLost("reset"))).first else { Issue.record("no reconnect asked"); return }
+        #expect(lost.code == .connection && lost.resumable)
+        #expect(engine.handle(.connected(Self.booted(Self.hash), mtu: 247)) == [.finished])
     }
 
     @Test func aLinkLostMidUploadIsResumable() throws {

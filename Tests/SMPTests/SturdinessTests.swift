@@ -3,6 +3,7 @@ import Foundation
 import GATT
 import OTA
 import OTADevice
+import OTAWire
 import SMP
 import Simulator
 import Testing
@@ -148,12 +149,29 @@ struct SMPSturdinessTests {
     }
 
     /// An mcumgr server answers no `match` and reports the TLV, so the engine cannot see a
-    /// corrupted upload before the reset; MCUboot's check is what keeps it from running.
-    @Test func withoutMatchMCUbootIsWhatRefusesACorruptedUpload() async throws {
+    /// corrupted upload before the reset; MCUboot refuses it at boot, the engine reads the old
+    /// image running after the reset and uploads the file again, which is swapped in.
+    @Test func withoutMatchAnImageMCUbootRefusedIsUploadedAgainAndSwappedIn() async throws {
         let bytes = try MCUbootSamples.bytes(MCUbootSamples.ed25519)
-        let (_, model) = try await Self.flash(bytes, faults: FaultPlan(corruptAt: [300]), key: try Self.key("ed25519-public.pem"),
-                                              encoding: .tinycbor)
-        #expect(model?.server.marks.count == 1 && model?.server.marks.first?.bytes != bytes, "the corrupted upload was marked")
+        let (result, model) = try await Self.flash(bytes, faults: FaultPlan(corruptAt: [300]), key: try Self.key("ed25519-public.pem"),
+                                                   encoding: .tinycbor)
+        let done = try result.get()
+        #expect(done.stats.restarts == 1)
+        #expect(done.firmwareBefore == FirmwareVersion("1.0.0"), "the version before is the first connection's")
+        let marks = try #require(model?.server.marks)
+        #expect(marks.count == 2 && marks.first?.bytes != bytes && marks.last?.bytes == bytes, "the corrupted upload, then the file, were marked")
+        #expect(model?.activations.map(\.image) == [bytes])
+    }
+
+    /// Corrupted on both uploads past the server's sight: MCUboot refuses both, the old image
+    /// runs on, and the run fails saying so (exit 8), never ok.
+    @Test func withoutMatchAnImageMCUbootRefusesTwiceFailsSayingTheOldImageRuns() async throws {
+        let bytes = try MCUbootSamples.bytes(MCUbootSamples.ed25519)
+        let (result, model) = try await Self.flash(bytes, faults: FaultPlan(corruptAt: [300, 300]), key: try Self.key("ed25519-public.pem"),
+                                                   encoding: .tinycbor)
+        guard case .failure(let error) = result else { Issue.record("reported ok with the old image running"); return }
+        #expect(error.code == .verifyFailed && error.resumable, "\(error)")
+        #expect(error.message.hasPrefix("MCUboot refused the image at boot") && error.message.contains("runs its old image 1.0.0"), "\(error.message)")
         let server = try #require(model?.server)
         #expect(model?.activations.isEmpty == true)
         guard case .refused = server.lastBoot else { Issue.record("MCUboot did not refuse: \(server.lastBoot)"); return }

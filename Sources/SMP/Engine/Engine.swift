@@ -120,6 +120,9 @@ public struct SMPEngine: TransferEngine {
         case verifying(Command)
         /// Marking the image, then the reset, in flight.
         case activating(Command)
+        /// The device answered the reset (or dropped the link after it): MCUboot swaps the image
+        /// in, or refuses it and runs the old one. The next connection's image states say which.
+        case rebooting
         case done
         case failed(in: TransferPhase)
     }
@@ -184,7 +187,7 @@ public struct SMPEngine: TransferEngine {
         case .erasing, .opening: .beginning
         case .streaming: .streaming
         case .verifying: .verifying
-        case .activating: .activating
+        case .activating, .rebooting: .activating
         case .done: .done
         case .failed: .failed
         }
@@ -202,7 +205,7 @@ public struct SMPEngine: TransferEngine {
     private var command: Command? {
         switch state {
         case .erasing(let c), .verifying(let c), .activating(let c): c
-        case .idle, .opening, .streaming, .done, .failed: nil
+        case .idle, .opening, .streaming, .rebooting, .done, .failed: nil
         }
     }
 
@@ -221,7 +224,7 @@ public struct SMPEngine: TransferEngine {
         switch state {
         case .erasing, .opening: return max(config.replyTimeout, Self.firstRequestTimeout)
         case .verifying: return config.verifyTimeout
-        case .activating: return max(config.replyTimeout, config.activateTimeout)
+        case .activating, .rebooting: return max(config.replyTimeout, config.activateTimeout)
         case .idle, .streaming, .done, .failed: return config.replyTimeout
         }
     }
@@ -230,13 +233,20 @@ public struct SMPEngine: TransferEngine {
     /// chunk then went to it), where it stood for a resumed one.
     public var resumeOffset: Int { stats.resumedFrom.last ?? 0 }
 
-    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy }
+    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy || isRebooting }
+    private var isRebooting: Bool { if case .rebooting = state { true } else { false } }
+    /// After the reset: the next connection's image states say whether MCUboot swapped the image in.
+    public var awaitsNextConnection: Bool { isRebooting }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
     /// The frame size the probe settled on (nil while it runs, or without one).
     public var probedFrame: Int? { probe?.chosen }
 
     public mutating func observe(time: Duration) { now = time }
-    public var furthestAgreed: Int { acked }
+    /// The bytes the device confirmed over the run's uploads: one sent again from 0 counts on from
+    /// where the last one ended, so the stall budget sees its progress.
+    public var furthestAgreed: Int { agreedBefore + acked }
+    /// What the uploads before the last start-over reached.
+    private var agreedBefore = 0
 
     public mutating func seed(confirmedOffset: Int, crc: UInt32) {
         // The server decides where the upload stands; a journal entry only saves hashing.
@@ -279,9 +289,9 @@ public struct SMPEngine: TransferEngine {
             queueHead = 0
             if case .reset? = command?.request {
                 // The device resets as soon as it answered; the answer may not have made it.
-                state = .done
-                return [.finished]
+                state = .rebooting
             }
+            if isRebooting { return [.failed(rebootError)] }
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
         }
@@ -289,6 +299,7 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func start(_ link: SMPLink, mtu: Int) -> [TransferAction] {
         guard phase != .done else { return [] }
+        let rebooted = isRebooting
         let wasChecking = phase == .verifying || phase == .activating
         state = .idle
         guard !image.bytes.isEmpty else {
@@ -343,6 +354,7 @@ public struct SMPEngine: TransferEngine {
         } else {
             probe = nil
         }
+        if rebooted { return booted(link.states) }
         if wasChecking || acked == image.size, acked > 0 {
             tally.resumed(from: acked)
             return verify()
@@ -521,8 +533,10 @@ public struct SMPEngine: TransferEngine {
         case (.imageStateWrite, .empty):
             return marked(nil)
         case (.reset, _):
-            state = .done
-            return [.finished]
+            // The link drops when the device resets (`rebootError`); the next connection reads
+            // what MCUboot booted.
+            state = .rebooting
+            return []
         case (.imageErase, _):
             state = .opening(nil)
             return sendChunk(at: 0)
@@ -596,6 +610,38 @@ public struct SMPEngine: TransferEngine {
         return send(.reset(force: false), as: { .activating($0) })
     }
 
+    /// The session reconnects on this (a resumable link loss) and the next connection's image
+    /// states say whether MCUboot swapped the image in (`booted`).
+    private var rebootError: OTAError {
+        OTAError(.connection, "the device reset to swap the image in; reconnecting to read which image it runs",
+                 hint: "if it does not come back, check what it runs with otaflash image list", resumable: true)
+    }
+
+    /// After the reset: ok only when the slot that runs holds the image's hash. MCUboot refuses an
+    /// image whose hash or signature does not check out (a corrupted upload that an mcumgr server,
+    /// answering no `match`, could not find) and runs the old one: that image is uploaded again
+    /// while start-overs are left, else the run fails.
+    private mutating func booted(_ states: SMPImageStates?) -> [TransferAction] {
+        guard let states, let hash = markHash else {
+            return fail(OTAError(.protocolError, "after its reset the device did not report its image states; check what it runs with otaflash image list"))
+        }
+        let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
+        let running = slots.first(where: \.active)
+        if running?.hash == hash {
+            state = .done
+            return [.finished]
+        }
+        if let waiting = slots.first(where: { $0.hash == hash && $0.pending }) {
+            return fail(OTAError(.timeout, "after its reset the device still lists the image in slot \(waiting.slot), marked to run at the next reset: it did not reset, or MCUboot did not swap the image in",
+                                 hint: "reset the device (otaflash reset), then check what it runs with otaflash image list"))
+        }
+        let old = running.map { "its old image \($0.version)" } ?? "its old image"
+        let what = "MCUboot refused the image at boot (its hash or signature did not check out) and the device runs \(old)"
+        return startOver(because: what, OTAError(.verifyFailed, "\(what)\(againSaid)",
+                                                 hint: "run the same command again: it uploads the file anew; if MCUboot refuses it again, check the image's signature key and the device's flash",
+                                                 resumable: true))
+    }
+
     // MARK: Timeouts and failures
 
     /// ", after uploading it again from 0": said in a failure after a start-over.
@@ -607,6 +653,7 @@ public struct SMPEngine: TransferEngine {
     private mutating func startOver(because what: String, _ error: OTAError) -> [TransferAction] {
         guard startOvers < min(Self.maxStartOvers, config.maxRecoveries) else { return fail(error) }
         startOvers += 1
+        agreedBefore += acked
         tally.stats.restarts += 1
         notes.append("\(what): uploading it again from 0")
         serverMatch = nil
@@ -622,6 +669,11 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
+        if isRebooting {
+            // The device answered the reset but kept the link: a new connection finds out.
+            return [.failed(OTAError(.timeout, "the device answered the reset but did not drop the link within \(currentTimeout.seconds) s; reconnecting to read which image it runs",
+                                     resumable: true))]
+        }
         let afterBusy = waitingOutBusy
         let timeout = currentTimeout
         switch state {
@@ -646,7 +698,7 @@ public struct SMPEngine: TransferEngine {
         case .verifying(let c): return send(c.request, as: { .verifying($0) })
         case .activating(let c): return send(c.request, as: { .activating($0) })
         case .opening: return sendChunk(at: 0)
-        case .streaming, .idle, .done, .failed: break
+        case .streaming, .idle, .rebooting, .done, .failed: break
         }
         // Upload answers went missing, or a busy server was waited out: ask again from the last
         // offset the server confirmed (only the former is a rewind: nothing was lost).
