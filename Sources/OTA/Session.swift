@@ -412,7 +412,9 @@ public actor OTASession {
         guard let control = link.characteristics[.control], let data = link.characteristics[.data] else {
             throw OTAError(.internalError, "the \(profile.name) profile attached without a control and a data characteristic; please report this")
         }
-        events(.deviceInfo(device: device, info: link.summary))
+        // After a reset the engine reads the outcome; what the device runs is the run's result to
+        // tell (a read-back), not the state it starts from.
+        if !engine.awaitsNextConnection { events(.deviceInfo(device: device, info: link.summary)) }
         if before == nil { before = .some(link.firmwareVersion) }
         // Only before the engine started: after an activation the device may run that version now.
         if let skip = config.skipIfVersion, engine.phase == .idle, link.firmwareVersion == skip {
