@@ -237,6 +237,10 @@ public protocol TransferEngine: Sendable {
     /// The furthest position the device reported with a CRC that matched the image: what the
     /// session's stall budget watches.
     var furthestAgreed: Int { get }
+    /// Whether the transfer ends only on the next connection: the device reset and what it runs
+    /// then says how it went (SMP: MCUboot swapped the image in, or refused it). The session
+    /// connects once more for it even when reconnecting after link losses is off.
+    var awaitsNextConnection: Bool { get }
     /// Image bytes per data packet on the current connection.
     var chunkSize: Int { get }
     var stats: TransferStats { get }
@@ -352,6 +356,7 @@ public protocol OTAProfile: Sendable {
 extension TransferEngine {
     public var resumeOffset: Int { sent }
     public var notes: [String] { [] }
+    public var awaitsNextConnection: Bool { false }
     public mutating func observe(time: Duration) {}
 }
 

@@ -256,12 +256,18 @@ public actor OTASession {
         var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
         var outage = Outage(policy: reconnect)
         let started = clock.now
+        // What the first attached connection ran: a later one may run the new image already
+        // (SMP reads the device back after its reset on a connection of its own).
+        var before: FirmwareVersion?? = nil
+        var readBackTried = false
         while true {
             try checkCancelled(confirmed: engine.acked)
             events(.connecting(device: device))
             let ackedBefore = engine.acked
+            let agreedBefore = engine.furthestAgreed
             do {
-                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, events: events)
+                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, before: &before, events: events)
+                if !result.skipped, case .some(let version) = before { result.firmwareBefore = version }
                 journal?.remove(device: device, image: image)
                 result.seconds = (clock.now - started).seconds
                 return result
@@ -271,10 +277,16 @@ public actor OTASession {
                 // A new connection helps a lost or stuck link; it cannot make a device confirm data it
                 // keeps losing (the stall budget is spent) or verify faster.
                 let exhausted = stall.left <= .zero || (error.code == .timeout && engine.failedIn == .verifying)
+                if reconnect.window == .zero, engine.awaitsNextConnection, !readBackTried {
+                    // Reconnecting after link losses is off; the reset's outcome is read all the same, once.
+                    readBackTried = true
+                    events(.reconnecting(device: device, attempt: 1, reason: error.message, delay: .zero))
+                    continue
+                }
                 guard error.resumable, error.code == .connection || error.code == .timeout, reconnect.window > .zero, !exhausted else {
                     throw error
                 }
-                let delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore, at: clock.now)
+                let delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore || engine.furthestAgreed > agreedBefore, at: clock.now)
                 logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(outage.attempt)", "reason": "\(error.message)"])
                 events(.reconnecting(device: device, attempt: outage.attempt, reason: error.message, delay: delay))
                 do {
@@ -288,10 +300,11 @@ public actor OTASession {
 
     /// One connection: connects, drives the engine over it, and disconnects.
     private func connectAndDrive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, stall: inout StallBudget,
+                                                      before: inout FirmwareVersion??,
                                                       events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let connection = try await connectOrThrow()
         do {
-            let result = try await drive(&engine, profile: profile, on: connection, stall: &stall, events: events)
+            let result = try await drive(&engine, profile: profile, on: connection, stall: &stall, before: &before, events: events)
             await connection.disconnect()
             return result
         } catch {
@@ -391,7 +404,7 @@ public actor OTASession {
     /// One connection of the run: attaches, then feeds the engine every event and carries out
     /// every action until the transfer ends or the connection fails.
     private func drive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, on connection: any GATTConnection,
-                                            stall: inout StallBudget,
+                                            stall: inout StallBudget, before: inout FirmwareVersion??,
                                             events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
         let clock = connection.clock
         let started = clock.now
@@ -399,8 +412,12 @@ public actor OTASession {
         guard let control = link.characteristics[.control], let data = link.characteristics[.data] else {
             throw OTAError(.internalError, "the \(profile.name) profile attached without a control and a data characteristic; please report this")
         }
-        events(.deviceInfo(device: device, info: link.summary))
-        if let skip = config.skipIfVersion, link.firmwareVersion == skip {
+        // After a reset the engine reads the outcome; what the device runs is the run's result to
+        // tell (a read-back), not the state it starts from.
+        if !engine.awaitsNextConnection { events(.deviceInfo(device: device, info: link.summary)) }
+        if before == nil { before = .some(link.firmwareVersion) }
+        // Only before the engine started: after an activation the device may run that version now.
+        if let skip = config.skipIfVersion, engine.phase == .idle, link.firmwareVersion == skip {
             return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: mtu, chunkSize: 0, seconds: 0,
                              transferSeconds: 0, activated: false, skipped: true, firmwareBefore: link.firmwareVersion,
                              stats: engine.stats)

@@ -93,8 +93,88 @@ struct SMPEngineTests {
         _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
         let reset = try server.drain(&engine)
         #expect(reset.map(\.request) == [.reset(force: false)])
-        #expect(engine.handle(try ScriptedServer.answer(.empty, to: reset[0].header)) == [.finished])
+        // Answered: the device resets and drops the link; the next connection says what booted.
+        #expect(engine.handle(try ScriptedServer.answer(.empty, to: reset[0].header)).isEmpty)
+        #expect(engine.phase == .activating && engine.isAwaitingReply)
+        guard case .failed(let lost)? = engine.handle(.disconnected(.linkLost("reset"))).first else { Issue.record("no reconnect asked"); return }
+        #expect(lost.code == .connection && lost.resumable)
+        #expect(engine.handle(.connected(Self.booted(Self.hash), mtu: 247)) == [.finished])
+        #expect(engine.phase == .done)
         #expect(engine.stats.bytesResent == 0)
+    }
+
+    /// The link after the reset: slot 0 runs the image with `running` as its hash, slot 1 is
+    /// empty (MCUboot erased a refused image, or moved the old one there after a swap).
+    static func booted(_ running: [UInt8], version: String = "1.2.3") -> SMPLink {
+        SMPLink(parameters: link.parameters, states: SMPImageStates(images: [
+            SMPImageSlot(slot: 0, version: version, hash: running, bootable: true, confirmed: false, active: true),
+        ]))
+    }
+
+    /// An engine that uploaded, verified and marked the image and sent the reset: the reset's header.
+    static func resetting(confirm: Bool = false) throws -> (SMPEngine, ScriptedServer, SMPHeader) {
+        var engine = Self.engine(confirm: confirm)
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        var most = 0
+        let first = try server.drain(&engine)
+        guard case .imageUpload(let opening) = first[0].request else { throw OTAError(.internalError, "not an upload") }
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
+        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { throw OTAError(.internalError, "no state read") }
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header))
+        let mark = try server.drain(&engine)
+        #expect(mark.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: confirm)])
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
+        let reset = try server.drain(&engine)
+        #expect(reset.map(\.request) == [.reset(force: false)])
+        return (engine, server, reset[0].header)
+    }
+
+    /// MCUboot refused the image at boot (an mcumgr server let a corrupted upload through): the
+    /// old image runs on. The engine uploads it again from 0 once; refused again, the run fails
+    /// with what happened, never ok.
+    @Test func anImageMCUbootRefusedAtBootIsUploadedAgainOnceThenFails() throws {
+        var (engine, server, header) = try Self.resetting()
+        _ = engine.handle(try ScriptedServer.answer(.empty, to: header))
+        _ = engine.handle(.disconnected(.linkLost("reset")))
+        let old = Array(repeating: UInt8(0xAA), count: 32)
+        #expect(engine.handle(.connected(Self.booted(old, version: "1.0.0"), mtu: 247)).isEmpty)
+        #expect(engine.phase == .beginning && engine.startOvers == 1)
+        #expect(engine.notes.last?.contains("MCUboot refused the image at boot") == true)
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let opening) = again.first?.request else { Issue.record("no new upload: \(again)"); return }
+        #expect(opening.offset == 0 && opening.sha == Self.sha)
+        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: again[0].header))
+        var most = 0
+        guard let (read, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { Issue.record("no state read"); return }
+        #expect(engine.furthestAgreed == 2 * Self.image.size, "the second upload counts on for the stall budget")
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: read))
+        let mark = try server.drain(&engine)
+        _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: mark[0].header))
+        #expect(try server.drain(&engine).map(\.request) == [.reset(force: false)])
+        _ = engine.handle(.disconnected(.linkLost("reset")))
+        guard case .failed(let error)? = engine.handle(.connected(Self.booted(old, version: "1.0.0"), mtu: 247)).first else {
+            Issue.record("refused twice, yet no failure"); return
+        }
+        #expect(error.code == .verifyFailed && error.resumable)
+        #expect(error.message == "MCUboot refused the image at boot (its hash or signature did not check out) and the device runs its old image 1.0.0, also after uploading it again from 0")
+        #expect(engine.phase == .failed)
+    }
+
+    /// A device that answered the reset but kept the link: bounded by the activate timeout, then
+    /// a new connection reads what runs; the image still pending there is no success either.
+    @Test func aResetThatKeepsTheLinkIsCheckedOnANewConnection() throws {
+        var (engine, _, header) = try Self.resetting()
+        _ = engine.handle(try ScriptedServer.answer(.empty, to: header))
+        #expect(engine.currentTimeout == .seconds(10))
+        guard case .failed(let waited)? = engine.handle(.timeout).first else { Issue.record("no failure at the timeout"); return }
+        #expect(waited.code == .timeout && waited.resumable)
+        let pending = SMPLink(parameters: Self.link.parameters, states: SMPImageStates(images: [
+            SMPImageSlot(slot: 0, version: "1.0.0", hash: Array(repeating: 0xAA, count: 32), bootable: true, confirmed: true, active: true),
+            SMPImageSlot(slot: 1, version: "1.2.3", hash: Self.hash, bootable: true, pending: true),
+        ]))
+        guard case .failed(let error)? = engine.handle(.connected(pending, mtu: 247)).first else { Issue.record("a pending image passed"); return }
+        #expect(error.code == .timeout && error.message.contains("still lists the image in slot 1"))
     }
 
     /// An engine whose first request the server answered with `offset`: it held that much of the file.
@@ -171,26 +251,76 @@ struct SMPEngineTests {
         #expect(engine.stats.bytesResent > 0)
     }
 
-    @Test func nothingIsMarkedWhenTheDeviceHoldsAnotherHash() throws {
-        var engine = Self.engine()
-        var server = ScriptedServer()
-        _ = engine.handle(.connected(Self.link, mtu: 247))
-        var most = 0
-        let first = try server.drain(&engine)
-        guard case .imageUpload(let opening) = first[0].request else { return }
-        _ = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: UInt64(opening.data.count))), to: first[0].header))
-        guard let (header, _) = try Self.upload(&engine, &server, maxInFlight: &most) else { Issue.record("no state read"); return }
-        let actions = engine.handle(try ScriptedServer.answer(Self.states(hash: Array(repeating: 0x55, count: 32)), to: header))
-        guard case .failed(let error)? = actions.first else { Issue.record("a wrong hash was accepted: \(actions)"); return }
-        #expect(error.code == .verifyFailed)
-        #expect(try server.drain(&engine).isEmpty, "nothing marked, nothing reset")
+    /// Uploads the whole image from a fresh first request (the server answers each request at its
+    /// end, `match` on the last as given) until the engine asks something else or stops.
+    static func uploadAll(_ engine: inout SMPEngine, _ server: inout ScriptedServer, match: Bool?) throws -> (last: [TransferAction], next: (SMPHeader, SMPRequest)?) {
+        var requests = try server.drain(&engine)
+        var last: [TransferAction] = []
+        while let (header, request) = requests.first {
+            requests.removeFirst()
+            guard case .imageUpload(let chunk) = request else { return (last, (header, request)) }
+            let end = chunk.offset + UInt64(chunk.data.count)
+            last = engine.handle(try ScriptedServer.answer(.upload(SMPUploadStatus(offset: end, match: end == UInt64(Self.image.size) ? match : nil)), to: header))
+            requests += try server.drain(&engine)
+            if case .failed? = last.first { return (last, nil) }
+            // Uploaded again from 0: the new first request is the next one to answer.
+            if end == UInt64(Self.image.size), let first = requests.first, case .imageUpload(let u) = first.request, u.offset == 0 {
+                return (last, first)
+            }
+        }
+        return (last, nil)
     }
 
-    @Test func aServerReportingAMismatchedSHAFailsVerification() throws {
+    /// The device holds another hash after the upload: the upload goes again from 0 once
+    /// (a first request with the file's length and SHA-256); a second wrong hash fails,
+    /// resumably, and nothing is ever marked.
+    @Test func anotherHashAfterTheUploadUploadsAgainOnceThenNothingIsMarked() throws {
         var engine = Self.engine()
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
-        var requests = try server.drain(&engine)
+        for attempt in 0..<2 {
+            let (_, next) = try Self.uploadAll(&engine, &server, match: nil)
+            guard let (header, request) = next, request == .imageStateRead else { Issue.record("no state read: \(String(describing: next))"); return }
+            let actions = engine.handle(try ScriptedServer.answer(Self.states(hash: Array(repeating: 0x55, count: 32)), to: header))
+            if attempt == 0 {
+                #expect(actions.isEmpty, "uploaded again instead: \(actions)")
+                #expect(engine.phase == .beginning && engine.startOvers == 1 && engine.stats.restarts == 1)
+                #expect(engine.notes.last?.contains("uploading it again from 0") == true)
+                continue
+            }
+            guard case .failed(let error)? = actions.first else { Issue.record("a wrong hash was accepted: \(actions)"); return }
+            #expect(error.code == .verifyFailed && error.resumable, "a retry must be allowed to send it anew")
+            #expect(error.message.contains("also after uploading it again from 0"))
+        }
+        #expect(!server.requests.contains { if case .imageStateWrite = $0.request { true } else { false } }, "nothing marked")
+        let firsts = server.requests.filter { if case .imageUpload(let u) = $0.request { u.offset == 0 && u.sha == Self.sha && u.length == UInt64(Self.image.size) } else { false } }
+        #expect(firsts.count == 2)
+    }
+
+    /// A server that did not say `match` leaves the only check of the bytes to MCUboot: said
+    /// before the mark; a server that said `match` true is not.
+    @Test(arguments: [nil, true] as [Bool?])
+    func aServerWithoutMatchIsSaidToLeaveTheCheckToMCUboot(match: Bool?) throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (_, next) = try Self.uploadAll(&engine, &server, match: match)
+        guard let (header, request) = next, request == .imageStateRead else { Issue.record("no state read"); return }
+        #expect(engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash), to: header)).isEmpty)
+        #expect(try server.drain(&engine).map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: false)])
+        #expect(engine.notes.contains { $0.contains("only MCUboot's check at the reset") } == (match == nil))
+    }
+
+    /// `match` false on the last answer: the same once, then a resumable failure.
+    @Test func aServerReportingAMismatchedSHAUploadsAgainOnce() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (again, next) = try Self.uploadAll(&engine, &server, match: false)
+        #expect(again.isEmpty && engine.startOvers == 1)
+        guard let next else { Issue.record("not uploaded again"); return }
+        // The second upload's first request is already in flight: the server answers it and the rest.
+        var requests = [next]
         var last: [TransferAction] = []
         while let (header, request) = requests.first {
             requests.removeFirst()
@@ -200,7 +330,42 @@ struct SMPEngineTests {
             requests += try server.drain(&engine)
         }
         guard case .failed(let error)? = last.first else { Issue.record("a mismatched upload went on: \(last)"); return }
-        #expect(error.code == .verifyFailed)
+        #expect(error.code == .verifyFailed && error.resumable)
+        #expect(engine.stats.restarts == 1)
+    }
+
+    /// The start-over is one of the engine's recoveries: with none allowed, the first mismatch fails.
+    @Test func noRecoveriesMeansNoStartOver() throws {
+        var engine = SMPEngine(image: Self.image, config: EngineConfig(maxRecoveries: 0),
+                               settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash))
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        let (last, _) = try Self.uploadAll(&engine, &server, match: false)
+        guard case .failed(let error)? = last.first else { Issue.record("went on: \(last)"); return }
+        #expect(error.code == .verifyFailed && engine.startOvers == 0)
+    }
+
+    /// While the first upload request goes unanswered, each timeout says what the engine waits
+    /// for (the slot's erase) before it asks again.
+    @Test func anUnansweredFirstRequestIsExplainedAtEachTimeout() throws {
+        var engine = Self.engine()
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        _ = try server.drain(&engine)
+        #expect(engine.notes.isEmpty)
+        #expect(engine.currentTimeout == SMPEngine.firstRequestTimeout)
+        for retry in 1...EngineConfig().commandRetries {
+            #expect(engine.handle(.timeout).isEmpty)
+            #expect(engine.notes.count == retry)
+            #expect(engine.notes.last?.contains("has not answered the first upload request in 40 s") == true)
+            #expect(engine.notes.last?.contains("erases its slot for the \(Self.image.size)-byte image") == true)
+            #expect(engine.notes.last?.hasSuffix("\(retry) of \(EngineConfig().commandRetries)") == true)
+            let again = try server.drain(&engine)
+            guard case .imageUpload(let u)? = again.first?.request else { Issue.record("not asked again"); return }
+            #expect(u.offset == 0)
+        }
+        guard case .failed(let error)? = engine.handle(.timeout).first else { Issue.record("no failure"); return }
+        #expect(error.code == .timeout && error.resumable)
     }
 
     @Test func withoutParametersOneRequestIsInFlightInOneWrite() throws {
@@ -357,7 +522,9 @@ struct SMPEngineTests {
         #expect(confirm.map(\.request) == [.imageStateWrite(hash: Self.hash, confirm: true)])
         _ = engine.handle(try ScriptedServer.answer(Self.states(hash: Self.hash, pending: true), to: confirm[0].header))
         #expect(try server.drain(&engine).map(\.request) == [.reset(force: false)])
-        #expect(engine.handle(.disconnected(.linkLost("reset"))) == [.finished])
+        guard case .failed(let lost)? = engine.handle(.disconnected(.linkLost("reset"))).first else { Issue.record("no reconnect asked"); return }
+        #expect(lost.code == .connection && lost.resumable)
+        #expect(engine.handle(.connected(Self.booted(Self.hash), mtu: 247)) == [.finished])
     }
 
     @Test func aLinkLostMidUploadIsResumable() throws {

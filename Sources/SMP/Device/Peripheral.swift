@@ -274,6 +274,8 @@ public struct SMPPeripheral: PeripheralModel {
             reports.append(.note("MCUboot swapped in version \(server.primary.versionText)" + (permanent ? " for good" : " for test")))
         case .reverted:
             reports.append(.note("MCUboot reverted the unconfirmed image: version \(server.primary.versionText) runs again"))
+        case .refused(let why):
+            reports.append(.note("MCUboot refused the image in slot 1 and erased it (\(why)); version \(server.primary.versionText) runs on"))
         case .unchanged:
             break
         }

@@ -20,7 +20,10 @@ import Crypto
 ///   parameters read, a downgrade check on every upload, EBUSY, or a given image group code on
 ///   the first upload request; `Leftover` starts it with slot 1 in use.
 /// - MCUboot at boot: a pending slot 1 is swapped in and runs unconfirmed (or confirmed, when
-///   permanent); an unconfirmed running image is swapped back out (revert).
+///   permanent); an unconfirmed running image is swapped back out (revert). Before a swap MCUboot
+///   validates slot 1 (bootutil's `boot_validate_slot`): its hash TLV must match the hashed bytes
+///   and, when the device was given `signatureKey`, its signature must verify with that key; an
+///   image that fails is erased and slot 0 runs on.
 ///
 /// Its answers are written as `Config.encoding` says (`reply(_:to:)`): Zephyr's zcbor by default,
 /// or mcumgr's tinycbor, canonical, or indefinite in otaflash's order.
@@ -108,6 +111,8 @@ public struct SMPServer: Sendable {
         case swapped(permanent: Bool)
         /// The unconfirmed image was swapped back out.
         case reverted
+        /// Slot 1 was marked but MCUboot found it invalid (`why`): it erased slot 1, slot 0 runs on.
+        case refused(why: String)
     }
 
     public let config: Config
@@ -133,12 +138,19 @@ public struct SMPServer: Sendable {
     /// A fault: the byte of slot 1 at this image offset is stored with its lowest bit flipped when
     /// written (a flash fault; the file's SHA-256 and the slot's hash then differ). Fires once.
     public var flashBitFlipAt: Int?
+    /// The key MCUboot was built with (`CONFIG_BOOT_SIGNATURE_KEY_FILE`): an image whose signature
+    /// does not verify with it is never swapped in. Nil: MCUboot checks the hash only
+    /// (`CONFIG_BOOT_SIGNATURE_TYPE_NONE`).
+    public var signatureKey: MCUbootImage.PublicKey?
 
     /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
     ///   of version 1.0.0.
     ///   - leftover: what an earlier update left in slot 1; by default nothing.
-    public init(config: Config = Config(), running: [UInt8]? = nil, leftover: Leftover? = nil) {
+    ///   - signatureKey: the key MCUboot checks signatures with; by default none (hash only).
+    public init(config: Config = Config(), running: [UInt8]? = nil, leftover: Leftover? = nil,
+                signatureKey: MCUbootImage.PublicKey? = nil) {
         self.config = config
+        self.signatureKey = signatureKey
         primary = SMPSlotImage(running ?? SMPSlotImage.build(major: 1, minor: 0, revision: 0, body: Array("otaflash factory image".utf8)))
         switch leftover {
         case .pending(let image):
@@ -239,7 +251,7 @@ public struct SMPServer: Sendable {
             return .imageStates(states)
         }
         guard let secondary, secondary.hash == hash else {
-            return .error(.image(hash.count == 32 ? .hashNotFound : .invalidHash))
+            return .error(.image([32, 48, 64].contains(hash.count) ? .hashNotFound : .invalidHash))
         }
         // Slot 1 holds the image to revert to: it cannot be marked (img_mgmt's
         // `img_mgmt_state_set_pending` refuses a confirmed slot).
@@ -333,9 +345,16 @@ public struct SMPServer: Sendable {
         let outcome: BootOutcome
         switch swapType {
         case .test, .permanent:
-            outcome = .swapped(permanent: permanent)
-            swap()
-            confirmed = permanent
+            if let why = invalidSecondary() {
+                // bootutil erases an invalid image in slot 1 (its trailer, and so the mark, with it).
+                outcome = .refused(why: why)
+                secondaryBytes = []
+                secondaryComplete = false
+            } else {
+                outcome = .swapped(permanent: permanent)
+                swap()
+                confirmed = permanent
+            }
         case .revert:
             outcome = .reverted
             swap()
@@ -347,6 +366,25 @@ public struct SMPServer: Sendable {
         permanent = false
         lastBoot = outcome
         return outcome
+    }
+
+    /// Why MCUboot would not boot slot 1's image (`bootutil_img_validate`): a header or TLV area it
+    /// cannot read, a hash TLV that does not match, a non-bootable flag, or, with a key, a missing
+    /// signature, a key hash of another key, or a signature that does not verify. Nil: it boots.
+    func invalidSecondary() -> String? {
+        let image: MCUbootImage
+        do {
+            image = try MCUbootImage(bytes: secondaryBytes, source: "slot 1")
+        } catch {
+            return error.description
+        }
+        guard let signatureKey else { return nil }
+        do {
+            try image.verifySignature(with: signatureKey, keyName: "MCUboot's key")
+        } catch {
+            return error.description
+        }
+        return nil
     }
 
     private mutating func swap() {

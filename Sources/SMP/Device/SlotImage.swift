@@ -5,10 +5,12 @@ import Crypto
 /// the device side; the full parser, with the TLV walk and the checks a flasher makes, is
 /// `Sources/SMP/Image`.
 ///
-/// The hash is MCUboot's: SHA-256 over the header, the body and the protected TLVs (the first
-/// `hdr_size + img_size + protect_tlv_size` bytes), the value imgtool stores in the SHA256 TLV.
-/// For bytes that are not an MCUboot image it is the SHA-256 of all of them, and the version
-/// reads 0.0.0.
+/// The hash is what Zephyr's img_mgmt reports (`img_mgmt_read_info`): the value of the image's
+/// hash TLV, read, not computed (SHA256, or SHA384/SHA512 for an MCUboot built with that hash),
+/// after the protected TLV area when there is one. Bytes that hold no hash TLV, or are not an
+/// MCUboot image, report the SHA-256 of the hashed bytes (of all of them, version 0.0.0): Zephyr
+/// would not list such a slot; the model keeps a hash to name it by. MCUboot's own check of the
+/// hash and the signature at boot is `SMPServer.boot()`.
 public struct SMPSlotImage: Sendable, Hashable {
     public static let magic: UInt32 = 0x96F3_B83D
     /// MCUboot's `IMAGE_F_NON_BOOTABLE`.
@@ -31,13 +33,33 @@ public struct SMPSlotImage: Sendable, Hashable {
             isMCUboot = true
             flags = u32(16)
             version = (bytes[20], bytes[21], UInt16(u16(22)), u32(24))
-            hash = Array(SHA256.hash(data: bytes[0..<(u16(8) + Int(u32(12)) + u16(10))]))
+            let hashedEnd = u16(8) + Int(u32(12)) + u16(10)
+            hash = Self.hashTLV(bytes, from: u16(8) + Int(u32(12))) ?? Array(SHA256.hash(data: bytes[0..<hashedEnd]))
         } else {
             isMCUboot = false
             flags = 0
             version = (0, 0, 0, 0)
             hash = Array(SHA256.hash(data: bytes))
         }
+    }
+
+    /// The value of the first hash TLV (type 0x10, 0x11 or 0x12 with 32, 48 or 64 bytes) in the TLV
+    /// area at `start` (past a protected area, magic 0x6908, when one is there); nil when there is
+    /// none, or the area runs past the bytes.
+    static func hashTLV(_ bytes: [UInt8], from start: Int) -> [UInt8]? {
+        func u16(_ at: Int) -> Int? { at + 2 <= bytes.count ? Int(bytes[at]) | Int(bytes[at + 1]) << 8 : nil }
+        var at = start
+        if u16(at) == 0x6908, let total = u16(at + 2) { at += total }
+        guard u16(at) == 0x6907, let total = u16(at + 2) else { return nil }
+        let end = min(at + total, bytes.count)
+        at += 4
+        while at + 4 <= end, let length = u16(at + 2) {
+            let type = bytes[at]
+            let sizes: [UInt8: Int] = [0x10: 32, 0x11: 48, 0x12: 64]
+            if sizes[type] == length, at + 4 + length <= end { return Array(bytes[(at + 4)..<(at + 4 + length)]) }
+            at += 4 + length
+        }
+        return nil
     }
 
     /// Whether the first bytes of an upload carry MCUboot's magic (Zephyr's img_mgmt checks it on

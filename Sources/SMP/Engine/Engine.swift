@@ -70,6 +70,14 @@ public struct SMPUploadSettings: Sendable, Hashable {
 /// image's (the device computed it over what it holds); nothing is marked unless it does. Then
 /// it marks the image for test (or confirms it) and resets the device. A lost link resumes the
 /// upload through the server's offset on the next connection.
+///
+/// An upload the server checked and found wrong (`match` false, or no slot with the image's hash)
+/// is sent again from offset 0 once (`maxStartOvers`, within `maxRecoveries`), as smpmgr and
+/// mcumgr users do by hand: the server starts a new upload at a first request once the last one
+/// finished. If that fails too, the failure is resumable, so a retry (`--retries`) sends it anew.
+///
+/// While it waits on the first upload request (the server erases its slot before it answers), it
+/// says so in `notes` at each timeout, before it asks again.
 public struct SMPEngine: TransferEngine {
     public typealias Peer = SMPLink
 
@@ -78,6 +86,8 @@ public struct SMPEngine: TransferEngine {
     /// How long the first upload request may take: a server erases its slot before answering
     /// (smpclient allows 40 s).
     public static let firstRequestTimeout: Duration = .seconds(40)
+    /// How often an upload the server found wrong is sent again from 0 on this run.
+    public static let maxStartOvers = 1
 
     public let image: FirmwareImage
     public let config: EngineConfig
@@ -110,6 +120,9 @@ public struct SMPEngine: TransferEngine {
         case verifying(Command)
         /// Marking the image, then the reset, in flight.
         case activating(Command)
+        /// The device answered the reset (or dropped the link after it): MCUboot swaps the image
+        /// in, or refuses it and runs the old one. The next connection's image states say which.
+        case rebooting
         case done
         case failed(in: TransferPhase)
     }
@@ -126,12 +139,16 @@ public struct SMPEngine: TransferEngine {
     /// The frame size limit on this connection: the server's `buf_size` (or `maxFrame`), down to
     /// whole ATT writes.
     public private(set) var frameLimit = 0
-    /// Said once per run (the session reports it): the server ran out of buffers and the upload
-    /// went on with one request in flight. A device with one buffer, or none reported, is
-    /// described by the profile's `device_info` instead.
+    /// What the session reports, each once, as it happens: the server ran out of buffers and the
+    /// upload went on with one request in flight (once per run; a device with one buffer, or none
+    /// reported, is described by the profile's `device_info` instead); the first upload request
+    /// went unanswered and is asked again; the upload goes again from 0; the server gave no `match`.
     public private(set) var notes: [String] = []
     /// Whether the server reported `match` for the finished upload (nil: it did not say).
     public private(set) var serverMatch: Bool?
+    /// Uploads sent again from 0 after the server found one wrong.
+    public private(set) var startOvers = 0
+    private var toldBusy = false
 
     private var prefix: PrefixCRC
     private var maxWrite = 20
@@ -170,7 +187,7 @@ public struct SMPEngine: TransferEngine {
         case .erasing, .opening: .beginning
         case .streaming: .streaming
         case .verifying: .verifying
-        case .activating: .activating
+        case .activating, .rebooting: .activating
         case .done: .done
         case .failed: .failed
         }
@@ -188,7 +205,7 @@ public struct SMPEngine: TransferEngine {
     private var command: Command? {
         switch state {
         case .erasing(let c), .verifying(let c), .activating(let c): c
-        case .idle, .opening, .streaming, .done, .failed: nil
+        case .idle, .opening, .streaming, .rebooting, .done, .failed: nil
         }
     }
 
@@ -207,7 +224,7 @@ public struct SMPEngine: TransferEngine {
         switch state {
         case .erasing, .opening: return max(config.replyTimeout, Self.firstRequestTimeout)
         case .verifying: return config.verifyTimeout
-        case .activating: return max(config.replyTimeout, config.activateTimeout)
+        case .activating, .rebooting: return max(config.replyTimeout, config.activateTimeout)
         case .idle, .streaming, .done, .failed: return config.replyTimeout
         }
     }
@@ -216,13 +233,20 @@ public struct SMPEngine: TransferEngine {
     /// chunk then went to it), where it stood for a resumed one.
     public var resumeOffset: Int { stats.resumedFrom.last ?? 0 }
 
-    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy }
+    public var isAwaitingReply: Bool { command != nil || !inFlight.isEmpty || waitingOutBusy || isRebooting }
+    private var isRebooting: Bool { if case .rebooting = state { true } else { false } }
+    /// After the reset: the next connection's image states say whether MCUboot swapped the image in.
+    public var awaitsNextConnection: Bool { isRebooting }
     public var ackedCRC: UInt32 { prefix.crc(upTo: acked) ?? 0 }
     /// The frame size the probe settled on (nil while it runs, or without one).
     public var probedFrame: Int? { probe?.chosen }
 
     public mutating func observe(time: Duration) { now = time }
-    public var furthestAgreed: Int { acked }
+    /// The bytes the device confirmed over the run's uploads: one sent again from 0 counts on from
+    /// where the last one ended, so the stall budget sees its progress.
+    public var furthestAgreed: Int { agreedBefore + acked }
+    /// What the uploads before the last start-over reached.
+    private var agreedBefore = 0
 
     public mutating func seed(confirmedOffset: Int, crc: UInt32) {
         // The server decides where the upload stands; a journal entry only saves hashing.
@@ -265,9 +289,9 @@ public struct SMPEngine: TransferEngine {
             queueHead = 0
             if case .reset? = command?.request {
                 // The device resets as soon as it answered; the answer may not have made it.
-                state = .done
-                return [.finished]
+                state = .rebooting
             }
+            if isRebooting { return [.failed(rebootError)] }
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
         }
@@ -275,6 +299,7 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func start(_ link: SMPLink, mtu: Int) -> [TransferAction] {
         guard phase != .done else { return [] }
+        let rebooted = isRebooting
         let wasChecking = phase == .verifying || phase == .activating
         state = .idle
         guard !image.bytes.isEmpty else {
@@ -329,6 +354,7 @@ public struct SMPEngine: TransferEngine {
         } else {
             probe = nil
         }
+        if rebooted { return booted(link.states) }
         if wasChecking || acked == image.size, acked > 0 {
             tally.resumed(from: acked)
             return verify()
@@ -385,7 +411,8 @@ public struct SMPEngine: TransferEngine {
         case .error(let e) where e.general == .busy || e.general == .noMemory:
             if window > 1 {
                 // The server ran out of buffers: go on with one request at a time.
-                if notes.isEmpty {
+                if !toldBusy {
+                    toldBusy = true
                     notes.append("the device answered \(Self.name(of: e)) with \(window) requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower")
                 }
                 window = 1
@@ -428,8 +455,10 @@ public struct SMPEngine: TransferEngine {
             prefix.record(offset: offset, crc: ackedCRC)
             serverMatch = status.match
             if status.match == false {
-                return fail(OTAError(.verifyFailed, "the device's SHA-256 of the uploaded file does not match the file's; nothing was marked",
-                                     hint: "run the same command again with --restart"))
+                let what = "the device's SHA-256 of the uploaded file does not match the file's"
+                return startOver(because: what, OTAError(.verifyFailed, "the device's SHA-256 of the uploaded file does not match the file's\(againSaid); nothing was marked",
+                                          hint: "run the same command again: it uploads the file anew; if it fails again, the link or the device's flash corrupts data",
+                                          resumable: true))
             }
             return verify()
         }
@@ -504,8 +533,10 @@ public struct SMPEngine: TransferEngine {
         case (.imageStateWrite, .empty):
             return marked(nil)
         case (.reset, _):
-            state = .done
-            return [.finished]
+            // The link drops when the device resets (`rebootError`); the next connection reads
+            // what MCUboot booted.
+            state = .rebooting
+            return []
         case (.imageErase, _):
             state = .opening(nil)
             return sendChunk(at: 0)
@@ -541,8 +572,10 @@ public struct SMPEngine: TransferEngine {
         }
         guard slots.contains(where: { $0.hash == hash }) else {
             let listed = slots.map { "slot \($0.slot) \($0.hash.map(hexString) ?? "without a hash")" }.joined(separator: ", ")
-            return fail(OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed)); nothing was marked",
-                                 hint: "run the same command again with --restart; if it fails again, the device's flash or its image check is at fault"))
+            let what = "after the upload the device holds no image with this image's hash \(hexString(hash))"
+            return startOver(because: what, OTAError(.verifyFailed, "after the upload the device holds no image with this image's hash \(hexString(hash)) (it lists \(listed.isEmpty ? "no slot" : listed))\(againSaid); nothing was marked",
+                                      hint: "run the same command again: it uploads the file anew; if it fails again, the device's flash or its image check is at fault",
+                                      resumable: true))
         }
         return markOrFinish()
     }
@@ -554,6 +587,11 @@ public struct SMPEngine: TransferEngine {
         }
         guard let hash = markHash else {
             return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"), in: .activating)
+        }
+        if serverMatch == nil, settings.imageHash != nil {
+            // An mcumgr server answers no `match` and reports the slot's hash TLV, not a hash of
+            // what it holds: a corrupted upload looks intact until MCUboot checks it at the reset.
+            notes.append("the device did not check the uploaded file's SHA-256 (its answer has no 'match', as an mcumgr server's), and the slot's hash it reports is read from the image: only MCUboot's check at the reset can find a corrupted upload; check that the new version runs afterwards (otaflash image list)")
         }
         // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
         return send(.imageStateWrite(hash: hash, confirm: settings.confirm), as: { .activating($0) })
@@ -572,10 +610,70 @@ public struct SMPEngine: TransferEngine {
         return send(.reset(force: false), as: { .activating($0) })
     }
 
+    /// The session reconnects on this (a resumable link loss) and the next connection's image
+    /// states say whether MCUboot swapped the image in (`booted`).
+    private var rebootError: OTAError {
+        OTAError(.connection, "the device reset to swap the image in; reconnecting to read which image it runs",
+                 hint: "if it does not come back, check what it runs with otaflash image list", resumable: true)
+    }
+
+    /// After the reset: ok only when the slot that runs holds the image's hash. MCUboot refuses an
+    /// image whose hash or signature does not check out (a corrupted upload that an mcumgr server,
+    /// answering no `match`, could not find) and runs the old one: that image is uploaded again
+    /// while start-overs are left, else the run fails.
+    private mutating func booted(_ states: SMPImageStates?) -> [TransferAction] {
+        guard let states, let hash = markHash else {
+            return fail(OTAError(.protocolError, "after its reset the device did not report its image states; check what it runs with otaflash image list"))
+        }
+        let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
+        let running = slots.first(where: \.active)
+        if running?.hash == hash {
+            state = .done
+            return [.finished]
+        }
+        if let waiting = slots.first(where: { $0.hash == hash && $0.pending }) {
+            return fail(OTAError(.timeout, "after its reset the device still lists the image in slot \(waiting.slot), marked to run at the next reset: it did not reset, or MCUboot did not swap the image in",
+                                 hint: "reset the device (otaflash reset), then check what it runs with otaflash image list"))
+        }
+        let old = running.map { "its old image \($0.version)" } ?? "its old image"
+        let what = "MCUboot refused the image at boot (its hash or signature did not check out) and the device runs \(old)"
+        return startOver(because: what, OTAError(.verifyFailed, "\(what)\(againSaid)",
+                                                 hint: "run the same command again: it uploads the file anew; if MCUboot refuses it again, check the image's signature key and the device's flash",
+                                                 resumable: true))
+    }
+
     // MARK: Timeouts and failures
+
+    /// ", after uploading it again from 0": said in a failure after a start-over.
+    private var againSaid: String { startOvers > 0 ? ", also after uploading it again from 0" : "" }
+
+    /// The server found the upload wrong: upload it again from offset 0 (a first request, which
+    /// starts a new upload on a server whose last one finished) while start-overs are left;
+    /// else fail with `error`.
+    private mutating func startOver(because what: String, _ error: OTAError) -> [TransferAction] {
+        guard startOvers < min(Self.maxStartOvers, config.maxRecoveries) else { return fail(error) }
+        startOvers += 1
+        agreedBefore += acked
+        tally.stats.restarts += 1
+        notes.append("\(what): uploading it again from 0")
+        serverMatch = nil
+        retries = 0
+        inFlight = [:]
+        queue = []
+        queueHead = 0
+        acked = 0
+        sent = 0
+        state = .opening(nil)
+        return sendChunk(at: 0)
+    }
 
     private mutating func timedOut() -> [TransferAction] {
         guard phase != .done, phase != .failed, phase != .idle else { return [] }
+        if isRebooting {
+            // The device answered the reset but kept the link: a new connection finds out.
+            return [.failed(OTAError(.timeout, "the device answered the reset but did not drop the link within \(currentTimeout.seconds) s; reconnecting to read which image it runs",
+                                     resumable: true))]
+        }
         let afterBusy = waitingOutBusy
         let timeout = currentTimeout
         switch state {
@@ -591,12 +689,16 @@ public struct SMPEngine: TransferEngine {
                                  hint: "check the link and the device, then run the same command again to resume", resumable: true))
         }
         tally.stats.commandRetries += 1
+        if case .opening = state, !afterBusy {
+            let waited = timeout.seconds == timeout.seconds.rounded() ? "\(Int(timeout.seconds))" : "\(timeout.seconds)"
+            notes.append("the device has not answered the first upload request in \(waited) s (it erases its slot for the \(image.size)-byte image before it answers): asking again, \(retries) of \(config.commandRetries)")
+        }
         switch state {
         case .erasing(let c): return send(c.request, as: { .erasing($0) })
         case .verifying(let c): return send(c.request, as: { .verifying($0) })
         case .activating(let c): return send(c.request, as: { .activating($0) })
         case .opening: return sendChunk(at: 0)
-        case .streaming, .idle, .done, .failed: break
+        case .streaming, .idle, .rebooting, .done, .failed: break
         }
         // Upload answers went missing, or a busy server was waited out: ask again from the last
         // offset the server confirmed (only the former is a rewind: nothing was lost).
