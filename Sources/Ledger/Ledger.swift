@@ -176,3 +176,14 @@ extension Duration {
         return Double(s) + Double(attoseconds) / 1e18
     }
 }
+
+extension LedgerQuery {
+    /// The statement both stores run for this query, given its filters as SQL conditions in the
+    /// store's placeholder syntax: oldest first, or with a limit the newest that many, oldest first.
+    func select(where clauses: [String]) -> String {
+        var sql = "SELECT * FROM attempts"
+        if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
+        guard let limit else { return sql + " ORDER BY id" }
+        return "SELECT * FROM (\(sql) ORDER BY id DESC LIMIT \(max(0, limit))) AS newest ORDER BY id"
+    }
+}

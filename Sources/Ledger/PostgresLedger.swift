@@ -117,13 +117,7 @@ public actor PostgresLedger: LedgerStore {
                 add({ "image_name = \($0)" }, image)
             }
         }
-        var sql = "SELECT * FROM attempts"
-        if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
-        if let limit = query.limit {
-            sql = "SELECT * FROM (\(sql) ORDER BY id DESC LIMIT \(max(0, limit))) AS newest ORDER BY id"
-        } else {
-            sql += " ORDER BY id"
-        }
+        let sql = query.select(where: clauses)
         return try await run("reading") { [sql, binds] c in
             try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect().map(Self.record)
         }

@@ -163,13 +163,7 @@ public final class SQLiteLedger: LedgerStore {
                 add("image_name = ?", image)
             }
         }
-        var sql = "SELECT * FROM attempts"
-        if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
-        if let limit = query.limit {
-            sql = "SELECT * FROM (\(sql) ORDER BY id DESC LIMIT \(max(0, limit))) ORDER BY id"
-        } else {
-            sql += " ORDER BY id"
-        }
+        let sql = query.select(where: clauses)
         do {
             return try await queue.read { [sql, arguments] db in try LedgerRecord.fetchAll(db, sql: sql, arguments: arguments) }
         } catch {
