@@ -48,7 +48,7 @@ public actor PostgresLedger: LedgerStore {
         } catch {
             throw LedgerError(.badLocation, "--ledger \(target.redacted): TLS cannot be set up (\(error)); try another sslmode")
         }
-        configuration.options.connectTimeout = .nanoseconds(Int64(self.connectTimeout.seconds * 1e9))
+        configuration.options.connectTimeout = Self.timeAmount(self.connectTimeout)
         // The server gives up a statement that waits longer than the client would (a lock held
         // by a stuck session), so nothing waits for an answer nobody reads.
         configuration.options.additionalStartupParameters = [
@@ -299,9 +299,9 @@ public actor PostgresLedger: LedgerStore {
         }
         let fired = Fired()
         let limit = queryTimeout
-        // One timer, not a poll: closing the connection fails the statement waiting on it.
-        let timer = Task {
-            try await Task.sleep(for: limit)
+        // One timer on the connection's event loop, not a poll and not a task: it fires on time
+        // however busy this process's tasks are, and closing the connection fails the statement.
+        let timer = c.eventLoop.scheduleTask(in: Self.timeAmount(limit)) {
             fired.set()
             _ = c.close() as EventLoopFuture<Void>
         }
@@ -321,35 +321,17 @@ public actor PostgresLedger: LedgerStore {
         if let connection, !connection.isClosed { return connection }
         if let connecting { return try await connecting.value }
         let configuration = configuration
-        let limit = connectTimeout
         let queryLimit = queryTimeout
         let location = location
         let task = Task { () throws -> PostgresConnection in
-            let fired = Fired()
-            // The whole connect, TLS and authentication included (NIO's timeout covers only TCP).
-            let attempt = Task {
-                try await PostgresConnection.connect(configuration: configuration, id: Self.ids.add(1, ordering: .relaxed).newValue,
-                                                     logger: Self.logger)
-            }
-            let timer = Task {
-                try await Task.sleep(for: limit)
-                fired.set()
-                attempt.cancel()
-            }
-            defer { timer.cancel() }
-            let c: PostgresConnection
-            do {
-                c = try await attempt.value
-            } catch {
-                if fired.isSet {
-                    throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(limit)) (connecting to it); check the server and the network, or choose another --ledger")
-                }
-                throw error
-            }
+            // PostgresNIO bounds the whole connect, TLS and authentication included, by
+            // `options.connectTimeout` on its event loop: a refusal and a timeout are told apart
+            // there, never by which of two tasks this process happened to run first.
+            let c = try await PostgresConnection.connect(configuration: configuration, id: Self.ids.add(1, ordering: .relaxed).newValue,
+                                                         logger: Self.logger)
             // Migrating is statements too: bounded as each operation is.
             let stuck = Fired()
-            let guardTimer = Task {
-                try await Task.sleep(for: queryLimit)
+            let guardTimer = c.eventLoop.scheduleTask(in: Self.timeAmount(queryLimit)) {
                 stuck.set()
                 _ = c.close() as EventLoopFuture<Void>
             }
@@ -370,6 +352,10 @@ public actor PostgresLedger: LedgerStore {
         let c = try await task.value
         connection = c
         return c
+    }
+
+    static func timeAmount(_ d: Duration) -> TimeAmount {
+        .nanoseconds(Int64(d.seconds * 1e9))
     }
 
     /// A PostgreSQL or network failure as one line, by its SQLSTATE or connection error.
@@ -404,6 +390,9 @@ public actor PostgresLedger: LedgerStore {
                 return LedgerError(.failed, "\(doing) \(ledger) failed: \(message) (SQLSTATE \(state))")
             }
         case .connectionError:
+            if let timeout = psql.underlying as? ChannelError, case .connectTimeout = timeout {
+                return LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(connectTimeout)) (connecting to it); check the server and the network, or choose another --ledger")
+            }
             let why = psql.underlying.map(Self.reason) ?? "connection failed"
             return LedgerError(.unreachable, "cannot reach \(ledger): \(why); check that the server runs and the URL's host and port, or choose another --ledger")
         case .serverClosedConnection, .clientClosedConnection, .uncleanShutdown:

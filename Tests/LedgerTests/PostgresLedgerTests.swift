@@ -226,11 +226,12 @@ struct PostgresLedgerTests {
         }
     }
 
-    /// A peer that takes the connection and never answers: the connect gives up at its timeout.
-    @Test func aServerThatNeverAnswersTimesOut() async throws {
+    /// A peer that takes the connection and never answers: the connect gives up at its timeout
+    /// (the message names that limit). No wall-clock bound: under a full parallel run this test
+    /// waits its turn among hundreds; the time limit only catches a connect that never ends.
+    @Test(.timeLimit(.minutes(10))) func aServerThatNeverAnswersTimesOut() async throws {
         let socket = try SilentListener()
         let ledger = try PostgresLedger(url: "postgres://otaflash:pw@127.0.0.1:\(socket.port)/otaflash", connectTimeout: .milliseconds(500))
-        let started = ContinuousClock.now
         do {
             _ = try await ledger.records(LedgerQuery())
             Issue.record("a silent server answered")
@@ -238,8 +239,6 @@ struct PostgresLedgerTests {
             #expect(error.kind == .unreachable, "\(error)")
             #expect(error.message.contains("did not answer within 0.5 s"), "\(error)")
         }
-        // It ends: the message names the 0.5 s limit; the wall-clock bound leaves room for a loaded machine.
-        #expect(ContinuousClock.now - started < .seconds(60))
     }
 
     @Test func aWrongPasswordIsRefusedAsAuthentication() async throws {
