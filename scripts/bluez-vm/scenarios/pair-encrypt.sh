@@ -52,6 +52,7 @@ grep -q 'bond removed' "$f" "$f.stderr" || fail "no 'bond removed' note"
 step "paired: $done_line"
 check_stored "$SIM_OUT" "$SMALL"
 no_bond "after --unpair-after"
+links_down "$SIM_OUT" "removing the device anyway"
 remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
 
 # ------------------------------------------------------------------ 2. forced disconnect, resume encrypted

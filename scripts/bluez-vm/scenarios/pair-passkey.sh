@@ -41,6 +41,7 @@ refused() {
 	grep -Eq -- "$pattern" <<<"$line" || fail "$label: the line does not say '$pattern': $line"
 	grep -q '"exit_code":13' "$f" || fail "$label: the done event does not carry exit code 13"
 	! grep -q '"event":"activated"' "$SIM_OUT" || fail "$label: the device activated an image"
+	links_down "$SIM_OUT" "removing the device anyway"
 	remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"
 	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
 	no_bond "after $label"
@@ -56,6 +57,7 @@ no_bond "before"
 WANT_PASSKEY=1 unpaired_refusal native "$SMALL"
 NATIVE_UNPAIRED=$UNPAIRED_SECS
 step "unpaired: the peripheral's agent was asked: $(grep -o 'request=[a-z ]*' "$RESULTS_DIR/sim.stderr" | tr '\n' ' ')"
+links_down "$SIM_OUT" "removing the device anyway"
 remove_device "$CENTRAL_HCI" "$PERIPHERAL_ADDR"
 
 refused wrong-passkey 'passkey 111111 was not accepted' --pair --passkey 111111

@@ -117,21 +117,28 @@ start_sim() {
 	step "$tag on $adapter: $(grep -m1 '"event":"serving"' "$SIM_OUT")"
 }
 
+# links_down OUT WHAT: waits up to 10 s until the simulate writing OUT has reported as many
+# disconnections as connections; after that, a note ending in WHAT. Removing a device object
+# while its link is still going down has crashed bluetoothd 5.66 in the guest (segfault in
+# libglib; bluez/bluez#1781 reports the same after a session ends).
+links_down() {
+	local out=$1 what=$2 deadline=$((SECONDS + 10)) c d
+	while :; do
+		c=$(grep -c '"event":"connected"' "$out" || true)
+		d=$(grep -c '"event":"disconnected"' "$out" || true)
+		((d >= c)) && return 0
+		((SECONDS < deadline)) || { step "note: $((c - d)) link(s) still up 10 s after the flash; $what"; return 0; }
+		sleep 0.2
+	done
+}
+
 # stop_sim PID [SIM_OUT]: SIGINT, then waits (15 s) for it to unregister and exit;
 # its status. With SIM_OUT, first waits (10 s) until every link it reported
 # connected is reported disconnected: unregistering while bluetoothd is still
 # tearing a link down is where bluetoothd 5.66 was seen to segfault here.
 stop_sim() {
-	local pid=$1 out=${2:-} rc=0 deadline=$((SECONDS + 10)) c d
-	if [ -n "$out" ]; then
-		while :; do
-			c=$(grep -c '"event":"connected"' "$out" || true)
-			d=$(grep -c '"event":"disconnected"' "$out" || true)
-			((d >= c)) && break
-			((SECONDS < deadline)) || { step "note: $((c - d)) link(s) still up 10 s after the flash; stopping simulate anyway"; break; }
-			sleep 0.2
-		done
-	fi
+	local pid=$1 out=${2:-} rc=0
+	[ -z "$out" ] || links_down "$out" "stopping simulate anyway"
 	kill -INT "$pid" 2>/dev/null || return 0
 	timeout 15 tail --pid="$pid" -f /dev/null || { step "otaflash simulate still running 15 s after SIGINT; killing it"; kill -KILL "$pid"; }
 	wait "$pid" || rc=$?
@@ -265,6 +272,7 @@ unpaired_refusal() {
 	grep -q '"exit_code":12' "$f" || fail "$label: the done event does not carry exit code 12"
 	! grep -q '"event":"activated"' "$SIM_OUT" || fail "$label: the device activated an image written over an unpaired link"
 	no_bond "after $label without --pair"
+	links_down "$SIM_OUT" "removing the device anyway"
 	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
 	step "FIGURES unpaired $label: exit 12 in $UNPAIRED_SECS s ($wall s wall)"
 }
@@ -282,6 +290,7 @@ paired_flash() {
 	grep -q 'bond removed' "$f" "$f.stderr" || fail "$label: no 'bond removed' note"
 	step "$label paired: $done_line"
 	no_bond "after $label --unpair-after"
+	links_down "$SIM_OUT" "removing the device anyway"
 	remove_device "$PERIPHERAL_HCI" "$CENTRAL_ADDR"
 }
 
