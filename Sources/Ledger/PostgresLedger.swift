@@ -24,13 +24,6 @@ public actor PostgresLedger: LedgerStore {
     private static let logger = Logger(label: "otaflash.ledger.postgres", factory: { _ in SwiftLogNoOpLogHandler() })
     private static let ids = Atomic<Int>(0)
 
-    /// Set once, read after: whether a deadline's timer fired.
-    final class Fired: Sendable {
-        private let value = Atomic<Bool>(false)
-        func set() { value.store(true, ordering: .releasing) }
-        var isSet: Bool { value.load(ordering: .acquiring) }
-    }
-
     /// Parses `url` (docs/LEDGER.md: `postgres://user:password@host:port/database?sslmode=…`);
     /// nothing is sent until the first operation.
     public init(url: String, connectTimeout: Duration = .seconds(10), queryTimeout: Duration = .seconds(10),
@@ -280,7 +273,8 @@ public actor PostgresLedger: LedgerStore {
             }
             try await c.query("COMMIT", logger: Self.logger)
         } catch {
-            _ = try? await c.query("ROLLBACK", logger: Self.logger)
+            // A connection the deadline closed takes no statement (the server rolls back itself).
+            if !c.isClosed { _ = try? await c.query("ROLLBACK", logger: Self.logger) }
             throw error
         }
     }
@@ -297,22 +291,14 @@ public actor PostgresLedger: LedgerStore {
         } catch {
             throw failure(error, doing: "connecting to")
         }
-        let fired = Fired()
         let limit = queryTimeout
-        // One timer on the connection's event loop, not a poll and not a task: it fires on time
-        // however busy this process's tasks are, and closing the connection fails the statement.
-        let timer = c.eventLoop.scheduleTask(in: Self.timeAmount(limit)) {
-            fired.set()
-            _ = c.close() as EventLoopFuture<Void>
-        }
-        defer { timer.cancel() }
         do {
-            return try await body(c)
+            return try await Self.bounded(c, by: limit) { try await body(c) }
+        } catch is DeadlinePassed {
+            if connection === c { connection = nil }
+            throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(limit)) (\(doing) it); check the server and the network, or choose another --ledger")
         } catch {
             if c.isClosed, connection === c { connection = nil }
-            if fired.isSet {
-                throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(limit)) (\(doing) it); check the server and the network, or choose another --ledger")
-            }
             throw failure(error, doing: doing)
         }
     }
@@ -330,17 +316,12 @@ public actor PostgresLedger: LedgerStore {
             let c = try await PostgresConnection.connect(configuration: configuration, id: Self.ids.add(1, ordering: .relaxed).newValue,
                                                          logger: Self.logger)
             // Migrating is statements too: bounded as each operation is.
-            let stuck = Fired()
-            let guardTimer = c.eventLoop.scheduleTask(in: Self.timeAmount(queryLimit)) {
-                stuck.set()
-                _ = c.close() as EventLoopFuture<Void>
-            }
-            defer { guardTimer.cancel() }
             do {
-                try await Self.migrate(c, location: location)
+                try await Self.bounded(c, by: queryLimit) { try await Self.migrate(c, location: location) }
             } catch {
+                // Awaited: PostgresNIO asserts that a connection is closed before it is released.
                 try? await (c.close() as EventLoopFuture<Void>).get()
-                if stuck.isSet {
+                if error is DeadlinePassed {
                     throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(queryLimit)) (migrating its schema); check the server, or choose another --ledger")
                 }
                 throw error
@@ -352,6 +333,44 @@ public actor PostgresLedger: LedgerStore {
         let c = try await task.value
         connection = c
         return c
+    }
+
+    /// `limit` passed before the statements on a connection ended; the connection is closed.
+    struct DeadlinePassed: Error {}
+
+    /// `body`'s result, or `DeadlinePassed` once `limit` has passed on the connection's event loop
+    /// (one timer there: it fires on time however busy this process's tasks are), whichever comes
+    /// first; the connection is closed then. The caller never waits on `body` past the limit: a
+    /// statement written to a connection already closed is dropped by PostgresNIO without failing
+    /// its promise, so `body` may wait for ever; it is left to end with the connection.
+    static func bounded<T: Sendable>(_ c: PostgresConnection, by limit: Duration,
+                                     _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let outcome = Mutex<CheckedContinuation<T, any Error>?>(nil)
+        let resume: @Sendable (Result<T, any Error>) -> Bool = { result in
+            guard let continuation = outcome.withLock({ pending in defer { pending = nil }; return pending }) else { return false }
+            continuation.resume(with: result)
+            return true
+        }
+        let work = Mutex<Task<Void, Never>?>(nil)
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+                outcome.withLock { $0 = continuation }
+                let timer = c.eventLoop.scheduleTask(in: timeAmount(limit)) {
+                    if resume(.failure(DeadlinePassed())) { _ = c.close() as EventLoopFuture<Void> }
+                }
+                let task = Task {
+                    let result: Result<T, any Error>
+                    do { result = .success(try await body()) } catch { result = .failure(error) }
+                    timer.cancel()
+                    _ = resume(result)
+                }
+                work.withLock { $0 = task }
+                // Cancelled before `task` was there for the handler below.
+                if Task.isCancelled { task.cancel() }
+            }
+        } onCancel: {
+            work.withLock { $0?.cancel() }
+        }
     }
 
     static func timeAmount(_ d: Duration) -> TimeAmount {

@@ -4,9 +4,10 @@
 /// Each read checks the bytes it takes: a value too short for a field throws `ShortRead` (which
 /// says which field and how short), so a decoder needs no length check of its own that could
 /// disagree with its reads, and a malformed value is an error, never a trap.
-public struct ByteReader {
-    private let bytes: ArraySlice<UInt8>
-    private var index: Int
+/// Inlinable: the engines and device models decode every packet through it, from other modules.
+@frozen public struct ByteReader {
+    @usableFromInline let bytes: ArraySlice<UInt8>
+    @usableFromInline var index: Int
 
     /// A field that runs past the end of the value.
     public struct ShortRead: Error, Sendable, Hashable, CustomStringConvertible {
@@ -28,35 +29,35 @@ public struct ByteReader {
         }
     }
 
-    public init(_ bytes: ArraySlice<UInt8>) {
+    @inlinable public init(_ bytes: ArraySlice<UInt8>) {
         self.bytes = bytes
         self.index = bytes.startIndex
     }
 
-    public init(_ bytes: [UInt8]) { self.init(bytes[...]) }
+    @inlinable public init(_ bytes: [UInt8]) { self.init(bytes[...]) }
 
     /// Bytes not read yet.
-    public var remaining: Int { bytes.endIndex - index }
+    @inlinable public var remaining: Int { bytes.endIndex - index }
     /// Bytes read so far.
-    public var consumed: Int { index - bytes.startIndex }
+    @inlinable public var consumed: Int { index - bytes.startIndex }
 
-    private func take(_ size: Int) throws(ShortRead) {
+    @inlinable func take(_ size: Int) throws(ShortRead) {
         guard remaining >= size else { throw ShortRead(offset: consumed, size: size, available: remaining) }
     }
 
-    public mutating func u8() throws(ShortRead) -> UInt8 {
+    @inlinable public mutating func u8() throws(ShortRead) -> UInt8 {
         try take(1)
         defer { index += 1 }
         return bytes[index]
     }
 
-    public mutating func u16() throws(ShortRead) -> UInt16 {
+    @inlinable public mutating func u16() throws(ShortRead) -> UInt16 {
         try take(2)
         defer { index += 2 }
         return UInt16(bytes[index]) | UInt16(bytes[index + 1]) << 8
     }
 
-    public mutating func u32() throws(ShortRead) -> UInt32 {
+    @inlinable public mutating func u32() throws(ShortRead) -> UInt32 {
         try take(4)
         defer { index += 4 }
         return UInt32(bytes[index]) | UInt32(bytes[index + 1]) << 8
@@ -64,7 +65,7 @@ public struct ByteReader {
     }
 
     /// Everything not read yet (possibly nothing).
-    public mutating func rest() -> ArraySlice<UInt8> {
+    @inlinable public mutating func rest() -> ArraySlice<UInt8> {
         defer { index = bytes.endIndex }
         return bytes[index...]
     }

@@ -241,6 +241,24 @@ struct PostgresLedgerTests {
         }
     }
 
+    /// A statement deadline that closes the connection between two statements of one operation
+    /// (here the schema's transaction, at a 1 ms limit) ends the operation with one error; it used
+    /// to wait for ever on the ROLLBACK written to the closed connection (PostgresNIO drops a
+    /// statement written there without failing it).
+    @Test(.timeLimit(.minutes(10))) func aDeadlineThatClosesTheConnectionMidTransactionEndsTheOperation() async throws {
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("deadline")
+        for _ in 0..<5 {
+            let ledger = try PostgresLedger(url: url, queryTimeout: .milliseconds(1))
+            do {
+                try await ledger.prepare(station: "st")
+                Issue.record("a 1 ms deadline let a whole migration through")
+            } catch {
+                #expect(error.kind == .unreachable || error.kind == .locked, "\(error)")
+            }
+            await ledger.close()
+        }
+    }
+
     @Test func aWrongPasswordIsRefusedAsAuthentication() async throws {
         let server = try Prerequisites.require(PostgresServer.shared, for: .postgres)
         let ledger = try PostgresLedger(url: "postgres://otaflash:wrong@127.0.0.1:\(server.port)/otaflash")
