@@ -14,6 +14,9 @@ public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
     public static let reset = SMPCommand(group: .os, id: 5)
     /// OS 6: the server's buffer size and count.
     public static let mcumgrParameters = SMPCommand(group: .os, id: 6)
+    /// OS 8: the bootloader, or with the query `mode` MCUboot's mode (Zephyr's
+    /// `CONFIG_MCUMGR_GRP_OS_BOOTLOADER_INFO`).
+    public static let bootloaderInfo = SMPCommand(group: .os, id: 8)
     /// Image 0: read (list slots) or write (test or confirm).
     public static let imageState = SMPCommand(group: .image, id: 0)
     /// Image 1: one chunk of an upload.
@@ -26,6 +29,7 @@ public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
         case .echo: "echo"
         case .reset: "reset"
         case .mcumgrParameters: "MCUmgr parameters"
+        case .bootloaderInfo: "bootloader info"
         case .imageState: "image state"
         case .imageUpload: "image upload"
         case .imageErase: "image erase"
@@ -119,10 +123,13 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
     case imageUpload(SMPImageUpload)
     /// Image 5 write: `{}` or `{"slot": n}`.
     case imageErase(slot: UInt32?)
+    /// OS 8 read: `{}` (which bootloader), or `{"query": "mode"}` (MCUboot's mode).
+    case bootloaderInfo(query: String?)
 
     public var command: SMPCommand {
         switch self {
         case .mcumgrParameters: .mcumgrParameters
+        case .bootloaderInfo: .bootloaderInfo
         case .echo: .echo
         case .reset: .reset
         case .imageStateRead, .imageStateWrite: .imageState
@@ -133,7 +140,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
 
     public var operation: SMPOperation {
         switch self {
-        case .mcumgrParameters, .imageStateRead: .read
+        case .mcumgrParameters, .imageStateRead, .bootloaderInfo: .read
         default: .write
         }
     }
@@ -147,6 +154,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
             if let hash { ["hash": .bytes(hash), "confirm": .bool(confirm)] } else { ["confirm": .bool(confirm)] }
         case .imageUpload(let upload): upload.body
         case .imageErase(let slot): slot.map { ["slot": .unsigned(UInt64($0))] } ?? [:]
+        case .bootloaderInfo(let query): query.map { ["query": .text($0)] } ?? [:]
         }
     }
 
@@ -186,6 +194,9 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case (.imageErase, .write):
             let f = try Fields(frame.body(), command)
             self = .imageErase(slot: try f.uint32("slot"))
+        case (.bootloaderInfo, .read):
+            let f = try Fields(frame.body(), command)
+            self = .bootloaderInfo(query: try f.text("query"))
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a request this codec knows")
         }
@@ -202,6 +213,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
                 : "test image \(hexString(hash ?? []))"
         case .imageUpload(let u): "image upload of \(u.data.count) bytes at \(u.offset)"
         case .imageErase(let slot): slot.map { "erase slot \($0)" } ?? "erase"
+        case .bootloaderInfo(let query): query.map { "bootloader info read (\($0))" } ?? "bootloader info read"
         }
     }
 }
@@ -344,6 +356,7 @@ public enum SMPResponse: Hashable, Sendable {
     /// Image state read and write.
     case imageStates(SMPImageStates)
     case upload(SMPUploadStatus)
+    case bootloaderInfo(SMPBootloaderInfo)
     /// The server refused the request.
     case error(SMPDeviceError)
 
@@ -355,6 +368,7 @@ public enum SMPResponse: Hashable, Sendable {
         case .empty: [:]
         case .imageStates(let s): s.body
         case .upload(let u): u.body
+        case .bootloaderInfo(let b): b.body
         case .error(let e): e.body(version: version)
         }
     }
@@ -394,9 +408,85 @@ public enum SMPResponse: Hashable, Sendable {
             self = .empty
         case (.imageState, _): self = .imageStates(try SMPImageStates(body: body))
         case (.imageUpload, .writeResponse): self = .upload(try SMPUploadStatus(body: body))
+        case (.bootloaderInfo, .readResponse): self = .bootloaderInfo(try SMPBootloaderInfo(body: body))
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a response this codec knows")
         }
+    }
+}
+
+/// MCUboot's mode as os_mgmt's bootloader info reports it: MCUboot's `enum mcuboot_mode`
+/// (bootutil's boot_status.h); Zephyr reports -1 for a mode it does not map.
+public struct SMPBootloaderMode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public var rawValue: Int64
+    public init(rawValue: Int64) { self.rawValue = rawValue }
+
+    public static let singleSlot = Self(rawValue: 0)
+    public static let swapScratch = Self(rawValue: 1)
+    /// Upgrade-only: the new image is copied over the old one; no test, no revert.
+    public static let overwriteOnly = Self(rawValue: 2)
+    public static let swapMove = Self(rawValue: 3)
+    /// Both slots run in place; MCUboot boots the one with the highest version.
+    public static let directXIP = Self(rawValue: 4)
+    /// Direct-XIP with a test run: an image not confirmed is not booted again.
+    public static let directXIPWithRevert = Self(rawValue: 5)
+    public static let ramLoad = Self(rawValue: 6)
+    public static let firmwareLoader = Self(rawValue: 7)
+    public static let singleSlotRAMLoad = Self(rawValue: 8)
+    public static let swapOffset = Self(rawValue: 9)
+
+    /// Swap modes: the image goes to slot 1, is swapped in for test and reverted unless confirmed.
+    public var swaps: Bool { [.swapScratch, .swapMove, .swapOffset].contains(self) }
+    /// Direct-XIP and RAM load: the image goes to the slot not running, which runs in place.
+    public var runsInPlace: Bool { [.directXIP, .directXIPWithRevert, .ramLoad].contains(self) }
+    /// One slot: nothing for an SMP client to upload a second image into.
+    public var singleSlot: Bool { [.singleSlot, .firmwareLoader, .singleSlotRAMLoad].contains(self) }
+    /// No test run and no revert (the image is kept as soon as MCUboot takes it).
+    public var keepsWithoutTest: Bool { [.overwriteOnly, .directXIP, .ramLoad].contains(self) }
+
+    public var description: String {
+        switch self {
+        case .singleSlot: "single-slot"
+        case .swapScratch: "swap using scratch"
+        case .overwriteOnly: "overwrite-only"
+        case .swapMove: "swap using move"
+        case .directXIP: "direct-XIP"
+        case .directXIPWithRevert: "direct-XIP with revert"
+        case .ramLoad: "RAM load"
+        case .firmwareLoader: "firmware loader"
+        case .singleSlotRAMLoad: "single-slot RAM load"
+        case .swapOffset: "swap using offset"
+        default: "mode \(rawValue)"
+        }
+    }
+}
+
+/// os_mgmt's bootloader info answer: `{"bootloader": text}` without a query; with the query
+/// `mode`, `{"mode": int, "no-downgrade"?: true}` (downgrade prevention: MCUboot boots no
+/// image older than the running one).
+public struct SMPBootloaderInfo: Hashable, Sendable {
+    public var bootloader: String?
+    public var mode: SMPBootloaderMode?
+    public var noDowngrade: Bool
+
+    public init(bootloader: String? = nil, mode: SMPBootloaderMode? = nil, noDowngrade: Bool = false) {
+        self.bootloader = bootloader
+        self.mode = mode
+        self.noDowngrade = noDowngrade
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = [:]
+        if let bootloader { m["bootloader"] = .text(bootloader) }
+        if let mode { m["mode"] = .int(mode.rawValue) }
+        if noDowngrade { m["no-downgrade"] = true }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .bootloaderInfo)
+        self.init(bootloader: try f.text("bootloader"), mode: try f.int64("mode").map(SMPBootloaderMode.init(rawValue:)),
+                  noDowngrade: try f.bool("no-downgrade") ?? false)
     }
 }
 

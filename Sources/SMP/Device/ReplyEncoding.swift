@@ -140,6 +140,13 @@ extension SMPServer {
             return .map(entries)
         case .imageStates(let states):
             return imageStates(states, encoding: encoding)
+        case .bootloaderInfo(let info):
+            // os_mgmt writes `bootloader`, or `mode` then `no-downgrade` (only when set).
+            var entries: [DeviceCBOR.Entry] = []
+            if let bootloader = info.bootloader { entries.append(.init(key: "bootloader", value: .text(bootloader))) }
+            if let mode = info.mode { entries.append(.init(key: "mode", value: mode.rawValue < 0 ? .negative(UInt64(-1 - mode.rawValue)) : .unsigned(UInt64(mode.rawValue)))) }
+            if info.noDowngrade { entries.append(.init(key: "no-downgrade", value: .bool(true))) }
+            return .map(entries)
         case .error(let error):
             return errorBody(error, encoding: encoding)
         }
