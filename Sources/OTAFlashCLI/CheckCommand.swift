@@ -26,38 +26,57 @@ enum CheckCommand {
         }
     }
 
-    /// Runs `command` with `environment` added, for at most `timeout`: past it the shell is sent
-    /// SIGTERM and the check has failed.
+    /// Runs `command` with `environment` added, in a process group of its own, for at most
+    /// `timeout`: past it the group is sent SIGTERM (SIGKILL a second later, if it is still there)
+    /// and the check has failed. The group goes, so no child of the shell outlives the run.
     static func run(_ command: String, environment: [String: String], timeout: Duration) async -> Outcome {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", command]
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        process.standardInput = FileHandle.nullDevice
-        process.standardOutput = FileHandle.standardError
+        var attributes = posix_spawnattr_t()
+        var actions = posix_spawn_file_actions_t()
+        posix_spawnattr_init(&attributes)
+        posix_spawn_file_actions_init(&actions)
+        defer {
+            posix_spawnattr_destroy(&attributes)
+            posix_spawn_file_actions_destroy(&actions)
+        }
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, 2, 1)
+        let variables = ProcessInfo.processInfo.environment.merging(environment) { $1 }.map { "\($0.key)=\($0.value)" }
+        let arguments = ["/bin/sh", "-c", command]
+        var pid: pid_t = 0
+        let spawned = withCStrings(arguments) { argv in
+            withCStrings(variables) { envp in posix_spawn(&pid, "/bin/sh", &actions, &attributes, argv, envp) }
+        }
+        guard spawned == 0 else { return .cannotStart(String(cString: strerror(spawned))) }
+        let group = pid
         let result = Once<Outcome>()
         return await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
             result.set(continuation)
-            process.terminationHandler = { ended in
-                let outcome: Outcome = switch (ended.terminationReason, ended.terminationStatus) {
-                case (.exit, 0): .passed
-                case (.exit, let status): .exited(status)
-                case (_, let signal): .signalled(signal)
-                }
-                result.resume(outcome)
-            }
-            do {
-                try process.run()
-            } catch {
-                result.resume(.cannotStart("\(error.localizedDescription)"))
-                return
-            }
             let deadline = Task {
                 try? await Task.sleep(for: timeout)
-                if !Task.isCancelled, result.resume(.timedOut) { process.terminate() }
+                guard !Task.isCancelled, result.resume(.timedOut) else { return }
+                kill(-group, SIGTERM)
+                try? await Task.sleep(for: .seconds(1))
+                kill(-group, SIGKILL)
             }
-            result.onResume { deadline.cancel() }
+            // The shell's end, waited for on a thread of its own (waitpid blocks).
+            Thread {
+                var status: Int32 = 0
+                while waitpid(group, &status, 0) == -1, errno == EINTR {}
+                let signal = status & 0x7F
+                let code = (status >> 8) & 0xFF
+                if result.resume(signal != 0 ? .signalled(signal) : code == 0 ? .passed : .exited(code)) { deadline.cancel() }
+            }.start()
         }
+    }
+
+    /// `body` with `strings` as a NULL-terminated array of C strings.
+    private static func withCStrings<R>(_ strings: [String], _ body: ([UnsafeMutablePointer<CChar>?]) -> R) -> R {
+        var pointers = strings.map { strdup($0) }
+        pointers.append(nil)
+        defer { for p in pointers { free(p) } }
+        return body(pointers)
     }
 }
 
@@ -66,7 +85,6 @@ private final class Once<Value: Sendable>: Sendable {
     private struct State {
         var continuation: CheckedContinuation<Value, Never>?
         var done = false
-        var onResume: (@Sendable () -> Void)?
     }
     private let state = Mutex(State())
 
@@ -74,28 +92,17 @@ private final class Once<Value: Sendable>: Sendable {
         state.withLock { $0.continuation = continuation }
     }
 
-    /// Runs `body` once it resumed (at once if it already did).
-    func onResume(_ body: @escaping @Sendable () -> Void) {
-        let now = state.withLock { s -> Bool in
-            if s.done { return true }
-            s.onResume = body
-            return false
-        }
-        if now { body() }
-    }
-
     /// Resumes with `value` unless it already resumed; true when this call did.
     @discardableResult
     func resume(_ value: Value) -> Bool {
-        let taken = state.withLock { s -> (CheckedContinuation<Value, Never>?, (@Sendable () -> Void)?)? in
+        let taken = state.withLock { s -> CheckedContinuation<Value, Never>?? in
             guard !s.done else { return nil }
             s.done = true
-            defer { s.continuation = nil; s.onResume = nil }
-            return (s.continuation, s.onResume)
+            defer { s.continuation = nil }
+            return .some(s.continuation)
         }
         guard let taken else { return false }
-        taken.0?.resume(returning: value)
-        taken.1?()
+        taken?.resume(returning: value)
         return true
     }
 }

@@ -314,7 +314,7 @@ public struct SMPEngine: TransferEngine {
             }
             if isRebooting { return [.failed(rebootError)] }
             if case .checking(let c) = state {
-                return fail(checkFailed("the device dropped the link while it was asked \(c.request) (\(reason)): it reset, as an application that crashes and its watchdog do"))
+                return fail(checkFailed("the link dropped while it was asked for an SMP \(c.request.command) (\(reason)), as when the application crashes and the device resets"))
             }
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
