@@ -124,6 +124,18 @@ struct SMPBootloaderModeTests {
         #expect(server.activeSlot == 1 && server.primary.bytes == bytes)
     }
 
+    /// An mcumgr server (no bootloader info) on a direct-XIP MCUboot: the mark is answered
+    /// NOT_SUPPORTED, so the engine resets without one and the higher version boots.
+    @Test func aDirectXIPDeviceThatDoesNotSayItsModeIsResetWithoutAMark() async throws {
+        var config = SMPServer.Config(encoding: .tinycbor)
+        config.mode = .directXIP
+        let bytes = Self.image(2, 0)
+        let (result, model) = try await Self.flash(bytes, config: config)
+        _ = try result.get()
+        let server = try #require(model?.server)
+        #expect(server.marks.isEmpty && server.activeSlot == 1 && server.primary.bytes == bytes)
+    }
+
     @Test func directXIPRefusesAnImageBuiltForTheRunningSlot() async throws {
         let bytes = Self.image(2, 0, flags: SMPSlotImage.romFixedFlag, loadAddress: SMPServer.slotAddresses[0])
         let (result, _) = try await Self.flash(bytes, config: Self.config(.directXIP))

@@ -555,6 +555,15 @@ public struct SMPEngine: TransferEngine {
     private mutating func commandAnswered(_ response: SMPResponse, to request: SMPRequest) -> [TransferAction] {
         retries = 0
         if case .checking = state { return checked(response, to: request) }
+        if case .imageStateWrite(_, let confirm) = request, case .error(let e) = response, e.general == .notSupported,
+           !settings.confirmAfterCheck || !confirm, settings.reset {
+            // No state write on this device: MCUboot in direct-XIP or RAM load, which boots the
+            // slot with the highest version (a server that does not report its mode, say
+            // mcumgr's, shows it only here). The reset follows; what booted decides.
+            notes.append("the device has no image state write (NOT_SUPPORTED: MCUboot in direct-XIP or RAM load mode, which boots the slot with the highest version): resetting it without a mark")
+            bootloader = bootloader ?? SMPBootloaderInfo(mode: .directXIP)
+            return send(.reset(force: false), as: { .activating($0) })
+        }
         if case .error(let e) = response {
             return fail(e.otaError(device: "the device", request: "\(request)"))
         }
@@ -766,7 +775,8 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func checkPassed() -> [TransferAction] {
-        guard !settings.holdsConfirm, let hash = markHash else {
+        // A mode without a test run (found when the mark was not supported) keeps it as it is.
+        guard !settings.holdsConfirm, bootloader?.mode?.keepsWithoutTest != true, let hash = markHash else {
             state = .done
             return [.finished]
         }
@@ -775,6 +785,10 @@ public struct SMPEngine: TransferEngine {
 
     /// The new image failed its check (`why`): it stays unconfirmed, so MCUboot reverts it.
     private func checkFailed(_ why: String) -> OTAError {
+        if let mode = bootloader?.mode, mode.keepsWithoutTest {
+            return OTAError(.checkFailed, "the new image booted but failed its check: \(why); MCUboot runs in \(mode) mode, which keeps the image (no revert)",
+                            hint: "upload a working image")
+        }
         let back = revertTo.map { " to \($0)" } ?? ""
         return OTAError(.checkFailed, "the new image booted but failed its check: \(why); it was not confirmed, so MCUboot reverts it\(back) at the next reset",
                         hint: "reset the device to revert (otaflash reset), or confirm the image by hand if it is fine (otaflash image confirm)")
