@@ -207,7 +207,7 @@ extension FlashPlan {
             // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.
             let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: firmware.bytes)), imageHash: nil,
                                              confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window,
-                                             confirmAfterCheck: smp.confirmAfterCheck, holdsConfirm: smp.checkCommand != nil)
+                                             confirmAfterCheck: smp.confirmAfterCheck, holdsConfirm: smp.checkCommand != nil, upgrade: smp.upgradeOnly)
             return FlashPlan(update: UpdatePlan(firmware: firmware, profile: SMPProfile(settings: settings), format: nil,
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
@@ -239,7 +239,7 @@ extension FlashPlan {
         }
         let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: smp.confirm,
                                          reset: smp.reset, maxWindow: smp.window, confirmAfterCheck: smp.confirmAfterCheck,
-                                         holdsConfirm: smp.checkCommand != nil)
+                                         holdsConfirm: smp.checkCommand != nil, upgrade: smp.upgradeOnly)
         let firmware = image.firmware
         let contents = "; an MCUboot image, version \(image.version), \(image.hashAlgorithm) \(hexString(image.imageHash))"
         let version = FirmwareVersion(major: image.version.major, minor: image.version.minor, patch: image.version.revision)

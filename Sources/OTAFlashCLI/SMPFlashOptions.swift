@@ -16,6 +16,9 @@ public struct SMPFlashOptions: ParsableArguments {
     @Flag(name: .customLong("smp-any-image"), help: "SMP: send a file that is not an MCUboot image as it is (with --protocol smp); only the device's own SHA-256 check verifies it.")
     var anyImage = false
 
+    @Flag(name: .customLong("upgrade-only"), help: "SMP: set the upload's upgrade flag: the device refuses an image not newer than the one it runs (MCUmgr image error 27, exit 7) before it erases its slot.")
+    var upgradeOnly = false
+
     @Flag(name: .customLong("confirm-after-check"), help: "SMP: mark the image for test, reset, and confirm it only once it runs: active in slot 0, answering an SMP echo and, with --check-command, that command exiting 0; otherwise it is left unconfirmed for MCUboot to revert at the next reset (exit 19, check_failed).")
     var confirmAfterCheck = false
 
@@ -70,20 +73,22 @@ public struct SMPFlashOptions: ParsableArguments {
         var confirmAfterCheck = false
         var checkCommand: String?
         var checkTimeout = 60.0
+        var upgradeOnly = false
     }
 
     func settings(noReset: Bool) -> Settings {
         Settings(confirm: confirm, reset: !noReset, window: window, anyImage: anyImage, confirmAfterCheck: confirmAfterCheck,
-                 checkCommand: checkCommand, checkTimeout: checkTimeout ?? 60)
+                 checkCommand: checkCommand, checkTimeout: checkTimeout ?? 60, upgradeOnly: upgradeOnly)
     }
 
     /// The SMP options given, by name, for a refusal when the image does not go over SMP.
     static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window", "--confirm-after-check", "--check-command",
-                                     "--check-timeout"]
+                                     "--check-timeout", "--upgrade-only"]
 
     var given: [String] {
         [confirm ? "--confirm" : nil, noReset ? "--no-reset" : nil, anyImage ? "--smp-any-image" : nil,
          window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil, confirmAfterCheck ? "--confirm-after-check" : nil,
-         checkCommand != nil ? "--check-command" : nil, checkTimeout != nil ? "--check-timeout" : nil].compactMap { $0 }
+         checkCommand != nil ? "--check-command" : nil, checkTimeout != nil ? "--check-timeout" : nil,
+         upgradeOnly ? "--upgrade-only" : nil].compactMap { $0 }
     }
 }

@@ -74,6 +74,19 @@ struct SMPConfirmCheckTests {
         #expect(missing.errorLines.first?.contains("cannot be read") == true, "\(missing.stderr)")
     }
 
+    /// `--upgrade-only` sets the upload's `upgrade` flag: a Zephyr device (one without a downgrade
+    /// check of its own) then refuses an image not newer than the running one.
+    @Test func upgradeOnlyHasTheDeviceRefuseAnImageNotNewer() async throws {
+        let image = mcuboot("blinky-ec256-v1.3.0.bin")
+        let older = await otaflash(simulator + ["--upgrade-only", "--sim-firmware-version", "2.0.0", image])
+        #expect(older.code == 7, "\(older.stderr)")
+        #expect(older.errorLines.first?.contains("current version is newer (27): it runs 2.0.0") == true, "\(older.stderr)")
+        let without = await otaflash(simulator + ["--sim-firmware-version", "2.0.0", image])
+        #expect(without.code == 0, "the same device takes it without the flag: \(without.stderr)")
+        let newer = await otaflash(simulator + ["--upgrade-only", image])
+        #expect(newer.code == 0, "\(newer.stderr)")
+    }
+
     /// Corrupted on both uploads of a run (exit 8 alone); `--retries 1` on one device runs a second
     /// session, which uploads the file anew and succeeds.
     @Test func aSingleDeviceTakesRetries() async throws {

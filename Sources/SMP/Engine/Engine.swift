@@ -53,11 +53,15 @@ public struct SMPUploadSettings: Sendable, Hashable {
     /// With `confirmAfterCheck`: finish after the echo without confirming; the caller runs its own
     /// check (`--check-command`) and confirms.
     public var holdsConfirm: Bool
+    /// The upload's `upgrade` flag: the device refuses an image not newer than the one it runs
+    /// (IMG_MGMT_ERR_CURRENT_VERSION_IS_NEWER) before it erases anything.
+    public var upgrade: Bool
 
     public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
                 maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil, probeFrames: Bool = true,
-                confirmAfterCheck: Bool = false, holdsConfirm: Bool = false) {
+                confirmAfterCheck: Bool = false, holdsConfirm: Bool = false, upgrade: Bool = false) {
         self.probeFrames = probeFrames
+        self.upgrade = upgrade
         self.confirmAfterCheck = confirmAfterCheck
         self.holdsConfirm = holdsConfirm
         self.imageNumber = imageNumber
@@ -398,7 +402,7 @@ public struct SMPEngine: TransferEngine {
 
     /// The first request, with `data` empty: sized from it.
     static func firstRequest(settings: SMPUploadSettings, size: Int, data: [UInt8]) -> SMPImageUpload {
-        SMPImageUpload.first(image: settings.imageNumber, length: UInt64(size), sha: settings.fileSHA256, data: data)
+        SMPImageUpload.first(image: settings.imageNumber, length: UInt64(size), sha: settings.fileSHA256, data: data, upgrade: settings.upgrade)
     }
 
     // MARK: Answers
