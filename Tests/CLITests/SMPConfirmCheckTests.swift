@@ -87,6 +87,24 @@ struct SMPConfirmCheckTests {
         #expect(newer.code == 0, "\(newer.stderr)")
     }
 
+    /// `image slots`: img_mgmt's slot info, each slot's size and the one an upload goes to; an
+    /// mcumgr server, which has no such command, is told apart with exit 7.
+    @Test func imageSlotsShowsTheSlotsAndWhereAnUploadGoes() async throws {
+        let run = await otaflash(["image", "slots", "--json", "--simulator", "--sim-slot-size", "262144"])
+        #expect(run.code == 0, "\(run.stderr)")
+        let slots = run.jsonEvents.filter { $0["event"] as? String == "slot_info" }
+        #expect(slots.count == 2)
+        #expect(slots.allSatisfy { $0["size"] as? Int == 262_144 }, "\(slots)")
+        #expect(slots.first { $0["slot"] as? Int == 1 }?["upload_image_id"] as? Int == 0)
+        #expect(slots.first { $0["slot"] as? Int == 0 }?["upload_image_id"] is NSNull)
+        let human = await otaflash(["image", "slots", "--simulator"])
+        #expect(human.code == 0 && human.stdout.contains("image 0"), "\(human.stdout)")
+
+        let mcumgr = await otaflash(["image", "slots", "--simulator", "--sim-smp-cbor", "tinycbor"])
+        #expect(mcumgr.code == 7, "\(mcumgr.stderr)")
+        #expect(mcumgr.errorLines.first?.contains("does not answer the image slot info") == true, "\(mcumgr.stderr)")
+    }
+
     /// Corrupted on both uploads of a run (exit 8 alone); `--retries 1` on one device runs a second
     /// session, which uploads the file anew and succeeds.
     @Test func aSingleDeviceTakesRetries() async throws {

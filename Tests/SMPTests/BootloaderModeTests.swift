@@ -61,6 +61,21 @@ struct SMPBootloaderModeTests {
         #expect(told.handle(.bootloaderInfo(query: "mode")) == .bootloaderInfo(SMPBootloaderInfo(mode: .directXIP)))
     }
 
+    /// img_mgmt's slot info, as Zephyr's zcbor writes it, read back: the slot not running takes
+    /// the upload (`upload_image_id`), the running one names none.
+    @Test func slotInfoSaysWhichSlotTakesAnUpload() throws {
+        var server = SMPServer(config: Self.config(.directXIP))
+        let request = try SMPRequest.imageSlotInfo.frame(sequence: 1)
+        #expect(try SMPRequest(decoding: request) == .imageSlotInfo)
+        let decoded = try SMPResponse(decoding: server.reply(server.handle(request).response, to: request.header))
+        guard case .slotInfo(let info) = decoded else { Issue.record("\(decoded)"); return }
+        #expect(info.images.map(\.image) == [0])
+        #expect(info.images.first?.slots.map(\.uploadImageID) == [nil, 0])
+        #expect(info.images.first?.slots.allSatisfy { $0.size == UInt64(server.config.slotSize) } == true)
+        var mcumgr = SMPServer(config: SMPServer.Config(encoding: .tinycbor))
+        #expect(mcumgr.handle(.imageSlotInfo) == .error(.general(.notSupported)))
+    }
+
     // MARK: The device model
 
     @Test func overwriteOnlyKeepsTheImageWithoutRevert() throws {

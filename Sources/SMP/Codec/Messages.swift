@@ -23,6 +23,9 @@ public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
     public static let imageUpload = SMPCommand(group: .image, id: 1)
     /// Image 5: erase a slot.
     public static let imageErase = SMPCommand(group: .image, id: 5)
+    /// Image 6: each image's slots, their sizes and which one takes an upload
+    /// (`CONFIG_MCUMGR_GRP_IMG_SLOT_INFO`).
+    public static let imageSlotInfo = SMPCommand(group: .image, id: 6)
 
     public var description: String {
         switch self {
@@ -33,6 +36,7 @@ public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
         case .imageState: "image state"
         case .imageUpload: "image upload"
         case .imageErase: "image erase"
+        case .imageSlotInfo: "image slot info"
         default: "\(group) command \(id)"
         }
     }
@@ -125,11 +129,14 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
     case imageErase(slot: UInt32?)
     /// OS 8 read: `{}` (which bootloader), or `{"query": "mode"}` (MCUboot's mode).
     case bootloaderInfo(query: String?)
+    /// Image 6 read: `{}`.
+    case imageSlotInfo
 
     public var command: SMPCommand {
         switch self {
         case .mcumgrParameters: .mcumgrParameters
         case .bootloaderInfo: .bootloaderInfo
+        case .imageSlotInfo: .imageSlotInfo
         case .echo: .echo
         case .reset: .reset
         case .imageStateRead, .imageStateWrite: .imageState
@@ -140,14 +147,14 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
 
     public var operation: SMPOperation {
         switch self {
-        case .mcumgrParameters, .imageStateRead, .bootloaderInfo: .read
+        case .mcumgrParameters, .imageStateRead, .bootloaderInfo, .imageSlotInfo: .read
         default: .write
         }
     }
 
     public var body: CBOR {
         switch self {
-        case .mcumgrParameters, .imageStateRead: [:]
+        case .mcumgrParameters, .imageStateRead, .imageSlotInfo: [:]
         case .echo(let d): ["d": .text(d)]
         case .reset(let force): force ? ["force": 1] : [:]
         case .imageStateWrite(let hash, let confirm):
@@ -197,6 +204,9 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case (.bootloaderInfo, .read):
             let f = try Fields(frame.body(), command)
             self = .bootloaderInfo(query: try f.text("query"))
+        case (.imageSlotInfo, .read):
+            _ = try Fields(frame.body(), command)
+            self = .imageSlotInfo
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a request this codec knows")
         }
@@ -214,6 +224,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case .imageUpload(let u): "image upload of \(u.data.count) bytes at \(u.offset)"
         case .imageErase(let slot): slot.map { "erase slot \($0)" } ?? "erase"
         case .bootloaderInfo(let query): query.map { "bootloader info read (\($0))" } ?? "bootloader info read"
+        case .imageSlotInfo: "image slot info read"
         }
     }
 }
@@ -357,6 +368,7 @@ public enum SMPResponse: Hashable, Sendable {
     case imageStates(SMPImageStates)
     case upload(SMPUploadStatus)
     case bootloaderInfo(SMPBootloaderInfo)
+    case slotInfo(SMPSlotInfo)
     /// The server refused the request.
     case error(SMPDeviceError)
 
@@ -369,6 +381,7 @@ public enum SMPResponse: Hashable, Sendable {
         case .imageStates(let s): s.body
         case .upload(let u): u.body
         case .bootloaderInfo(let b): b.body
+        case .slotInfo(let i): i.body
         case .error(let e): e.body(version: version)
         }
     }
@@ -409,6 +422,7 @@ public enum SMPResponse: Hashable, Sendable {
         case (.imageState, _): self = .imageStates(try SMPImageStates(body: body))
         case (.imageUpload, .writeResponse): self = .upload(try SMPUploadStatus(body: body))
         case (.bootloaderInfo, .readResponse): self = .bootloaderInfo(try SMPBootloaderInfo(body: body))
+        case (.imageSlotInfo, .readResponse): self = .slotInfo(try SMPSlotInfo(body: body))
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a response this codec knows")
         }
@@ -487,6 +501,76 @@ public struct SMPBootloaderInfo: Hashable, Sendable {
         let f = try Fields(body, .bootloaderInfo)
         self.init(bootloader: try f.text("bootloader"), mode: try f.int64("mode").map(SMPBootloaderMode.init(rawValue:)),
                   noDowngrade: try f.bool("no-downgrade") ?? false)
+    }
+}
+
+/// img_mgmt's slot info answer (image 6): `{"images": [{"image", "slots": [{"slot", "size"?,
+/// "upload_image_id"?}], "max_image_size"?}]}`; a slot the device could not open carries `rc`
+/// instead of its size.
+public struct SMPSlotInfo: Hashable, Sendable {
+    public struct Slot: Hashable, Sendable {
+        public var slot: UInt32
+        /// The slot's flash area size in bytes.
+        public var size: UInt64?
+        /// The image number an upload to this slot names; absent for the slot that runs.
+        public var uploadImageID: UInt32?
+
+        public init(slot: UInt32, size: UInt64?, uploadImageID: UInt32? = nil) {
+            self.slot = slot
+            self.size = size
+            self.uploadImageID = uploadImageID
+        }
+    }
+
+    public struct Image: Hashable, Sendable {
+        public var image: UInt32
+        public var slots: [Slot]
+        /// The largest image the slots take (MCUboot's trailer and swap space left out), when told.
+        public var maxImageSize: UInt64?
+
+        public init(image: UInt32, slots: [Slot], maxImageSize: UInt64? = nil) {
+            self.image = image
+            self.slots = slots
+            self.maxImageSize = maxImageSize
+        }
+    }
+
+    public var images: [Image]
+
+    public init(images: [Image]) { self.images = images }
+
+    public var body: CBOR {
+        .map(["images": .array(images.map { image in
+            var m: [CBOR: CBOR] = ["image": .unsigned(UInt64(image.image)), "slots": .array(image.slots.map { slot in
+                var s: [CBOR: CBOR] = ["slot": .unsigned(UInt64(slot.slot))]
+                if let size = slot.size { s["size"] = .unsigned(size) }
+                if let id = slot.uploadImageID { s["upload_image_id"] = .unsigned(UInt64(id)) }
+                return .map(s)
+            })]
+            if let max = image.maxImageSize { m["max_image_size"] = .unsigned(max) }
+            return .map(m)
+        })])
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageSlotInfo)
+        guard let list = try f.required(f.map["images"], "images").array else {
+            throw SMPWireError(.badField("images"), "image slot info's \"images\" is not an array")
+        }
+        var images: [Image] = []
+        for entry in list {
+            let e = try Fields(entry, .imageSlotInfo)
+            guard let slotList = try e.required(e.map["slots"], "slots").array else {
+                throw SMPWireError(.badField("slots"), "image slot info's \"slots\" is not an array")
+            }
+            var slots: [Slot] = []
+            for slot in slotList {
+                let s = try Fields(slot, .imageSlotInfo)
+                slots.append(Slot(slot: try s.required(s.uint32("slot"), "slot"), size: try s.uint64("size"), uploadImageID: try s.uint32("upload_image_id")))
+            }
+            images.append(Image(image: try e.required(e.uint32("image"), "image"), slots: slots, maxImageSize: try e.uint64("max_image_size")))
+        }
+        self.init(images: images)
     }
 }
 

@@ -82,6 +82,8 @@ public struct SMPServer: Sendable {
         /// In a direct-XIP mode, refuse an upload whose image is fixed (`IMAGE_F_ROM_FIXED`) to
         /// another address than the slot's (`CONFIG_MCUMGR_GRP_IMG_REJECT_DIRECT_XIP_MISMATCHED_SLOT`).
         public var rejectsMismatchedSlot = true
+        /// Answer img_mgmt's slot info (`CONFIG_MCUMGR_GRP_IMG_SLOT_INFO`); mcumgr's server has none.
+        public var reportsSlotInfo = true
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
@@ -244,6 +246,12 @@ public struct SMPServer: Sendable {
             return receive(chunk)
         case .imageErase(let slot):
             return erase(slot: slot ?? uploadSlot)
+        case .imageSlotInfo:
+            guard config.reportsSlotInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
+            // Both slots of image 0; the one not running takes an upload (`upload_image_id` 0).
+            return .slotInfo(SMPSlotInfo(images: [SMPSlotInfo.Image(image: 0, slots: (0...1).map { slot in
+                SMPSlotInfo.Slot(slot: UInt32(slot), size: UInt64(config.slotSize), uploadImageID: UInt32(slot) == uploadSlot ? 0 : nil)
+            })]))
         case .bootloaderInfo(let query):
             guard config.reportsBootloaderInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
             guard let query else { return .bootloaderInfo(SMPBootloaderInfo(bootloader: "MCUboot")) }
