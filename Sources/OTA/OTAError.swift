@@ -15,6 +15,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
             case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
             case bondLeft
             case ledgerFailed
+            case checkFailed
         }
 
         private let wrapped: Wrapped
@@ -50,6 +51,9 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var internalError: Self { Self(.internalError) }
         /// The device's record could not be written where the run keeps its records; nothing was sent.
         public static var ledgerFailed: Self { Self(.ledgerFailed) }
+        /// The new image booted but failed the check before its confirm (SMP `--confirm
+        /// after-check`): it was left unconfirmed, for the bootloader to revert at the next reset.
+        public static var checkFailed: Self { Self(.checkFailed) }
 
         /// Every code this version knows; later versions may add more.
         public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }

@@ -33,8 +33,13 @@ public struct BatchCLIOptions: ParsableArguments {
     @Option(name: .customLong("per-adapter"), parsing: .unconditional, help: Ranges.perAdapter.help("Devices flashed at once on one adapter", valueName: "n"))
     public var perAdapter: Int = 4
 
-    @Option(name: .long, parsing: .unconditional, help: Ranges.retries.help("Whole-session retries per device after its reconnects gave up", valueName: "n"))
-    public var retries: Int = 1
+    @Option(name: .customLong("retries"), parsing: .unconditional, help: Ranges.retries.help("Whole-session retries per device after its reconnects gave up or its image failed a check a new session can pass (default 1; a single --device: 0)", valueName: "n"))
+    public var retriesOption: Int?
+
+    /// `--retries` for each device of a batch (1 by default).
+    public var retries: Int { retriesOption ?? 1 }
+    /// `--retries` for a single device: none unless given (the run says what failed and how to go on).
+    var singleDeviceRetries: Int { retriesOption ?? 0 }
 
     @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder (closed as each device ends).", valueName: "dir"), completion: .directory)
     public var logDir: String?
@@ -53,7 +58,7 @@ public struct BatchCLIOptions: ParsableArguments {
     public func validate() throws {
         try Ranges.parallel.check(parallel)
         try Ranges.perAdapter.check(perAdapter)
-        try Ranges.retries.check(retries)
+        try Ranges.retries.check(retriesOption)
         try Ranges.scanWindow.check(scanWindow)
         try Ranges.minRSSI.check(minRSSI)
         try Ranges.count.check(count)

@@ -490,6 +490,7 @@ public enum EventCatalog {
                ("otaflash pair and unpair", { var done = PairEvents.Done(); done.device = device; done.bonded = true; return done }()),
                ("otaflash image", ImageEvents.Slot(device: device, image: 0, slot: 0, version: "1.0.0", hash: String(repeating: "ab", count: 32),
                                                    bootable: true, pending: false, confirmed: true, active: true, permanent: false)),
+               ("otaflash image", ImageEvents.SlotInfo(device: device, image: 0, slot: 1, size: 483_328, uploadImageId: 0, maxImageSize: nil)),
                ("otaflash image", ImageEvents.Echo(device: device, text: "hello")),
                ("otaflash image", ImageEvents.Done())]
             + simulate.map { ("otaflash simulate", $0) }

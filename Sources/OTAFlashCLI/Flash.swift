@@ -176,6 +176,7 @@ struct Flash: AsyncParsableCommand {
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
         try smp.check(protocolName: protocolName)
+        try smp.checkConfirmAfterCheck(noActivate: noActivate, batch: batch.isBatch(devices: target.device))
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -251,10 +252,14 @@ struct Flash: AsyncParsableCommand {
         var updater = try updater(for: plan, pairing: pairingPolicy)
         updater.readsIdentity = book.ledger != nil
         let started = central.clock.now
-        let outcome = await update(with: updater, central: central, address: address,
-                                   events: events(plan: plan, address: address, book: book, printer: printer), printer: printer)
+        var (outcome, attempts) = await update(with: updater, central: central, address: address,
+                                               events: events(plan: plan, address: address, book: book, printer: printer), printer: printer)
+        if case .success(let result) = outcome.result, result.activated, !result.skipped, smp.checkCommand != nil {
+            outcome.result = await checkThenConfirm(result, after: outcome.after, plan: plan, central: central, address: address, printer: printer)
+        }
         if let simulated { try finish(simulated, address: address, printer: printer) }
-        try await report(outcome, plan: plan, address: address, seconds: (central.clock.now - started).seconds, book: book, printer: printer)
+        try await report(outcome, plan: plan, address: address, seconds: (central.clock.now - started).seconds, attempts: attempts,
+                         book: book, printer: printer)
     }
 
     /// The central that reaches the device at `address`, and the simulated device when it is one
@@ -309,13 +314,24 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// Runs the update until it ends or Ctrl-C (or failed output) stops it, and removes the bonds
-    /// it should whatever its result.
+    /// it should whatever its result. A failure a new session can overcome (resumable) gets
+    /// `--retries` more attempts, each going on where the last left the device, as in a batch.
     private func update(with updater: DeviceUpdater, central: any GATTCentral, address: DeviceAddress,
-                        events: @escaping @Sendable (DeviceUpdater.Event) -> Void, printer: EventPrinter) async -> DeviceUpdater.Outcome {
-        let work = Task { () async -> DeviceUpdater.Outcome in
+                        events: @escaping @Sendable (DeviceUpdater.Event) -> Void,
+                        printer: EventPrinter) async -> (DeviceUpdater.Outcome, attempts: Int) {
+        let retries = batch.singleDeviceRetries
+        let work = Task { () async -> (DeviceUpdater.Outcome, attempts: Int) in
             var outcome = await updater.run(central: central, address: address, events: events)
+            var attempts = 1
+            while attempts <= retries, case .failure(let error) = outcome.result, error.resumable, error.code != .interrupted, !Task.isCancelled {
+                let line = "attempt \(attempts) failed: \(error.message); trying again (--retries \(retries)), from where it left the device"
+                printer.note(line)
+                printer.json(FlashEvents.Note(device: address.description, message: line))
+                attempts += 1
+                outcome = await updater.run(central: central, address: address, from: outcome.progress, events: events)
+            }
             outcome.leave(await updater.removeBonds(central: central, address: address, updateModeAddress: outcome.progress.entry?.address, events: events))
-            return outcome
+            return (outcome, attempts)
         }
         let interrupts = InterruptHandler { _ in
             printer.note("stopping after the current write (press Ctrl-C again to exit at once)…")
@@ -344,7 +360,7 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// Records the device's outcome and prints its result lines.
-    private func report(_ outcome: DeviceUpdater.Outcome, plan: FlashPlan, address: DeviceAddress, seconds: Double,
+    private func report(_ outcome: DeviceUpdater.Outcome, plan: FlashPlan, address: DeviceAddress, seconds: Double, attempts: Int,
                         book: RunRecords, printer: EventPrinter) async throws {
         let entered = outcome.progress.entry?.address
         let result: OTAResult
@@ -354,14 +370,14 @@ struct Flash: AsyncParsableCommand {
         case .failure(let error):
             // The same record and `done` line a batch keeps of a failed device.
             await book.finish(BatchOutcome(device: address.description, updateModeAddress: entered?.description,
-                                           adapter: target.adapter, result: .failed(error), attempts: 1,
+                                           adapter: target.adapter, result: .failed(error), attempts: attempts,
                                            seconds: seconds, firmwareBefore: nil, firmwareAfter: nil))
             throw CLIFailure(error).markedReported()
         }
         // A single device is read back only where its protocol's activation is a reset (SMP); a batch always is.
         let after = outcome.after
         await book.finish(BatchOutcome(result, updateModeAddress: entered?.description, adapter: target.adapter,
-                                       attempts: 1, seconds: result.seconds, firmwareAfter: after?.firmwareVersion))
+                                       attempts: attempts, seconds: result.seconds, firmwareAfter: after?.firmwareVersion))
         // The device as given, and where its bootloader answered when it was moved there.
         let device = address.description + (entered.map { " (bootloader \($0))" } ?? "")
         if result.skipped {

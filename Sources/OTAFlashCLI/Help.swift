@@ -139,6 +139,7 @@ enum RootHelp {
                 Line(names: "--protocol <name>", text: "auto (default: by the image), " + ProtocolRegistry.cli.names.joined(separator: ", ")),
                 Line(names: "--hw-version, --sd-req", text: "nordic-dfu: the device's hardware, SoftDevice"),
                 Line(names: "--confirm, --no-reset", text: "smp: confirm at once; no reset after the upload"),
+                Line(names: "--confirm-after-check", text: "smp: confirm once the image ran (--check-command)"),
             ]),
             ("TUNING", [
                 Line(names: "--connect-timeout <s>", text: "Seconds to find and connect (default \(value { $0.target.connectTimeout.optionText }))"),

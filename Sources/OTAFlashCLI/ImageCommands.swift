@@ -65,7 +65,7 @@ struct ImageCommand: AsyncParsableCommand {
               otaflash image confirm --device AA:BB:CC:DD:EE:FF
               otaflash image test --device AA:BB:CC:DD:EE:FF --hash 4f2a…
             """,
-        subcommands: [ImageList.self, ImageTest.self, ImageConfirm.self, ImageErase.self]
+        subcommands: [ImageList.self, ImageSlots.self, ImageTest.self, ImageConfirm.self, ImageErase.self]
     )
 }
 

@@ -172,6 +172,8 @@ enum Ranges {
     static let passkey = Bounds("--passkey", 0...Int(PairingCredentials.maxPasskey))
     static let simPasskey = Bounds("--sim-passkey", passkey.range)
     static let pairTimeout = timeout("--pair-timeout")
+    /// How long `--check-command` may run: at least a second, at most an hour.
+    static let checkTimeout = Bounds("--check-timeout", 1.0...3600.0, unit: " seconds")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     static let texts: [String: String] = {
@@ -181,7 +183,7 @@ enum Ranges {
                                    smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, probeTimeout, interval, dropRate, corruptRate, gattErrorRate,
-                                         lostNotificationRate, slowFlash, pairTimeout]
+                                         lostNotificationRate, slowFlash, pairTimeout, checkTimeout]
         var texts: [String: String] = [seed.option: "a whole number " + seed.text]
         for b in ints { texts[b.option] = "a whole number " + b.text }
         for b in doubles { texts[b.option] = "a number " + b.text }

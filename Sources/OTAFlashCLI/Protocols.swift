@@ -115,14 +115,18 @@ struct CLIProtocol: Sendable {
         profile: SMPProfile(), loader: Loader(format: .mcuboot, load: FlashPlan.loadMCUboot),
         takes: Set(["--restart", "--no-activate", "--sim-firmware-version"]).union(SMPFlashOptions.names).union(SimulatedSMPOptions.names),
         refuses: ["--checkpoint-interval": "an SMP device confirms each chunk itself", "--image-version": "an MCUboot image carries its own"],
-        servedOptions: ["--sim-smp-buf-size", "--buf-size", "--sim-smp-buf-count", "--buf-count", "--sim-smp-cbor", "--cbor"],
+        servedOptions: ["--sim-smp-buf-size", "--buf-size", "--sim-smp-buf-count", "--buf-count", "--sim-smp-cbor", "--cbor", "--sim-smp-key",
+                         "--sim-smp-mode", "--sim-smp-no-downgrade"],
         device: "SMP server",
-        simulatedDevice: { options, _, config, _ in SimulatedSMP.device(config: config, options: options.smp) },
+        simulatedDevice: { options, _, config, _ in try SimulatedSMP.device(config: config, options: options.smp) },
         served: { simulate, _ in
             let version = simulate.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-            let model = SMPPeripheral(bufferSize: simulate.bufferSize ?? SMPServer.Config().bufferSize,
-                                      bufferCount: simulate.bufferCount ?? SMPServer.Config().bufferCount, slotSize: simulate.slotSize,
-                                      firmwareVersion: version, encoding: simulate.cbor ?? .zephyr, faults: simulate.faults.plan)
+            let key = try simulate.smpKey.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
+            var config = SMPServer.Config(bufferSize: simulate.bufferSize ?? SMPServer.Config().bufferSize,
+                                          bufferCount: simulate.bufferCount ?? SMPServer.Config().bufferCount, slotSize: simulate.slotSize,
+                                          encoding: simulate.cbor ?? .zephyr)
+            SimulatedBootMode.configure(&config, mode: simulate.smpMode, noDowngrade: simulate.smpNoDowngrade)
+            let model = SMPPeripheral(config: config, firmwareVersion: version, signatureKey: key, faults: simulate.faults.plan)
             let server = model.server.config
             return Simulate.ServedDevice(model: model, name: simulate.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
                                          what: "SMP server (MCUmgr with MCUboot, \(server.bufferCount) × \(server.bufferSize) B buffers, \(server.encoding) answers)")
@@ -202,7 +206,8 @@ extension FlashPlan {
         if name == SMPProfile.name, smp.anyImage {
             // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.
             let settings = SMPUploadSettings(fileSHA256: Array(SHA256.hash(data: firmware.bytes)), imageHash: nil,
-                                             confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window)
+                                             confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window,
+                                             confirmAfterCheck: smp.confirmAfterCheck, holdsConfirm: smp.checkCommand != nil, upgrade: smp.upgradeOnly)
             return FlashPlan(update: UpdatePlan(firmware: firmware, profile: SMPProfile(settings: settings), format: nil,
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
@@ -233,7 +238,8 @@ extension FlashPlan {
             throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
         }
         let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: smp.confirm,
-                                         reset: smp.reset, maxWindow: smp.window)
+                                         reset: smp.reset, maxWindow: smp.window, confirmAfterCheck: smp.confirmAfterCheck,
+                                         holdsConfirm: smp.checkCommand != nil, upgrade: smp.upgradeOnly)
         let firmware = image.firmware
         let contents = "; an MCUboot image, version \(image.version), \(image.hashAlgorithm) \(hexString(image.imageHash))"
         let version = FirmwareVersion(major: image.version.major, minor: image.version.minor, patch: image.version.revision)

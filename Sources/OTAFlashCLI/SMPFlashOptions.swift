@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import SMP
 
 /// What `flash` does with an SMP device once it holds the image.
@@ -15,12 +16,51 @@ public struct SMPFlashOptions: ParsableArguments {
     @Flag(name: .customLong("smp-any-image"), help: "SMP: send a file that is not an MCUboot image as it is (with --protocol smp); only the device's own SHA-256 check verifies it.")
     var anyImage = false
 
+    @Flag(name: .customLong("upgrade-only"), help: "SMP: set the upload's upgrade flag: the device refuses an image not newer than the one it runs (MCUmgr image error 27, exit 7) before it erases its slot.")
+    var upgradeOnly = false
+
+    @Flag(name: .customLong("confirm-after-check"), help: "SMP: mark the image for test, reset, and confirm it only once it runs: active in slot 0, answering an SMP echo and, with --check-command, that command exiting 0; otherwise it is left unconfirmed for MCUboot to revert at the next reset (exit 19, check_failed).")
+    var confirmAfterCheck = false
+
+    @Option(name: .customLong("check-command"), help: ArgumentHelp("With --confirm-after-check (one device): a shell command (/bin/sh -c) run once the new image answers, with OTAFLASH_DEVICE and OTAFLASH_VERSION set; the image is confirmed only when it exits 0 within --check-timeout.", valueName: "command"))
+    var checkCommand: String?
+
+    @Option(name: .customLong("check-timeout"), parsing: .unconditional, help: Ranges.checkTimeout.help("Seconds --check-command may run before it counts as failed and is stopped (default 60)", valueName: "seconds"))
+    var checkTimeout: Double?
+
     public init() {}
 
     func check(protocolName: String) throws {
         try Ranges.smpWindow.check(window)
         if anyImage, protocolName != SMPProfile.name {
             throw ValidationError("--smp-any-image sends a file over SMP as it is: it needs --protocol smp")
+        }
+        try Ranges.checkTimeout.check(checkTimeout)
+        if confirmAfterCheck, confirm {
+            throw ValidationError("--confirm confirms before the image ever ran, --confirm-after-check once it ran and passed its check; give one")
+        }
+        if confirmAfterCheck, noReset {
+            throw ValidationError("--confirm-after-check resets the device to run the new image before it confirms it; drop --no-reset")
+        }
+        if let checkCommand {
+            guard confirmAfterCheck else { throw ValidationError("--check-command is the check before the confirm; add --confirm-after-check") }
+            guard !checkCommand.trimmingCharacters(in: .whitespaces).isEmpty else {
+                throw ValidationError("--check-command is empty; give a shell command that exits 0 when the new image works")
+            }
+        }
+        if checkTimeout != nil, checkCommand == nil {
+            throw ValidationError("--check-timeout bounds --check-command; add --check-command")
+        }
+    }
+
+    /// What `--confirm-after-check` cannot go with besides the SMP options: `--no-activate`
+    /// (nothing would run), and `--check-command` in a batch (it runs for one device).
+    func checkConfirmAfterCheck(noActivate: Bool, batch: Bool) throws {
+        if confirmAfterCheck, noActivate {
+            throw ValidationError("--confirm-after-check runs the new image before it confirms it; drop --no-activate")
+        }
+        if checkCommand != nil, batch {
+            throw ValidationError("--check-command checks one device; flash one --device, or drop it (each device of a batch is still checked by its SMP echo)")
         }
     }
 
@@ -30,17 +70,25 @@ public struct SMPFlashOptions: ParsableArguments {
         var reset = true
         var window = SMPEngine.defaultMaxWindow
         var anyImage = false
+        var confirmAfterCheck = false
+        var checkCommand: String?
+        var checkTimeout = 60.0
+        var upgradeOnly = false
     }
 
     func settings(noReset: Bool) -> Settings {
-        Settings(confirm: confirm, reset: !noReset, window: window, anyImage: anyImage)
+        Settings(confirm: confirm, reset: !noReset, window: window, anyImage: anyImage, confirmAfterCheck: confirmAfterCheck,
+                 checkCommand: checkCommand, checkTimeout: checkTimeout ?? 60, upgradeOnly: upgradeOnly)
     }
 
     /// The SMP options given, by name, for a refusal when the image does not go over SMP.
-    static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window"]
+    static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window", "--confirm-after-check", "--check-command",
+                                     "--check-timeout", "--upgrade-only"]
 
     var given: [String] {
         [confirm ? "--confirm" : nil, noReset ? "--no-reset" : nil, anyImage ? "--smp-any-image" : nil,
-         window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil].compactMap { $0 }
+         window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil, confirmAfterCheck ? "--confirm-after-check" : nil,
+         checkCommand != nil ? "--check-command" : nil, checkTimeout != nil ? "--check-timeout" : nil,
+         upgradeOnly ? "--upgrade-only" : nil].compactMap { $0 }
     }
 }

@@ -109,6 +109,15 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
     var cborOption: SMPReplyEncoding?
 
+    @Option(name: .customLong("sim-smp-mode"), help: SimulatedBootMode.help)
+    var smpMode: SimulatedBootMode?
+
+    @Flag(name: .customLong("sim-smp-no-downgrade"), help: "smp: MCUboot prevents downgrades (it does not boot an image older than the running one), and its bootloader info says no-downgrade.")
+    var smpNoDowngrade = false
+
+    @Option(name: .customLong("sim-smp-key"), help: ArgumentHelp("smp: MCUboot checks each image's signature with this key (PEM, ECDSA P-256 or Ed25519, as imgtool writes it) before it swaps the image in; without it the hash only.", valueName: "pem"), completion: .file(extensions: ["pem"]))
+    var smpKey: String?
+
     @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
     var deviceVersionOption: Int?
 
@@ -189,7 +198,8 @@ struct Simulate: AsyncParsableCommand {
             (deviceVersionOption != nil ? "--sim-device-version" : "--device-version", deviceVersion != 1),
             ("--sim-smp-buf-size", bufferSizeOption != nil), ("--buf-size", formerNames.bufferSize != nil),
             ("--sim-smp-buf-count", bufferCountOption != nil), ("--buf-count", formerNames.bufferCount != nil),
-            ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil),
+            ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil), ("--sim-smp-key", smpKey != nil),
+            ("--sim-smp-mode", smpMode != nil), ("--sim-smp-no-downgrade", smpNoDowngrade),
             ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
             ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
         ]

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import GATT
 import Native
 import OTA
@@ -12,10 +13,27 @@ enum SimulatedSMP {
     /// A device with `config`'s address, link, faults and boot delay, two slots of `config`'s slot
     /// size, slot 0 running `config`'s firmware version, and the server `options` describe (its
     /// buffers and its refusals; without them Zephyr's defaults: 4 × 384 B buffers, no refusal).
-    static func device(config: SimulatedDeviceConfig, options: SimulatedSMPOptions? = nil) -> SimulatedDevice {
-        SimulatedDevice(config, model: SMPPeripheral(config: options?.serverConfig(slotSize: config.slotSize) ?? SMPServer.Config(slotSize: config.slotSize),
-                                                     firmwareVersion: config.firmwareVersion, leftover: options?.leftover,
-                                                     faults: config.faults, resetDelay: config.bootDelay))
+    /// - Throws: `CLIFailure` `.usage` when `--sim-smp-key` names no readable key.
+    static func device(config: SimulatedDeviceConfig, options: SimulatedSMPOptions? = nil) throws(CLIFailure) -> SimulatedDevice {
+        let key = try options?.key.map { path throws(CLIFailure) in try signatureKey(file: path, option: "--sim-smp-key") }
+        return SimulatedDevice(config, model: SMPPeripheral(config: options?.serverConfig(slotSize: config.slotSize) ?? SMPServer.Config(slotSize: config.slotSize),
+                                                            firmwareVersion: config.firmwareVersion, leftover: options?.leftover, signatureKey: key,
+                                                            faults: config.faults, resetDelay: config.bootDelay))
+    }
+
+    /// The key in the PEM file at `path` (given with `option`) that the simulated MCUboot checks
+    /// signatures with: ECDSA P-256 or Ed25519, public or private (imgtool's files).
+    ///
+    /// - Throws: `CLIFailure` `.usage` when the file cannot be read or holds no such key.
+    static func signatureKey(file path: String, option: String) throws(CLIFailure) -> MCUbootImage.PublicKey {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw CLIFailure(.usage, "\(option) \(path) cannot be read; give the PEM file of the key MCUboot checks signatures with (imgtool getpub -e pem -k KEY)")
+        }
+        do {
+            return try MCUbootImage.PublicKey(pem: String(decoding: data, as: UTF8.self), source: path)
+        } catch {
+            throw CLIFailure(.usage, "\(option) \(path) is not an ECDSA P-256 or Ed25519 key in PEM form; give the key from imgtool keygen -t ecdsa-p256|ed25519 or imgtool getpub -e pem")
+        }
     }
 }
 
@@ -52,6 +70,18 @@ public struct SimulatedSMPOptions: ParsableArguments {
     @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
     var cbor: SMPReplyEncoding?
 
+    @Option(name: .customLong("sim-smp-key"), help: ArgumentHelp("The simulated MCUboot checks each image's signature with this key (PEM, ECDSA P-256 or Ed25519, public or private, as imgtool writes it) before it swaps the image in, and refuses one that does not verify (default: the hash only).", valueName: "pem"), completion: .file(extensions: ["pem"]))
+    var key: String?
+
+    @Option(name: .customLong("sim-smp-mode"), help: SimulatedBootMode.help)
+    var mode: SimulatedBootMode?
+
+    @Flag(name: .customLong("sim-smp-no-downgrade"), help: "The simulated MCUboot prevents downgrades: it does not boot an image older than the running one (it erases it), and the bootloader info says no-downgrade.")
+    var noDowngrade = false
+
+    @Flag(name: .customLong("sim-smp-crashing-image"), help: "The image the simulated MCUboot swaps in for test is broken: asked for an SMP echo it crashes and its watchdog resets the device, so MCUboot reverts it (see --confirm-after-check).")
+    var crashingImage = false
+
     public init() {}
 
     public func validate() throws {
@@ -67,14 +97,17 @@ public struct SimulatedSMPOptions: ParsableArguments {
     /// The options given, by name: each sets up a simulated SMP device, which only an MCUboot image reaches.
     static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
                                      "--sim-smp-downgrade-check", "--sim-smp-busy", "--sim-smp-refuse-upload", "--sim-smp-busy-above",
-                                     "--sim-smp-no-params", "--sim-smp-cbor"]
+                                     "--sim-smp-no-params", "--sim-smp-cbor", "--sim-smp-key",
+                                     "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade"]
 
     var given: [String] {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
          pending ? "--sim-smp-pending" : nil, unconfirmed ? "--sim-smp-unconfirmed" : nil,
          downgradeCheck ? "--sim-smp-downgrade-check" : nil, busy ? "--sim-smp-busy" : nil,
          refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil,
-         cbor != nil ? "--sim-smp-cbor" : nil].compactMap { $0 }
+         cbor != nil ? "--sim-smp-cbor" : nil, key != nil ? "--sim-smp-key" : nil,
+         crashingImage ? "--sim-smp-crashing-image" : nil, mode != nil ? "--sim-smp-mode" : nil,
+         noDowngrade ? "--sim-smp-no-downgrade" : nil].compactMap { $0 }
     }
 
     /// What slot 1 holds at the start.
@@ -82,9 +115,12 @@ public struct SimulatedSMPOptions: ParsableArguments {
 
     /// The server these options describe, with slots of `slotSize` bytes.
     func serverConfig(slotSize: Int) -> SMPServer.Config {
-        SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
+        var config = SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
                          refusesDowngrade: downgradeCheck, busy: busy, busyAbove: busyAbove,
                          uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) }, encoding: cbor ?? .zephyr)
+        config.testImageCrashes = crashingImage
+        SimulatedBootMode.configure(&config, mode: mode, noDowngrade: noDowngrade)
+        return config
     }
 }
 
@@ -105,4 +141,37 @@ extension SMPReplyEncoding: ExpressibleByArgument {
     static let help = ArgumentHelp(
         "How the simulated SMP server encodes its answers: zcbor (default: Zephyr 3.x and later, indefinite-length maps in its handlers' field order, no rc on success), tinycbor (mcumgr on Mynewt or Zephyr up to 2.7: indefinite lengths, rc 0 in answers, general error codes only, no MCUmgr parameters read), indefinite (otaflash's fields in its own order, indefinite lengths) or definite (canonical CBOR).",
         valueName: "zcbor|tinycbor|indefinite|definite")
+}
+
+/// `--sim-smp-mode`: the simulated MCUboot's mode, which its bootloader info then reports.
+enum SimulatedBootMode: String, ExpressibleByArgument, CaseIterable, Sendable {
+    case swap, swapMove = "swap-move", swapOffset = "swap-offset", overwrite
+    case directXIP = "direct-xip", directXIPRevert = "direct-xip-revert"
+
+    var mode: SMPBootloaderMode {
+        switch self {
+        case .swap: .swapScratch
+        case .swapMove: .swapMove
+        case .swapOffset: .swapOffset
+        case .overwrite: .overwriteOnly
+        case .directXIP: .directXIP
+        case .directXIPRevert: .directXIPWithRevert
+        }
+    }
+
+    static let help = ArgumentHelp(
+        "The simulated MCUboot's mode, reported by its bootloader info (OS 8): swap, swap-move, swap-offset (test, then revert unless confirmed), overwrite (the image is copied over the running one and kept: no test, no revert), direct-xip (uploads go to the slot not running; the highest version boots; no test) or direct-xip-revert (as direct-xip, marked for test and reverted unless confirmed). Without it the device answers no bootloader info, as an older one (a swap mode).",
+        valueName: allCases.map(\.rawValue).joined(separator: "|"))
+
+    /// Sets `config`'s MCUboot: `mode` (answering the bootloader info) and downgrade prevention.
+    static func configure(_ config: inout SMPServer.Config, mode: SimulatedBootMode?, noDowngrade: Bool) {
+        if let mode {
+            config.mode = mode.mode
+            config.reportsBootloaderInfo = true
+        }
+        if noDowngrade {
+            config.noDowngrade = true
+            config.reportsBootloaderInfo = true
+        }
+    }
 }

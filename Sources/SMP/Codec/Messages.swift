@@ -14,21 +14,29 @@ public struct SMPCommand: Hashable, Sendable, CustomStringConvertible {
     public static let reset = SMPCommand(group: .os, id: 5)
     /// OS 6: the server's buffer size and count.
     public static let mcumgrParameters = SMPCommand(group: .os, id: 6)
+    /// OS 8: the bootloader, or with the query `mode` MCUboot's mode (Zephyr's
+    /// `CONFIG_MCUMGR_GRP_OS_BOOTLOADER_INFO`).
+    public static let bootloaderInfo = SMPCommand(group: .os, id: 8)
     /// Image 0: read (list slots) or write (test or confirm).
     public static let imageState = SMPCommand(group: .image, id: 0)
     /// Image 1: one chunk of an upload.
     public static let imageUpload = SMPCommand(group: .image, id: 1)
     /// Image 5: erase a slot.
     public static let imageErase = SMPCommand(group: .image, id: 5)
+    /// Image 6: each image's slots, their sizes and which one takes an upload
+    /// (`CONFIG_MCUMGR_GRP_IMG_SLOT_INFO`).
+    public static let imageSlotInfo = SMPCommand(group: .image, id: 6)
 
     public var description: String {
         switch self {
         case .echo: "echo"
         case .reset: "reset"
         case .mcumgrParameters: "MCUmgr parameters"
+        case .bootloaderInfo: "bootloader info"
         case .imageState: "image state"
         case .imageUpload: "image upload"
         case .imageErase: "image erase"
+        case .imageSlotInfo: "image slot info"
         default: "\(group) command \(id)"
         }
     }
@@ -119,10 +127,16 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
     case imageUpload(SMPImageUpload)
     /// Image 5 write: `{}` or `{"slot": n}`.
     case imageErase(slot: UInt32?)
+    /// OS 8 read: `{}` (which bootloader), or `{"query": "mode"}` (MCUboot's mode).
+    case bootloaderInfo(query: String?)
+    /// Image 6 read: `{}`.
+    case imageSlotInfo
 
     public var command: SMPCommand {
         switch self {
         case .mcumgrParameters: .mcumgrParameters
+        case .bootloaderInfo: .bootloaderInfo
+        case .imageSlotInfo: .imageSlotInfo
         case .echo: .echo
         case .reset: .reset
         case .imageStateRead, .imageStateWrite: .imageState
@@ -133,20 +147,21 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
 
     public var operation: SMPOperation {
         switch self {
-        case .mcumgrParameters, .imageStateRead: .read
+        case .mcumgrParameters, .imageStateRead, .bootloaderInfo, .imageSlotInfo: .read
         default: .write
         }
     }
 
     public var body: CBOR {
         switch self {
-        case .mcumgrParameters, .imageStateRead: [:]
+        case .mcumgrParameters, .imageStateRead, .imageSlotInfo: [:]
         case .echo(let d): ["d": .text(d)]
         case .reset(let force): force ? ["force": 1] : [:]
         case .imageStateWrite(let hash, let confirm):
             if let hash { ["hash": .bytes(hash), "confirm": .bool(confirm)] } else { ["confirm": .bool(confirm)] }
         case .imageUpload(let upload): upload.body
         case .imageErase(let slot): slot.map { ["slot": .unsigned(UInt64($0))] } ?? [:]
+        case .bootloaderInfo(let query): query.map { ["query": .text($0)] } ?? [:]
         }
     }
 
@@ -186,6 +201,12 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case (.imageErase, .write):
             let f = try Fields(frame.body(), command)
             self = .imageErase(slot: try f.uint32("slot"))
+        case (.bootloaderInfo, .read):
+            let f = try Fields(frame.body(), command)
+            self = .bootloaderInfo(query: try f.text("query"))
+        case (.imageSlotInfo, .read):
+            _ = try Fields(frame.body(), command)
+            self = .imageSlotInfo
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a request this codec knows")
         }
@@ -202,6 +223,8 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
                 : "test image \(hexString(hash ?? []))"
         case .imageUpload(let u): "image upload of \(u.data.count) bytes at \(u.offset)"
         case .imageErase(let slot): slot.map { "erase slot \($0)" } ?? "erase"
+        case .bootloaderInfo(let query): query.map { "bootloader info read (\($0))" } ?? "bootloader info read"
+        case .imageSlotInfo: "image slot info read"
         }
     }
 }
@@ -344,6 +367,8 @@ public enum SMPResponse: Hashable, Sendable {
     /// Image state read and write.
     case imageStates(SMPImageStates)
     case upload(SMPUploadStatus)
+    case bootloaderInfo(SMPBootloaderInfo)
+    case slotInfo(SMPSlotInfo)
     /// The server refused the request.
     case error(SMPDeviceError)
 
@@ -355,6 +380,8 @@ public enum SMPResponse: Hashable, Sendable {
         case .empty: [:]
         case .imageStates(let s): s.body
         case .upload(let u): u.body
+        case .bootloaderInfo(let b): b.body
+        case .slotInfo(let i): i.body
         case .error(let e): e.body(version: version)
         }
     }
@@ -394,9 +421,156 @@ public enum SMPResponse: Hashable, Sendable {
             self = .empty
         case (.imageState, _): self = .imageStates(try SMPImageStates(body: body))
         case (.imageUpload, .writeResponse): self = .upload(try SMPUploadStatus(body: body))
+        case (.bootloaderInfo, .readResponse): self = .bootloaderInfo(try SMPBootloaderInfo(body: body))
+        case (.imageSlotInfo, .readResponse): self = .slotInfo(try SMPSlotInfo(body: body))
         default:
             throw SMPWireError(.unsupportedCommand, "\(h.operation) of \(command) is not a response this codec knows")
         }
+    }
+}
+
+/// MCUboot's mode as os_mgmt's bootloader info reports it: MCUboot's `enum mcuboot_mode`
+/// (bootutil's boot_status.h); Zephyr reports -1 for a mode it does not map.
+public struct SMPBootloaderMode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public var rawValue: Int64
+    public init(rawValue: Int64) { self.rawValue = rawValue }
+
+    public static let singleSlot = Self(rawValue: 0)
+    public static let swapScratch = Self(rawValue: 1)
+    /// Upgrade-only: the new image is copied over the old one; no test, no revert.
+    public static let overwriteOnly = Self(rawValue: 2)
+    public static let swapMove = Self(rawValue: 3)
+    /// Both slots run in place; MCUboot boots the one with the highest version.
+    public static let directXIP = Self(rawValue: 4)
+    /// Direct-XIP with a test run: an image not confirmed is not booted again.
+    public static let directXIPWithRevert = Self(rawValue: 5)
+    public static let ramLoad = Self(rawValue: 6)
+    public static let firmwareLoader = Self(rawValue: 7)
+    public static let singleSlotRAMLoad = Self(rawValue: 8)
+    public static let swapOffset = Self(rawValue: 9)
+
+    /// Swap modes: the image goes to slot 1, is swapped in for test and reverted unless confirmed.
+    public var swaps: Bool { [.swapScratch, .swapMove, .swapOffset].contains(self) }
+    /// Direct-XIP and RAM load: the image goes to the slot not running, which runs in place.
+    public var runsInPlace: Bool { [.directXIP, .directXIPWithRevert, .ramLoad].contains(self) }
+    /// One slot: nothing for an SMP client to upload a second image into.
+    public var singleSlot: Bool { [.singleSlot, .firmwareLoader, .singleSlotRAMLoad].contains(self) }
+    /// No test run and no revert (the image is kept as soon as MCUboot takes it).
+    public var keepsWithoutTest: Bool { [.overwriteOnly, .directXIP, .ramLoad].contains(self) }
+
+    public var description: String {
+        switch self {
+        case .singleSlot: "single-slot"
+        case .swapScratch: "swap using scratch"
+        case .overwriteOnly: "overwrite-only"
+        case .swapMove: "swap using move"
+        case .directXIP: "direct-XIP"
+        case .directXIPWithRevert: "direct-XIP with revert"
+        case .ramLoad: "RAM load"
+        case .firmwareLoader: "firmware loader"
+        case .singleSlotRAMLoad: "single-slot RAM load"
+        case .swapOffset: "swap using offset"
+        default: "mode \(rawValue)"
+        }
+    }
+}
+
+/// os_mgmt's bootloader info answer: `{"bootloader": text}` without a query; with the query
+/// `mode`, `{"mode": int, "no-downgrade"?: true}` (downgrade prevention: MCUboot boots no
+/// image older than the running one).
+public struct SMPBootloaderInfo: Hashable, Sendable {
+    public var bootloader: String?
+    public var mode: SMPBootloaderMode?
+    public var noDowngrade: Bool
+
+    public init(bootloader: String? = nil, mode: SMPBootloaderMode? = nil, noDowngrade: Bool = false) {
+        self.bootloader = bootloader
+        self.mode = mode
+        self.noDowngrade = noDowngrade
+    }
+
+    public var body: CBOR {
+        var m: [CBOR: CBOR] = [:]
+        if let bootloader { m["bootloader"] = .text(bootloader) }
+        if let mode { m["mode"] = .int(mode.rawValue) }
+        if noDowngrade { m["no-downgrade"] = true }
+        return .map(m)
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .bootloaderInfo)
+        self.init(bootloader: try f.text("bootloader"), mode: try f.int64("mode").map(SMPBootloaderMode.init(rawValue:)),
+                  noDowngrade: try f.bool("no-downgrade") ?? false)
+    }
+}
+
+/// img_mgmt's slot info answer (image 6): `{"images": [{"image", "slots": [{"slot", "size"?,
+/// "upload_image_id"?}], "max_image_size"?}]}`; a slot the device could not open carries `rc`
+/// instead of its size.
+public struct SMPSlotInfo: Hashable, Sendable {
+    public struct Slot: Hashable, Sendable {
+        public var slot: UInt32
+        /// The slot's flash area size in bytes.
+        public var size: UInt64?
+        /// The image number an upload to this slot names; absent for the slot that runs.
+        public var uploadImageID: UInt32?
+
+        public init(slot: UInt32, size: UInt64?, uploadImageID: UInt32? = nil) {
+            self.slot = slot
+            self.size = size
+            self.uploadImageID = uploadImageID
+        }
+    }
+
+    public struct Image: Hashable, Sendable {
+        public var image: UInt32
+        public var slots: [Slot]
+        /// The largest image the slots take (MCUboot's trailer and swap space left out), when told.
+        public var maxImageSize: UInt64?
+
+        public init(image: UInt32, slots: [Slot], maxImageSize: UInt64? = nil) {
+            self.image = image
+            self.slots = slots
+            self.maxImageSize = maxImageSize
+        }
+    }
+
+    public var images: [Image]
+
+    public init(images: [Image]) { self.images = images }
+
+    public var body: CBOR {
+        .map(["images": .array(images.map { image in
+            var m: [CBOR: CBOR] = ["image": .unsigned(UInt64(image.image)), "slots": .array(image.slots.map { slot in
+                var s: [CBOR: CBOR] = ["slot": .unsigned(UInt64(slot.slot))]
+                if let size = slot.size { s["size"] = .unsigned(size) }
+                if let id = slot.uploadImageID { s["upload_image_id"] = .unsigned(UInt64(id)) }
+                return .map(s)
+            })]
+            if let max = image.maxImageSize { m["max_image_size"] = .unsigned(max) }
+            return .map(m)
+        })])
+    }
+
+    public init(body: CBOR) throws(SMPWireError) {
+        let f = try Fields(body, .imageSlotInfo)
+        guard let list = try f.required(f.map["images"], "images").array else {
+            throw SMPWireError(.badField("images"), "image slot info's \"images\" is not an array")
+        }
+        var images: [Image] = []
+        for entry in list {
+            let e = try Fields(entry, .imageSlotInfo)
+            guard let slotList = try e.required(e.map["slots"], "slots").array else {
+                throw SMPWireError(.badField("slots"), "image slot info's \"slots\" is not an array")
+            }
+            var slots: [Slot] = []
+            for slot in slotList {
+                let s = try Fields(slot, .imageSlotInfo)
+                slots.append(Slot(slot: try s.required(s.uint32("slot"), "slot"), size: try s.uint64("size"), uploadImageID: try s.uint32("upload_image_id")))
+            }
+            images.append(Image(image: try e.required(e.uint32("image"), "image"), slots: slots, maxImageSize: try e.uint64("max_image_size")))
+        }
+        self.init(images: images)
     }
 }
 

@@ -88,9 +88,10 @@ public struct SMPPeripheral: PeripheralModel {
     /// A simulated Zephyr device whose server is configured by `config` (its buffers, slot size
     /// and refusals), slot 0 running a small MCUboot image of `firmwareVersion`, and slot 1
     /// holding what `leftover` says an earlier update left there: an image of the same version
-    /// pending, or the previous one (a test image runs unconfirmed).
+    /// pending, or the previous one (a test image runs unconfirmed). `signatureKey`: the key its
+    /// MCUboot checks signatures with (nil: the hash only).
     public init(config: SMPServer.Config, firmwareVersion: FirmwareVersion, leftover: SMPLeftover? = nil,
-                faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
+                signatureKey: MCUbootImage.PublicKey? = nil, faults: FaultPlan = .none, resetDelay: Duration = .milliseconds(100), bootDuration: Duration = .milliseconds(500)) {
         func image(_ what: String) -> [UInt8] {
             SMPSlotImage.build(major: firmwareVersion.major, minor: firmwareVersion.minor, revision: firmwareVersion.patch,
                                body: Array("otaflash \(what) image \(firmwareVersion)".utf8))
@@ -100,7 +101,8 @@ public struct SMPPeripheral: PeripheralModel {
         case .unconfirmed: .revertTarget(image("previous"))
         case nil: nil
         }
-        self.init(server: SMPServer(config: config, running: image(leftover == .unconfirmed ? "unconfirmed test" : "factory"), leftover: slot1),
+        self.init(server: SMPServer(config: config, running: image(leftover == .unconfirmed ? "unconfirmed test" : "factory"), leftover: slot1,
+                                    signatureKey: signatureKey),
                   faults: faults, resetDelay: resetDelay, bootDuration: bootDuration)
     }
 
@@ -233,6 +235,10 @@ public struct SMPPeripheral: PeripheralModel {
             return SMPFraming.segments(answer, maxWrite: maxWrite).map {
                 PeripheralTimed(at: now + requestTime, .notify(SMPService.characteristicUUID, Array($0)))
             }
+        }
+        if case .echo? = try? SMPRequest(decoding: frame), server.crashesOnEcho {
+            // A broken test image: its watchdog resets the device before it answers.
+            return reboot(at: now + requestTime, reason: "the test image crashed (its watchdog reset the device)", injected: false, reports: &reports)
         }
         let before = server.upload
         let (response, resetRequested) = server.handle(frame)

@@ -140,6 +140,26 @@ extension SMPServer {
             return .map(entries)
         case .imageStates(let states):
             return imageStates(states, encoding: encoding)
+        case .slotInfo(let info):
+            // img_mgmt_slot_info's order: image, slots (slot, size, upload_image_id), max_image_size.
+            return .map([.init(key: "images", value: .array(info.images.map { image in
+                var entries: [DeviceCBOR.Entry] = [.init(key: "image", value: .unsigned(UInt64(image.image))),
+                                                   .init(key: "slots", value: .array(image.slots.map { slot in
+                    var s: [DeviceCBOR.Entry] = [.init(key: "slot", value: .unsigned(UInt64(slot.slot)))]
+                    if let size = slot.size { s.append(.init(key: "size", value: .unsigned(size))) }
+                    if let id = slot.uploadImageID { s.append(.init(key: "upload_image_id", value: .unsigned(UInt64(id)))) }
+                    return .map(s)
+                }))]
+                if let max = image.maxImageSize { entries.append(.init(key: "max_image_size", value: .unsigned(max))) }
+                return .map(entries)
+            }))])
+        case .bootloaderInfo(let info):
+            // os_mgmt writes `bootloader`, or `mode` then `no-downgrade` (only when set).
+            var entries: [DeviceCBOR.Entry] = []
+            if let bootloader = info.bootloader { entries.append(.init(key: "bootloader", value: .text(bootloader))) }
+            if let mode = info.mode { entries.append(.init(key: "mode", value: mode.rawValue < 0 ? .negative(UInt64(-1 - mode.rawValue)) : .unsigned(UInt64(mode.rawValue)))) }
+            if info.noDowngrade { entries.append(.init(key: "no-downgrade", value: .bool(true))) }
+            return .map(entries)
         case .error(let error):
             return errorBody(error, encoding: encoding)
         }

@@ -63,6 +63,27 @@ public struct SMPServer: Sendable {
         /// How the answers are written (`reply(_:to:)`); `.tinycbor` is an mcumgr server, which
         /// also has no MCUmgr parameters read and no `match`, whatever the two settings above say.
         public var encoding: SMPReplyEncoding
+        /// An image MCUboot swapped in for test crashes when asked for an SMP echo (its
+        /// application is broken: the watchdog resets the device before it answers), so MCUboot
+        /// reverts it; see `crashesOnEcho`.
+        public var testImageCrashes = false
+        /// MCUboot's mode (`swapScratch`: the slots as documented above). `overwriteOnly` copies a
+        /// marked image over slot 0 at the reset, kept for good; `directXIP` (and `ramLoad`) runs
+        /// either slot in place, uploads go to the one not running, there is no state write, and
+        /// MCUboot boots the slot with the highest version; `directXIPWithRevert` boots the other
+        /// slot when it is marked, for test or for good.
+        public var mode = SMPBootloaderMode.swapScratch
+        /// Answer os_mgmt's bootloader info (`CONFIG_MCUMGR_GRP_OS_BOOTLOADER_INFO`); without it
+        /// the server answers MGMT_ERR_ENOTSUP, as one built without it does.
+        public var reportsBootloaderInfo = false
+        /// MCUboot's downgrade prevention: an image older than the running one is not booted
+        /// (erased at the reset), and the bootloader info says `no-downgrade`.
+        public var noDowngrade = false
+        /// In a direct-XIP mode, refuse an upload whose image is fixed (`IMAGE_F_ROM_FIXED`) to
+        /// another address than the slot's (`CONFIG_MCUMGR_GRP_IMG_REJECT_DIRECT_XIP_MISMATCHED_SLOT`).
+        public var rejectsMismatchedSlot = true
+        /// Answer img_mgmt's slot info (`CONFIG_MCUMGR_GRP_IMG_SLOT_INFO`); mcumgr's server has none.
+        public var reportsSlotInfo = true
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
@@ -179,6 +200,20 @@ public struct SMPServer: Sendable {
     /// Slot 1 cannot be written: it is pending, or it holds the image to revert to.
     public var secondaryInUse: Bool { pending || !confirmed }
 
+    /// Where each slot lies in flash (an nRF52840's slot0_partition and slot1_partition): what a
+    /// direct-XIP image fixed to a slot must name as its load address.
+    public static let slotAddresses: [UInt32] = [0x0000_C000, 0x0008_2000]
+    /// The slot that runs: 0, or 1 once direct-XIP booted it.
+    public private(set) var activeSlot: UInt32 = 0
+    /// The slot uploads go to: the one not running.
+    public var uploadSlot: UInt32 { 1 - activeSlot }
+
+    /// With `Config.testImageCrashes`: the running image is a test image swapped in at the last
+    /// boot and not confirmed, so an echo crashes it (no answer; the device resets).
+    public var crashesOnEcho: Bool {
+        config.testImageCrashes && !confirmed && lastBoot == .swapped(permanent: false)
+    }
+
     // MARK: Requests
 
     /// The answer to a request frame. Unknown commands get MGMT_ERR_ENOTSUP, malformed ones
@@ -210,34 +245,47 @@ public struct SMPServer: Sendable {
         case .imageUpload(let chunk):
             return receive(chunk)
         case .imageErase(let slot):
-            return erase(slot: slot ?? 1)
+            return erase(slot: slot ?? uploadSlot)
+        case .imageSlotInfo:
+            guard config.reportsSlotInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
+            // Both slots of image 0; the one not running takes an upload (`upload_image_id` 0).
+            return .slotInfo(SMPSlotInfo(images: [SMPSlotInfo.Image(image: 0, slots: (0...1).map { slot in
+                SMPSlotInfo.Slot(slot: UInt32(slot), size: UInt64(config.slotSize), uploadImageID: UInt32(slot) == uploadSlot ? 0 : nil)
+            })]))
+        case .bootloaderInfo(let query):
+            guard config.reportsBootloaderInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
+            guard let query else { return .bootloaderInfo(SMPBootloaderInfo(bootloader: "MCUboot")) }
+            // os_mgmt answers only `mode`; another query yields OS_MGMT_ERR_QUERY_YIELDS_NO_ANSWER.
+            guard query == "mode" else { return .error(SMPDeviceError(group: .os, rc: 3)) }
+            return .bootloaderInfo(SMPBootloaderInfo(mode: config.mode, noDowngrade: config.noDowngrade))
         }
     }
 
     /// The slot list as img_mgmt reports it: each slot holding a whole image, with its flags.
     public var states: SMPImageStates {
-        var slots = [slotState(primary, slot: 0)]
-        if let secondary { slots.append(slotState(secondary, slot: 1)) }
-        return SMPImageStates(images: slots)
+        var slots = [slotState(primary, slot: activeSlot, running: true)]
+        if let secondary { slots.append(slotState(secondary, slot: uploadSlot, running: false)) }
+        return SMPImageStates(images: slots.sorted { $0.slot < $1.slot })
     }
 
-    private func slotState(_ image: SMPSlotImage, slot: UInt32) -> SMPImageSlot {
+    private func slotState(_ image: SMPSlotImage, slot: UInt32, running: Bool) -> SMPImageSlot {
         var entry = SMPImageSlot(slot: slot, version: image.versionText, hash: image.hash, bootable: image.bootable)
-        switch (swapType, slot) {
-        case (.none, 0): entry.confirmed = true
-        case (.test, 0), (.permanent, 0): entry.confirmed = true
-        case (.test, _): entry.pending = true
-        case (.permanent, _):
+        switch (swapType, running) {
+        case (.none, true), (.test, true), (.permanent, true): entry.confirmed = true
+        case (.test, false): entry.pending = true
+        case (.permanent, false):
             entry.pending = true
             entry.permanent = true
-        case (.revert, 1): entry.confirmed = true
+        case (.revert, false): entry.confirmed = true
         default: break
         }
-        entry.active = slot == 0
+        entry.active = running
         return entry
     }
 
     private mutating func stateWrite(hash: [UInt8]?, confirm: Bool) -> SMPResponse {
+        // Direct-XIP without revert and RAM load have no state write (img_mgmt's handler is NULL).
+        if config.mode == .directXIP || config.mode == .ramLoad { return .error(.general(.notSupported)) }
         guard let hash else {
             guard confirm else { return .error(.general(.invalidValue)) }
             confirmed = true
@@ -264,7 +312,7 @@ public struct SMPServer: Sendable {
 
     private mutating func erase(slot: UInt32) -> SMPResponse {
         guard slot == 0 || slot == 1 else { return .error(.image(.invalidSlot)) }
-        guard slot == 1, !secondaryInUse else { return .error(.image(.noFreeSlot)) }
+        guard slot == uploadSlot, !secondaryInUse else { return .error(.image(.noFreeSlot)) }
         secondaryBytes = []
         secondaryComplete = false
         upload = nil
@@ -291,6 +339,12 @@ public struct SMPServer: Sendable {
         // Zephyr compares `len` with the slot; mcumgr fails to erase that much (EUNKNOWN either
         // way to an SMP v1 request, `reply(_:to:)`).
         guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
+        if config.mode.runsInPlace, config.rejectsMismatchedSlot, chunk.data.count >= 32,
+           let fixed = SMPSlotImage.fixedAddress(header: chunk.data),
+           fixed != Self.slotAddresses[Int(uploadSlot)] {
+            // The image runs only at its load address, and this slot is elsewhere.
+            return .error(.image(.invalidFlashAddress))
+        }
         if chunk.upgrade == true || config.refusesDowngrade, chunk.data.count >= 32,
            !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
             return .error(.image(.currentVersionIsNewer))
@@ -343,29 +397,55 @@ public struct SMPServer: Sendable {
         boots += 1
         upload = nil
         let outcome: BootOutcome
-        switch swapType {
-        case .test, .permanent:
-            if let why = invalidSecondary() {
-                // bootutil erases an invalid image in slot 1 (its trailer, and so the mark, with it).
-                outcome = .refused(why: why)
-                secondaryBytes = []
-                secondaryComplete = false
+        switch (config.mode, swapType) {
+        case (.directXIP, _), (.ramLoad, _):
+            // No marks: the slot with the highest version runs, in place.
+            if let candidate = secondary, candidate.isNewer(than: primary) {
+                outcome = take(permanent: true)
             } else {
-                outcome = .swapped(permanent: permanent)
-                swap()
-                confirmed = permanent
+                outcome = .unchanged
             }
-        case .revert:
+        case (.overwriteOnly, .test), (.overwriteOnly, .permanent):
+            // Upgrade-only: the image is copied over slot 0 and kept; slot 1 is erased.
+            outcome = take(permanent: true)
+            if case .swapped = outcome { eraseSecondary() }
+        case (_, .test), (_, .permanent):
+            outcome = take(permanent: permanent)
+        case (_, .revert):
             outcome = .reverted
             swap()
+            if config.mode.runsInPlace { activeSlot = 1 - activeSlot }
             confirmed = true
-        case .none:
+        case (_, .none):
             outcome = .unchanged
         }
         pending = false
         permanent = false
         lastBoot = outcome
         return outcome
+    }
+
+    /// MCUboot takes slot 1's image, after validating it (and, with downgrade prevention, its
+    /// version): swapped in (in direct-XIP, booted in place), or refused and erased.
+    private mutating func take(permanent: Bool) -> BootOutcome {
+        var why = invalidSecondary()
+        if why == nil, config.noDowngrade, let candidate = secondary, candidate.isOlder(than: primary) {
+            why = "version \(candidate.versionText) is older than the running \(primary.versionText) (downgrade prevention)"
+        }
+        if let why {
+            // bootutil erases an invalid image (its trailer, and so the mark, with it).
+            eraseSecondary()
+            return .refused(why: why)
+        }
+        swap()
+        if config.mode.runsInPlace { activeSlot = 1 - activeSlot }
+        confirmed = permanent
+        return .swapped(permanent: permanent)
+    }
+
+    private mutating func eraseSecondary() {
+        secondaryBytes = []
+        secondaryComplete = false
     }
 
     /// Why MCUboot would not boot slot 1's image (`bootutil_img_validate`): a header or TLV area it

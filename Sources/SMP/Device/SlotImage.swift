@@ -15,6 +15,35 @@ public struct SMPSlotImage: Sendable, Hashable {
     public static let magic: UInt32 = 0x96F3_B83D
     /// MCUboot's `IMAGE_F_NON_BOOTABLE`.
     public static let nonBootableFlag: UInt32 = 0x10
+    /// MCUboot's `IMAGE_F_ROM_FIXED`: the image runs only at its header's load address (direct-XIP).
+    public static let romFixedFlag: UInt32 = 0x100
+
+    /// The header's load address (`ih_load_addr`), which direct-XIP reads when `romFixedFlag` is set.
+    public var loadAddress: UInt32 {
+        isMCUboot ? (4..<8).reduce(UInt32(0)) { $0 | UInt32(bytes[$1]) << (8 * ($1 - 4)) } : 0
+    }
+
+    /// The flash address the image is built to run at, when it says (`romFixedFlag`).
+    public var fixedAddress: UInt32? { Self.fixedAddress(header: bytes) }
+
+    /// The load address an image header (its first 32 bytes or more) fixes the image to, when it
+    /// sets `romFixedFlag`.
+    public static func fixedAddress(header data: [UInt8]) -> UInt32? {
+        guard data.count >= 32, hasMagic(data) else { return nil }
+        func u32(_ at: Int) -> UInt32 { (0..<4).reduce(UInt32(0)) { $0 | UInt32(data[at + $1]) << (8 * $1) } }
+        return u32(16) & romFixedFlag != 0 ? u32(4) : nil
+    }
+
+    /// `major.minor.revision` older than `other`'s (MCUboot's downgrade prevention ignores the build).
+    public func isOlder(than other: SMPSlotImage) -> Bool {
+        (version.major, version.minor, version.revision) < (other.version.major, other.version.minor, other.version.revision)
+    }
+
+    /// Newer than `other`, build number included (direct-XIP boots the highest version).
+    public func isNewer(than other: SMPSlotImage) -> Bool {
+        (version.major, version.minor, version.revision, version.build)
+            > (other.version.major, other.version.minor, other.version.revision, other.version.build)
+    }
 
     public let bytes: [UInt8]
     /// Whether the bytes start with an MCUboot header that fits them.
@@ -93,9 +122,9 @@ public struct SMPSlotImage: Sendable, Hashable {
     /// header, `body`, and a TLV area holding only the SHA256 TLV. For the simulated device's
     /// factory image and for tests.
     public static func build(major: UInt8, minor: UInt8, revision: UInt16, build: UInt32 = 0, body: [UInt8],
-                             flags: UInt32 = 0) -> [UInt8] {
+                             flags: UInt32 = 0, loadAddress: UInt32 = 0) -> [UInt8] {
         func le(_ value: UInt32, _ count: Int) -> [UInt8] { (0..<count).map { UInt8(truncatingIfNeeded: value >> (8 * $0)) } }
-        var header = le(magic, 4) + le(0, 4) + le(32, 2) + le(0, 2) + le(UInt32(body.count), 4) + le(flags, 4)
+        var header = le(magic, 4) + le(loadAddress, 4) + le(32, 2) + le(0, 2) + le(UInt32(body.count), 4) + le(flags, 4)
         header += [major, minor] + le(UInt32(revision), 2) + le(build, 4) + le(0, 4)
         let hashed = header + body
         let digest = Array(SHA256.hash(data: hashed))

@@ -9,10 +9,14 @@ public struct SMPLink: Sendable, Hashable {
     public var parameters: SMPParameters?
     /// The image states before the upload; nil when not read.
     public var states: SMPImageStates?
+    /// MCUboot's mode and downgrade prevention (os_mgmt's bootloader info); nil when the server
+    /// does not answer it (an older one): a swap mode is assumed.
+    public var bootloader: SMPBootloaderInfo?
 
-    public init(parameters: SMPParameters?, states: SMPImageStates?) {
+    public init(parameters: SMPParameters?, states: SMPImageStates?, bootloader: SMPBootloaderInfo? = nil) {
         self.parameters = parameters
         self.states = states
+        self.bootloader = bootloader
     }
 }
 
@@ -41,10 +45,25 @@ public struct SMPUploadSettings: Sendable, Hashable {
     /// Pick the frame size on the link (`SMPFrameProbe`) when `maxFrame` is nil; false: frames of
     /// the most whole writes the buffer holds.
     public var probeFrames: Bool
+    /// Confirm only once the image has run (`--confirm after-check`): mark it for test, reset,
+    /// and on the next connection check that it is active and answers an SMP echo; then confirm
+    /// it (or, with `holdsConfirm`, finish unconfirmed for the caller's own check). A failed check
+    /// leaves it unconfirmed, for MCUboot to revert at the next reset (`checkFailed`).
+    public var confirmAfterCheck: Bool
+    /// With `confirmAfterCheck`: finish after the echo without confirming; the caller runs its own
+    /// check (`--check-command`) and confirms.
+    public var holdsConfirm: Bool
+    /// The upload's `upgrade` flag: the device refuses an image not newer than the one it runs
+    /// (IMG_MGMT_ERR_CURRENT_VERSION_IS_NEWER) before it erases anything.
+    public var upgrade: Bool
 
     public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
-                maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil, probeFrames: Bool = true) {
+                maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil, probeFrames: Bool = true,
+                confirmAfterCheck: Bool = false, holdsConfirm: Bool = false, upgrade: Bool = false) {
         self.probeFrames = probeFrames
+        self.upgrade = upgrade
+        self.confirmAfterCheck = confirmAfterCheck
+        self.holdsConfirm = holdsConfirm
         self.imageNumber = imageNumber
         self.fileSHA256 = fileSHA256
         self.imageHash = imageHash
@@ -123,6 +142,8 @@ public struct SMPEngine: TransferEngine {
         /// The device answered the reset (or dropped the link after it): MCUboot swaps the image
         /// in, or refuses it and runs the old one. The next connection's image states say which.
         case rebooting
+        /// `confirmAfterCheck`: the new image runs; the echo, then the confirm, in flight.
+        case checking(Command)
         case done
         case failed(in: TransferPhase)
     }
@@ -172,6 +193,10 @@ public struct SMPEngine: TransferEngine {
     private var markHash: [UInt8]?
     /// The image states the device reported when it attached: what a refusal is explained with.
     private var states: SMPImageStates?
+    /// The version the device reverts to when the checked image is not confirmed.
+    private var revertTo: String?
+    /// MCUboot's mode, from the first connection that reported it.
+    public private(set) var bootloader: SMPBootloaderInfo?
 
     public init(image: FirmwareImage, config: EngineConfig, settings: SMPUploadSettings) {
         self.image = image
@@ -187,7 +212,7 @@ public struct SMPEngine: TransferEngine {
         case .erasing, .opening: .beginning
         case .streaming: .streaming
         case .verifying: .verifying
-        case .activating, .rebooting: .activating
+        case .activating, .rebooting, .checking: .activating
         case .done: .done
         case .failed: .failed
         }
@@ -204,7 +229,7 @@ public struct SMPEngine: TransferEngine {
     /// The request in flight that is not an upload chunk.
     private var command: Command? {
         switch state {
-        case .erasing(let c), .verifying(let c), .activating(let c): c
+        case .erasing(let c), .verifying(let c), .activating(let c), .checking(let c): c
         case .idle, .opening, .streaming, .rebooting, .done, .failed: nil
         }
     }
@@ -225,7 +250,7 @@ public struct SMPEngine: TransferEngine {
         case .erasing, .opening: return max(config.replyTimeout, Self.firstRequestTimeout)
         case .verifying: return config.verifyTimeout
         case .activating, .rebooting: return max(config.replyTimeout, config.activateTimeout)
-        case .idle, .streaming, .done, .failed: return config.replyTimeout
+        case .idle, .streaming, .checking, .done, .failed: return config.replyTimeout
         }
     }
 
@@ -292,6 +317,9 @@ public struct SMPEngine: TransferEngine {
                 state = .rebooting
             }
             if isRebooting { return [.failed(rebootError)] }
+            if case .checking(let c) = state {
+                return fail(checkFailed("the link dropped while it was asked for an SMP \(c.request.command) (\(reason)), as when the application crashes and the device resets"))
+            }
             let held = acked > 0 ? " (\(acked) of \(image.size) bytes held by the device)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
         }
@@ -307,6 +335,8 @@ public struct SMPEngine: TransferEngine {
         }
         maxWrite = ATTWriteLimit.value(mtu: mtu)
         states = link.states ?? states
+        let firstReport = bootloader == nil && link.bootloader != nil
+        bootloader = link.bootloader ?? bootloader
         reassembler.reset()
         inFlight = [:]
         queue = []
@@ -355,6 +385,7 @@ public struct SMPEngine: TransferEngine {
             probe = nil
         }
         if rebooted { return booted(link.states) }
+        if firstReport, let refusal = modeRefusal() { return fail(refusal) }
         if wasChecking || acked == image.size, acked > 0 {
             tally.resumed(from: acked)
             return verify()
@@ -371,7 +402,7 @@ public struct SMPEngine: TransferEngine {
 
     /// The first request, with `data` empty: sized from it.
     static func firstRequest(settings: SMPUploadSettings, size: Int, data: [UInt8]) -> SMPImageUpload {
-        SMPImageUpload.first(image: settings.imageNumber, length: UInt64(size), sha: settings.fileSHA256, data: data)
+        SMPImageUpload.first(image: settings.imageNumber, length: UInt64(size), sha: settings.fileSHA256, data: data, upgrade: settings.upgrade)
     }
 
     // MARK: Answers
@@ -496,6 +527,11 @@ public struct SMPEngine: TransferEngine {
                 return OTAError(general.code, "the device refused the upload: no free slot (9): it runs test image \(active.version), not confirmed, and slot 1 holds the image to revert to; confirm it (otaflash image confirm) or reset the device (otaflash reset) to revert, then retry", cause: e)
             }
         }
+        if e.imageError == .invalidFlashAddress, let mode = bootloader?.mode, mode.runsInPlace {
+            let target = slots.first(where: { !$0.active }).map(\.slot) ?? active.map { 1 - $0.slot } ?? 1
+            let built = header?.fixedAddress.map { " (load address 0x\(String($0, radix: 16)))" } ?? ""
+            return OTAError(general.code, "the device refused the upload: invalid flash address (25): in \(mode) mode an image runs only at the address it was built for, and this one\(built) is not built for slot \(target), the slot not running, where the upload goes; give the image built for slot \(target) (nRF Connect SDK's direct-XIP build makes one for each slot)", cause: e)
+        }
         if e.imageError == .currentVersionIsNewer, let active {
             return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
         }
@@ -522,6 +558,16 @@ public struct SMPEngine: TransferEngine {
 
     private mutating func commandAnswered(_ response: SMPResponse, to request: SMPRequest) -> [TransferAction] {
         retries = 0
+        if case .checking = state { return checked(response, to: request) }
+        if case .imageStateWrite(_, let confirm) = request, case .error(let e) = response, e.general == .notSupported,
+           !settings.confirmAfterCheck || !confirm, settings.reset {
+            // No state write on this device: MCUboot in direct-XIP or RAM load, which boots the
+            // slot with the highest version (a server that does not report its mode, say
+            // mcumgr's, shows it only here). The reset follows; what booted decides.
+            notes.append("the device has no image state write (NOT_SUPPORTED: MCUboot in direct-XIP or RAM load mode, which boots the slot with the highest version): resetting it without a mark")
+            bootloader = bootloader ?? SMPBootloaderInfo(mode: .directXIP)
+            return send(.reset(force: false), as: { .activating($0) })
+        }
         if case .error(let e) = response {
             return fail(e.otaError(device: "the device", request: "\(request)"))
         }
@@ -585,6 +631,14 @@ public struct SMPEngine: TransferEngine {
             state = .done
             return [.finished]
         }
+        if let mode = bootloader?.mode, mode == .directXIP || mode == .ramLoad {
+            // No state write in these modes: MCUboot boots the slot with the highest version.
+            guard settings.reset else {
+                state = .done
+                return [.finished]
+            }
+            return send(.reset(force: false), as: { .activating($0) })
+        }
         guard let hash = markHash else {
             return fail(OTAError(.internalError, "no hash to mark the uploaded image with; please report this"), in: .activating)
         }
@@ -594,7 +648,7 @@ public struct SMPEngine: TransferEngine {
             notes.append("the device did not check the uploaded file's SHA-256 (its answer has no 'match', as an mcumgr server's), and the slot's hash it reports is read from the image: only MCUboot's check at the reset can find a corrupted upload; check that the new version runs afterwards (otaflash image list)")
         }
         // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
-        return send(.imageStateWrite(hash: hash, confirm: settings.confirm), as: { .activating($0) })
+        return send(.imageStateWrite(hash: hash, confirm: settings.confirm && !settings.confirmAfterCheck), as: { .activating($0) })
     }
 
     private mutating func marked(_ states: SMPImageStates?) -> [TransferAction] {
@@ -628,8 +682,12 @@ public struct SMPEngine: TransferEngine {
         let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
         let running = slots.first(where: \.active)
         if running?.hash == hash {
-            state = .done
-            return [.finished]
+            guard settings.confirmAfterCheck else {
+                state = .done
+                return [.finished]
+            }
+            revertTo = slots.first(where: { !$0.active && $0.hash != hash })?.version
+            return send(.echo(Self.checkText), as: { .checking($0) })
         }
         if let waiting = slots.first(where: { $0.hash == hash && $0.pending }) {
             return fail(OTAError(.timeout, "after its reset the device still lists the image in slot \(waiting.slot), marked to run at the next reset: it did not reset, or MCUboot did not swap the image in",
@@ -640,6 +698,104 @@ public struct SMPEngine: TransferEngine {
         return startOver(because: what, OTAError(.verifyFailed, "\(what)\(againSaid)",
                                                  hint: "run the same command again: it uploads the file anew; if MCUboot refuses it again, check the image's signature key and the device's flash",
                                                  resumable: true))
+    }
+
+    // MARK: Bootloader modes
+
+    /// The image's header as a slot holds it, for an MCUboot image.
+    private var header: SMPSlotImage? { settings.imageHash == nil ? nil : SMPSlotImage(image.bytes) }
+
+    /// What MCUboot's mode (first reported on this connection) says before anything is sent: a
+    /// refusal where the update cannot work as asked, else a note on how it goes.
+    private mutating func modeRefusal() -> OTAError? {
+        guard let info = bootloader, let mode = info.mode else { return nil }
+        let slots = (states?.images ?? []).filter { ($0.image ?? 0) == settings.imageNumber }
+        let running = slots.first(where: \.active)
+        let runningVersion = running.map { " \($0.version)" } ?? ""
+        let runningImage = running.flatMap(MCUbootVersionText.slotImage)
+        let candidate = header
+        if mode.singleSlot {
+            return OTAError(.incompatibleDevice, "the device's MCUboot runs in \(mode) mode: it has no second slot to upload an image to over SMP",
+                            hint: "update it through MCUboot's serial recovery, or build MCUboot with two slots")
+        }
+        if settings.confirmAfterCheck, mode.keepsWithoutTest {
+            return OTAError(.incompatibleDevice, "the device's MCUboot runs in \(mode) mode: it keeps an image as soon as it boots it, with no test run and no revert, so --confirm-after-check cannot leave a failed image to revert",
+                            hint: "drop --confirm-after-check (the image is kept at the reset), or build MCUboot in a swap or direct-XIP-with-revert mode")
+        }
+        if info.noDowngrade, let candidate, let runningImage, candidate.isOlder(than: runningImage) {
+            return OTAError(.incompatibleDevice, "the device's MCUboot refuses downgrades (no-downgrade): it runs\(runningVersion) and would not boot this older image \(candidate.versionText)",
+                            hint: "upload an image with a higher version (imgtool sign --version)")
+        }
+        if mode == .directXIP || mode == .ramLoad, let candidate, let runningImage, !candidate.isNewer(than: runningImage) {
+            return OTAError(.incompatibleDevice, "the device's MCUboot runs in \(mode) mode and boots the slot with the highest version: this image \(candidate.versionText) is not newer than the running\(runningVersion), so it would not run",
+                            hint: "upload an image with a higher version (imgtool sign --version)")
+        }
+        switch mode {
+        case .overwriteOnly:
+            notes.append("the device's MCUboot runs in overwrite-only mode: at the reset it copies the image over the running one and keeps it, with no test run and no revert")
+        case .directXIP, .directXIPWithRevert, .ramLoad:
+            let target = slots.first(where: { !$0.active }).map(\.slot) ?? running.map { 1 - $0.slot } ?? 1
+            let built = candidate?.fixedAddress.map { "it is built for load address 0x\(String($0, radix: 16))" }
+                ?? "it does not say which address it is built for (no ROM_FIXED flag), so only booting it shows it fits"
+            let marks = mode == .directXIPWithRevert ? "it runs for test, reverted unless confirmed" : "MCUboot then boots the slot with the highest version, with no test run"
+            notes.append("the device's MCUboot runs in \(mode) mode: the image goes to slot \(target), the one not running, and runs there in place; \(built); \(marks)")
+        default:
+            break
+        }
+        return nil
+    }
+
+    // MARK: The check before the confirm
+
+    /// What the check's echo sends.
+    static let checkText = "otaflash check"
+
+    /// `confirmAfterCheck`: the new image's answers. An echo answered (with the text sent, or
+    /// NOT_SUPPORTED from a server built without echo: its SMP server answers) passes; then the
+    /// image is confirmed, unless the caller checks it further (`holdsConfirm`).
+    private mutating func checked(_ response: SMPResponse, to request: SMPRequest) -> [TransferAction] {
+        switch (request, response) {
+        case (.echo(let sent), .echo(let echoed)) where echoed == sent:
+            return checkPassed()
+        case (.echo, .error(let e)) where e.general == .notSupported:
+            return checkPassed()
+        case (.echo, _):
+            return fail(checkFailed("it answered the SMP echo with \(response)"))
+        case (.imageStateWrite, .imageStates(let states)):
+            guard let hash = markHash,
+                  states.images.contains(where: { ($0.image ?? 0) == settings.imageNumber && $0.hash == hash && $0.active && $0.confirmed }) else {
+                return fail(OTAError(.protocolError, "the device accepted confirming the checked image but does not list it active and confirmed; check it with otaflash image list"))
+            }
+            state = .done
+            return [.finished]
+        case (.imageStateWrite, .empty):
+            state = .done
+            return [.finished]
+        case (_, .error(let e)):
+            return fail(e.otaError(device: "the device", request: "\(request)"))
+        default:
+            return fail(OTAError(.protocolError, "the device answered \(request) with \(response)"))
+        }
+    }
+
+    private mutating func checkPassed() -> [TransferAction] {
+        // A mode without a test run (found when the mark was not supported) keeps it as it is.
+        guard !settings.holdsConfirm, bootloader?.mode?.keepsWithoutTest != true, let hash = markHash else {
+            state = .done
+            return [.finished]
+        }
+        return send(.imageStateWrite(hash: hash, confirm: true), as: { .checking($0) })
+    }
+
+    /// The new image failed its check (`why`): it stays unconfirmed, so MCUboot reverts it.
+    private func checkFailed(_ why: String) -> OTAError {
+        if let mode = bootloader?.mode, mode.keepsWithoutTest {
+            return OTAError(.checkFailed, "the new image booted but failed its check: \(why); MCUboot runs in \(mode) mode, which keeps the image (no revert)",
+                            hint: "upload a working image")
+        }
+        let back = revertTo.map { " to \($0)" } ?? ""
+        return OTAError(.checkFailed, "the new image booted but failed its check: \(why); it was not confirmed, so MCUboot reverts it\(back) at the next reset",
+                        hint: "reset the device to revert (otaflash reset), or confirm the image by hand if it is fine (otaflash image confirm)")
     }
 
     // MARK: Timeouts and failures
@@ -683,6 +839,9 @@ public struct SMPEngine: TransferEngine {
         }
         retries += 1
         if let busy, retries > config.commandRetries { return fail(refusal(busy.refusal)) }
+        if case .checking(let c) = state, retries > config.commandRetries {
+            return fail(checkFailed("it did not answer \(c.request) within \(timeout.seconds) s, \(retries) times"))
+        }
         guard retries <= config.commandRetries else {
             let what = command.map { "\($0.request)" } ?? "the upload request at \(acked)"
             return fail(OTAError(.timeout, "the device did not answer \(what) within \(timeout.seconds) s, \(retries) times",
@@ -697,6 +856,7 @@ public struct SMPEngine: TransferEngine {
         case .erasing(let c): return send(c.request, as: { .erasing($0) })
         case .verifying(let c): return send(c.request, as: { .verifying($0) })
         case .activating(let c): return send(c.request, as: { .activating($0) })
+        case .checking(let c): return send(c.request, as: { .checking($0) })
         case .opening: return sendChunk(at: 0)
         case .streaming, .idle, .rebooting, .done, .failed: break
         }

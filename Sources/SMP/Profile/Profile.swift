@@ -66,6 +66,16 @@ public struct SMPProfile: OTAProfile {
         guard case .imageStates(let states) = try await client.call(.imageStateRead, sequence: 2, timeout: replyTimeout) else {
             throw OTAError(.protocolError, "\(device) answered the image state read with something else")
         }
+        // MCUboot's mode, where the server tells it (CONFIG_MCUMGR_GRP_OS_BOOTLOADER_INFO); an
+        // older one answers NOT_SUPPORTED (or nothing): a swap mode, as before the command existed.
+        var bootloader: SMPBootloaderInfo?
+        do {
+            if case .bootloaderInfo(let info) = try await client.send(.bootloaderInfo(query: "mode"), sequence: 3, timeout: replyTimeout) {
+                bootloader = info
+            }
+        } catch where error.code == .timeout {
+            bootloader = nil
+        }
         let image = settings?.imageNumber ?? 0
         let slots = states.images.filter { ($0.image ?? 0) == image }
         let state = slots.map { slot in
@@ -73,10 +83,11 @@ public struct SMPProfile: OTAProfile {
         }.joined(separator: ", ")
         let buffers = parameters.map { "\($0.bufferCount) × \($0.bufferSize) B buffers" }
             ?? "buffers not reported (an older SMP server): one request in flight, one write each"
+        let mode = bootloader?.mode.map { "; MCUboot \($0)" + (bootloader?.noDowngrade == true ? ", no downgrade" : "") } ?? ""
         return AttachedLink(characteristics: [.control: client.characteristic, .data: client.characteristic],
-                            peer: SMPLink(parameters: parameters, states: states),
+                            peer: SMPLink(parameters: parameters, states: states, bootloader: bootloader),
                             summary: DeviceSummary(protocolName: name, firmwareVersion: Self.runningVersion(states, image: image),
-                                                   state: "\(state.isEmpty ? "no image" : state); \(buffers)"))
+                                                   state: "\(state.isEmpty ? "no image" : state); \(buffers)\(mode)"))
     }
 
     /// Image bytes per write: an upload request spans as many writes as it needs; this is what
@@ -96,5 +107,14 @@ enum MCUbootVersionText {
     static func firmwareVersion(_ text: String) -> FirmwareVersion? {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false).prefix(3)
         return FirmwareVersion(parts.joined(separator: "."))
+    }
+
+    /// A header holding the version of a slot's `major.minor.revision[.build]` text, to compare
+    /// versions as MCUboot does; nil when the text is not one.
+    static func slotImage(_ slot: SMPImageSlot) -> SMPSlotImage? {
+        let parts = slot.version.split(separator: ".", omittingEmptySubsequences: false).map { UInt32($0) }
+        guard (3...4).contains(parts.count), !parts.contains(nil), let major = UInt8(exactly: parts[0] ?? 0),
+              let minor = UInt8(exactly: parts[1] ?? 0), let revision = UInt16(exactly: parts[2] ?? 0) else { return nil }
+        return SMPSlotImage(SMPSlotImage.build(major: major, minor: minor, revision: revision, build: parts.count == 4 ? parts[3] ?? 0 : 0, body: []))
     }
 }

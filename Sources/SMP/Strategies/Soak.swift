@@ -34,6 +34,20 @@ public struct SMPSoak: SoakStrategy {
         return all[Int(rng.next() % UInt64(all.count))]
     }
 
+    /// MCUboot's mode a run draws, each as likely (from its own generator): nil for a server that
+    /// does not report it (a swap mode, as before the draw existed), or one it reports; and whether
+    /// the run confirms only after its check (`confirmAfterCheck`, one run in three where the mode
+    /// has a test run and the run does not confirm at once).
+    static let modes: [SMPBootloaderMode?] = [nil, .swapScratch, .overwriteOnly, .directXIP, .directXIPWithRevert]
+
+    static func mode(seed: UInt64) -> (mode: SMPBootloaderMode?, afterCheck: Bool) {
+        var rng = SeededGenerator(seed: seed ^ 0xB007_10AD)
+        let mode = modes[Int(rng.next() % UInt64(modes.count))]
+        return (mode, rng.next() % 3 == 0 && !(mode?.keepsWithoutTest ?? false))
+    }
+
+    static func modeName(_ mode: SMPBootloaderMode?) -> String { mode.map { "\($0)" } ?? "not reported" }
+
     /// The session's bound, with the first upload request's longer wait (a server erases its slot
     /// before answering it) in place of the reply timeout on each try.
     public func bound(_ settings: SoakSettings) -> Duration {
@@ -59,16 +73,25 @@ public struct SMPSoak: SoakStrategy {
         }
         let deviceConfig = SimulatedDeviceConfig(slotSize: 1 << 20, link: scenario.link)
         let encoding = Self.encoding(seed: seed)
-        let model = SMPPeripheral(bufferSize: buffers.size, bufferCount: buffers.count, slotSize: deviceConfig.slotSize,
-                                  firmwareVersion: deviceConfig.firmwareVersion, encoding: encoding, faults: scenario.faults,
+        let (mode, drawnAfterCheck) = Self.mode(seed: seed)
+        let afterCheck = drawnAfterCheck && !confirm
+        var config = SMPServer.Config(bufferSize: buffers.size, bufferCount: buffers.count, slotSize: deviceConfig.slotSize, encoding: encoding)
+        if let mode {
+            config.mode = mode
+            config.reportsBootloaderInfo = true
+        }
+        let model = SMPPeripheral(config: config, firmwareVersion: deviceConfig.firmwareVersion, faults: scenario.faults,
                                   resetDelay: deviceConfig.bootDelay)
         let device = SimulatedDevice(deviceConfig, model: model)
-        let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: confirm)
+        let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: confirm, confirmAfterCheck: afterCheck)
+        // Direct-XIP has no state write: nothing is marked; MCUboot boots the highest version.
+        let marksNothing = mode == .directXIP
         // The window: every buffer holding a request of the most data one takes (the smallest
         // offset encodes shortest; the first request, with `len` and `sha`, takes less).
         let window = buffers.count * Self.requestData(bufferSize: buffers.size)
         return SoakTrial(device: device, image: FirmwareImage(bytes: bytes), profile: SMPProfile(settings: settings),
-                         detail: "buffers \(buffers.count)×\(buffers.size), \(encoding) answers", group: "\(encoding)",
+                         detail: "buffers \(buffers.count)×\(buffers.size), \(encoding) answers, MCUboot \(Self.modeName(mode))\(afterCheck ? ", confirm after check" : "")",
+                         group: "\(encoding)/\(Self.modeName(mode))\(afterCheck ? "/check" : "")",
                          resendLimit: window, resendLimitName: "window") { result in
             var verdict = SoakVerdict()
             let peripheral = device.model(as: SMPPeripheral.self)
@@ -82,14 +105,22 @@ public struct SMPSoak: SoakStrategy {
                 verdict.violate("MCUboot swapped in an image that differs from the one sent")
                 verdict.mismatchedActivation = true
             }
+            if afterCheck, marks.first?.confirm == true {
+                verdict.violate("confirmed the image before it ran and passed its check")
+            }
             switch result {
             case .success:
-                // A mark whose answer was lost is sent again: the same image, marked twice.
-                if marks.isEmpty || activations.count != 1 || marks.contains(where: { $0.confirm != confirm }) {
+                // A mark whose answer was lost is sent again: the same image, marked twice. After
+                // its check the image is marked for test, then confirmed.
+                let asked = afterCheck ? marks.first?.confirm == false && marks.last?.confirm == true && peripheral?.server.confirmed == true
+                    : marksNothing ? marks.isEmpty : !marks.isEmpty && !marks.contains(where: { $0.confirm != confirm })
+                if !asked || activations.count != 1 {
                     verdict.violate("reported ok with \(marks.count) marks and \(activations.count) swaps")
                 }
             case .failure:
-                if !activations.isEmpty { verdict.activatedOnFailure = true }
+                // A check that failed after the image booted for test leaves it to revert: the run
+                // failed with the image swapped in, unconfirmed.
+                if !activations.isEmpty, !(afterCheck && peripheral?.server.marks.last?.confirm == false) { verdict.activatedOnFailure = true }
             }
             return verdict
         }
@@ -97,14 +128,21 @@ public struct SMPSoak: SoakStrategy {
 
     public func summary(_ records: [SoakRecord]) -> [String] {
         let encodings = SMPReplyEncoding.allCases.map { encoding in
-            let runs = records.filter { $0.group == "\(encoding)" }
+            let runs = records.filter { ($0.group ?? "").hasPrefix("\(encoding)/") }
             return "\(encoding) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
         }
         let okOnce = records.filter(\.passed).count
         let onFailure = records.filter(\.verdict.activatedOnFailure).count
         let mismatched = records.filter(\.verdict.mismatchedActivation).count
+        let modes = Self.modes.map { mode in
+            let runs = records.filter { ($0.group ?? "").split(separator: "/").dropFirst().first.map(String.init) == Self.modeName(mode) }
+            return "\(Self.modeName(mode)) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok)"
+        }
+        let checked = records.filter { ($0.group ?? "").hasSuffix("/check") }
         return [
             "server answers: " + encodings.joined(separator: ", "),
+            "MCUboot modes: " + modes.joined(separator: ", "),
+            "confirm after check: \(checked.count) runs (\(checked.filter { $0.outcome == "ok" }.count) ok, confirmed after the check; \(checked.filter { $0.outcome == "checkFailed" }.count) checkFailed); confirmed before the image ran: \(records.filter { $0.violation == "confirmed the image before it ran and passed its check" }.count)",
             "marks and swaps (marks checked where the server answers match): \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)",
         ]
     }
