@@ -78,7 +78,7 @@ public struct ESPOTAPeripheral: PeripheralModel {
 
     private var injector: FaultInjector
     private var awayUntil = Duration.zero
-    private var pendingBoot: (at: Duration, image: [UInt8]?)?
+    private var pendingBoot: Duration?
     // The component's state (it survives a link loss).
     private var started = false
     private var totalLength = 0
@@ -299,6 +299,7 @@ public struct ESPOTAPeripheral: PeripheralModel {
             reports.append(.verified(crc: nil))
             reports.append(.activated(image: booted, version: image.version))
             activations.append(booted)
+            running = booted
             reboot(at: done + config.verifyTime, until: done + config.verifyTime + config.bootDuration, image: booted,
                    reason: "restarting into the new image", &outputs)
         } catch {
@@ -330,14 +331,13 @@ public struct ESPOTAPeripheral: PeripheralModel {
                                  injected: Bool = false) {
         outputs.append(PeripheralTimed(at: at, .reboot(until: until, reason: reason, injected: injected)))
         awayUntil = max(awayUntil, until)
-        pendingBoot = (at, image)
+        pendingBoot = at
     }
 
     /// A reboot that came due: a new boot, with the new image if the restart was an update's.
     private mutating func bootIfDue(at now: Duration) {
-        guard let boot = pendingBoot, now >= boot.at else { return }
+        guard let boot = pendingBoot, now >= boot else { return }
         pendingBoot = nil
-        if let image = boot.image { running = image }
         started = false
         totalLength = 0
         currentSector = 0

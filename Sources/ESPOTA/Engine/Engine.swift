@@ -65,6 +65,14 @@ public struct ESPOTAEngine: TransferEngine {
         /// The ACK of sector `acked` timed out once: its successor's last packet goes out anyway
         /// (an ACK lost on the way; the successor's ACK then covers both).
         var released = false
+        /// The CRC16 of what went out since the last sector's last packet: what a NimBLE device
+        /// collected from the packets in flight behind a sector it refused.
+        var tail: UInt16 = 0
+        /// Before the sector a NimBLE device asked for is sent again: a last packet whose CRC
+        /// cannot match what it collected meanwhile, so that it empties its buffer (and refuses
+        /// it with a CRC error, which is expected and not a new refusal).
+        var flush: [UInt8]?
+        var expectedCRCError: Int?
     }
 
     let image: FirmwareImage
@@ -210,12 +218,23 @@ public struct ESPOTAEngine: TransferEngine {
             return []
         }
         let wanted = Int(answer.expected ?? answer.sector)
+        if answer.status == .crcError, stream.expectedCRCError == wanted {
+            stream.expectedCRCError = nil
+            state = .streaming(stream)
+            return []
+        }
         guard wanted < sectorCount else {
             return fail(OTAError(.protocolError, "the device asked for sector \(wanted) (\(answer.status)) of an image of \(sectorCount) sectors", hint: resetHint))
         }
         // A wrong-sector NACK asking for the sector already rewound to answers a packet that was
         // in flight; a CRC error is the end of an attempt at that sector, and always a new one.
         if answer.status != .crcError, stream.rewoundTo == wanted { return [] }
+        guard host != .bluedroid else {
+            // Bluedroid's component collects the packets of other sectors into the one it wants
+            // and checks no CRC: what it writes from now on is corrupt.
+            return fail(OTAError(.protocolError, "the device refused a packet of sector \(answer.sector) (\(answer.status), it wants sector \(wanted)): a Bluedroid device keeps such packets in the sector it collects and checks no CRC, so the image it writes is now corrupt",
+                                 hint: resetHint))
+        }
         recoveries += 1
         guard recoveries <= config.maxRecoveries else {
             return fail(OTAError(.protocolError, "the device refused sector \(wanted) \(recoveries) times in a row (\(answer.status))", hint: resetHint))
@@ -226,6 +245,10 @@ public struct ESPOTAEngine: TransferEngine {
         stream.position = 0
         stream.rewoundTo = wanted
         stream.released = false
+        var flush: [UInt8] = []
+        ESPSectorPacket.encode(sector: UInt16(wanted), sequence: ESPSectorPacket.lastSequence, data: [], crc: ~stream.tail, into: &flush)
+        stream.flush = flush
+        stream.tail = 0
         state = .streaming(stream)
         return []
     }
@@ -323,13 +346,22 @@ public struct ESPOTAEngine: TransferEngine {
     }
 
     public mutating func nextStreamStep() -> TransferStep {
-        guard case .streaming(var stream) = state, stream.sector < sectorCount, stream.sector < stream.acked + window else { return .idle }
+        guard case .streaming(var stream) = state else { return .idle }
+        if let flush = stream.flush {
+            stream.flush = nil
+            stream.expectedCRCError = stream.sector
+            state = .streaming(stream)
+            return .write(TransferWrite(flush, to: .data, withResponse: false))
+        }
+        guard stream.sector < sectorCount, stream.sector < stream.acked + window else { return .idle }
         if heldLastPacket(stream), !stream.released { return .idle }
         let count = packetCount(sector: stream.sector, position: stream.position)
         let offset = stream.sector * ESPOTAService.sectorSize + stream.position
         tally.streamed(offset: offset, count: count)
         stream.position += count
-        if stream.position == sectorLength(stream.sector) {
+        let last = stream.position == sectorLength(stream.sector)
+        stream.tail = last ? 0 : CRC16.checksum(image.bytes[offset..<(offset + count)], seed: stream.tail)
+        if last {
             stream.sector += 1
             stream.position = 0
         }

@@ -58,7 +58,10 @@ public struct ESPOTAProfile: OTAProfile {
                 let host: ESPOTAHost = dis == nil ? .nimble : .bluedroid
                 let summary = DeviceSummary(protocolName: Self.name, firmwareVersion: version,
                                             state: "ready (\(host == .nimble ? "NimBLE" : "Bluedroid") host, by its GATT table); one START per boot, no resume")
-                return AttachedLink(characteristics: [.control: command, .data: data], peer: ESPOTALink(host: host), summary: summary)
+                // Flagged write only, yet NimBLE (and Bluedroid) take write commands on RECV_FW: the
+                // host maps both write types to one permission. The session streams commands.
+                let stream = GATTCharacteristic(uuid: data.uuid, properties: data.properties.union(.writeWithoutResponse), id: data.id)
+                return AttachedLink(characteristics: [.control: command, .data: stream], peer: ESPOTALink(host: host), summary: summary)
             }
         } catch {
             throw OTAError.from(error, device: device)
