@@ -98,6 +98,22 @@ struct ESPOTADeviceSessionTests {
         #expect(result.transferSeconds > 2)
     }
 
+    @Test func aLargeImageOnASlowLinkIsNotCutShortByTheReplyTimeout() async throws {
+        // 64 sectors at MTU 23 take far longer than one reply timeout: each sector's last packet
+        // starts the wait for its ACK.
+        let rig = Rig(.init(flashTimePerSector: .milliseconds(12)), link: LinkModel(mtu: 23))
+        let big = ESPAppImage.build(body: (0..<256_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        let result = try await rig.flash(big).get()
+        #expect(result.transferSeconds > 5)
+        #expect(rig.model?.activations == [big])
+    }
+
+    @Test func aCheckLongerThanTheReplyTimeoutStillEndsInTheRestart() async throws {
+        let rig = Rig(.init(verifyTime: .seconds(12)))
+        _ = try await rig.flash().get()
+        #expect(rig.model?.activations == [Self.image])
+    }
+
     @Test func aDeviceThatNeverACKsEndsWithinTheReplyTimeout() async throws {
         let rig = Rig(faults: FaultPlan(stopAnsweringAt: 100))
         let failure = try #require(await rig.flash().failure)

@@ -18,10 +18,17 @@ import Testing
     /// Streams until the engine idles; returns the packets.
     func drain(_ engine: inout ESPOTAEngine) -> [ESPSectorPacket] {
         var out: [ESPSectorPacket] = []
-        while case .data(let offset, let count) = engine.nextStreamStep() {
-            out.append(try! ESPSectorPacket(decoding: engine.dataPacket(offset: offset, count: count)))
+        while true {
+            switch engine.nextStreamStep() {
+            case .data(let offset, let count):
+                out.append(try! ESPSectorPacket(decoding: engine.dataPacket(offset: offset, count: count)))
+            case .write(let write) where write.role == .data && !write.withResponse:
+                // A sector's last packet: a write step, so that the reply timeout starts there.
+                out.append(try! ESPSectorPacket(decoding: write.bytes))
+            default:
+                return out
+            }
         }
-        return out
     }
 
     @Test func startCarriesTheLengthAndIsTheOnlyCommand() {
@@ -96,6 +103,9 @@ import Testing
             _ = drain(&engine)
             _ = engine.handle(.notification(.data, ESPSectorAck(sector: UInt16(sector), status: .success).encoded))
         }
+        // The first timeout is the last packet's reply timeout: the restart gets verifyTimeout from there.
+        #expect(engine.handle(.timeout).isEmpty)
+        #expect(engine.currentTimeout == EngineConfig().verifyTimeout)
         guard case .failed(let error) = engine.handle(.timeout).first else {
             Issue.record("no failure")
             return

@@ -47,8 +47,9 @@ public struct ESPOTAEngine: TransferEngine {
         /// START written, its ACK awaited.
         case starting
         case streaming(Stream)
-        /// Every sector ACKed; the restart awaited.
-        case awaitingRestart
+        /// Every sector ACKed; the restart awaited. `extended`: the wait already ran into the
+        /// reply timeout of the last packet once and was given `verifyTimeout` from then.
+        case awaitingRestart(extended: Bool)
         case done
         case failed(in: TransferPhase)
     }
@@ -211,7 +212,7 @@ public struct ESPOTAEngine: TransferEngine {
             guard sector >= stream.acked, sector < stream.sector || (sector == stream.sector && stream.position == 0) else { return [] }
             advance(&stream, to: sector + 1)
             if stream.acked == sectorCount {
-                state = .awaitingRestart
+                state = .awaitingRestart(extended: false)
                 return []
             }
             state = .streaming(stream)
@@ -288,6 +289,9 @@ public struct ESPOTAEngine: TransferEngine {
             }
             return fail(OTAError(.timeout, "the device did not acknowledge sector \(stream.acked) of \(sectorCount) within \(config.replyTimeout.seconds) s (\(ackedBytes) of \(image.size) bytes acknowledged)",
                                  hint: "it never ACKs, or its flash task stopped; " + resetHint))
+        case .awaitingRestart(extended: false):
+            state = .awaitingRestart(extended: true)
+            return []
         case .awaitingRestart:
             return fail(OTAError(.verifyFailed, "every sector of the \(image.size)-byte image was acknowledged, but the device did not restart within \(config.verifyTimeout.seconds) s: its application refused the image (esp_ota_end found it corrupt, or for another chip or partition layout), and says nothing else",
                                  hint: "reset the device (power cycle) and run the same command again; if it refuses again, check the image with `esptool image-info` and that it was built for this device"))
@@ -366,7 +370,10 @@ public struct ESPOTAEngine: TransferEngine {
             stream.position = 0
         }
         state = .streaming(stream)
-        return .data(offset: offset, count: count)
+        // A sector's last packet goes out as a write step: the session then waits for its ACK
+        // from this packet on (a data packet does not restart the reply timeout).
+        return last ? .write(TransferWrite(dataPacket(offset: offset, count: count), to: .data, withResponse: false))
+            : .data(offset: offset, count: count)
     }
 
     public func dataPacket(offset: Int, count: Int) -> [UInt8] {
