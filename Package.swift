@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "Simulator", targets: ["Simulator"]),
         .library(name: "NordicDFU", targets: ["NordicDFU"]),
         .library(name: "SMP", targets: ["SMP"]),
+        .library(name: "ESPOTA", targets: ["ESPOTA"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -59,6 +60,11 @@ let package = Package(
         .target(name: "SMP", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
         ]),
+        // Espressif's BLE OTA (esp-iot-solution's ble_ota component) with ESP-IDF app images: wire
+        // codec, image checks, the central's engine and the device's model, each in its own folder.
+        .target(name: "ESPOTA", dependencies: [
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+        ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
         // through GRDB, or PostgreSQL through PostgresNIO for several stations, with claims).
         // Knows no protocol and no transport.
@@ -72,7 +78,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "Ledger",
+            "OTA", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -82,9 +88,9 @@ let package = Package(
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
         // Throughput and CPU figures on the link model (run in release mode): each protocol's
         // BenchStrategy, then the ledger.
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "Ledger"]),
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger"]),
         // Fault soak on the simulator (run in release mode): each protocol's SoakStrategy.
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP"]),
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "ESPOTA"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),
@@ -99,6 +105,7 @@ let package = Package(
         .testTarget(name: "SMPTests", dependencies: [
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
         ]),
+        .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport"]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],

@@ -109,6 +109,10 @@ public struct FirmwareImage: Sendable {
         let extract = inside.isEmpty ? "the .bin or .hex inside" : inside.joined(separator: " or ")
         let what = "is \(format.description)"
         switch format.kind {
+        case .elf where format.description.contains("ESP-IDF"):
+            return "\(what), not a firmware image; pass the app image ESP-IDF builds beside it: build/\(base).bin (or make one with `esptool elf2image \(name)`)"
+        case .espAppImage:
+            return "\(what), sent over Espressif's BLE OTA (`--protocol esp-ota` or `auto`)"
         case .elf:
             return "\(what), not a firmware image; convert it with `arm-none-eabi-objcopy -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
         case .nordicDFUPackage:

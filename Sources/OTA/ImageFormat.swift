@@ -24,6 +24,9 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         /// An MCUboot image: header magic 0x96f3b83d, little-endian, at offset 0 (MCUboot
         /// docs/design.md, "Image Format"); flashed over MCUmgr/SMP.
         public static let mcuboot = Kind("mcuboot")
+        /// An ESP-IDF app image: magic 0xE9 and a plausible header (ESP-IDF "App Image Format"), or
+        /// a merged flash image holding one; flashed over Espressif's BLE OTA.
+        public static let espAppImage = Kind("esp-app-image")
         /// A UF2 file (magic "UF2\n" then 0x9E5D5157): for USB mass-storage bootloaders.
         public static let uf2 = Kind("uf2")
         /// Motorola S-record text (lines "S0"…"S9" followed by hex digits).
@@ -80,6 +83,7 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         if starts([0x3D, 0xB8, 0xF3, 0x96]) {
             return ImageFormat(.mcuboot, "an MCUboot image (header magic 0x96f3b83d)")
         }
+        if let esp = espAppImage(head) { return esp }
         if starts(Array("UF2\n".utf8)), starts([0x57, 0x51, 0x5D, 0x9E], at: 4) {
             return ImageFormat(.uf2, "a UF2 file (for USB drag-and-drop bootloaders)")
         }
@@ -110,6 +114,19 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         detect(head: Array(bytes.prefix(headSize)), tail: Array(bytes.suffix(tailSize)))
     }
 
+    /// An ESP-IDF app image (magic 0xE9, 1 to 16 segments, a chip id ESP-IDF uses, `hash_appended`
+    /// 0 or 1, a first segment shorter than 16 MiB), or a merged flash image with a bootloader
+    /// image at 0x0 or 0x1000 and a partition table at 0x8000.
+    static func espAppImage(_ head: [UInt8]) -> ImageFormat? {
+        if head.count > 0x8002, head[0x8000] == 0xAA, head[0x8001] == 0x50,
+           head[0] == 0xE9 || (head[0x1000] == 0xE9 && head[0..<0x1000].allSatisfy { $0 == 0xFF || $0 == 0 }) {
+            return ImageFormat(.espAppImage, "an ESP32 merged flash image (bootloader, partition table and app)")
+        }
+        guard head.count >= 32, head[0] == 0xE9, (1...16).contains(head[1]), le16(head, 12) < 0x100, head[23] <= 1,
+              le32(head, 28) < 16 << 20 else { return nil }
+        return ImageFormat(.espAppImage, "an ESP-IDF app image (magic 0xE9)")
+    }
+
     static func isBlank(_ c: UInt8) -> Bool { c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D }
 
     static func isHexDigit(_ c: UInt8) -> Bool {
@@ -124,11 +141,15 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         let type = head[5] == 2 ? UInt16(head[16]) << 8 | UInt16(head[17]) : UInt16(head[17]) << 8 | UInt16(head[16])
         switch type {
         case 1: return "an ELF object file"
+        case 2 where machine(head) == 94, 3 where machine(head) == 94: return "an Xtensa ELF executable (an ESP-IDF build's linker output)"
         case 2, 3: return "an ELF executable"  // 3: position-independent executables and shared objects
         case 4: return "an ELF core dump"
         default: return "an ELF file"
         }
     }
+
+    /// e_machine (offset 18): 94 is Xtensa (ESP32, -S2, -S3).
+    private static func machine(_ head: [UInt8]) -> Int { head.count >= 20 ? (head[5] == 2 ? Int(head[18]) << 8 | Int(head[19]) : le16(head, 18)) : 0 }
 
     private static func le16(_ b: [UInt8], _ at: Int) -> Int { Int(b[at]) | Int(b[at + 1]) << 8 }
     private static func le32(_ b: [UInt8], _ at: Int) -> Int { le16(b, at) | le16(b, at + 2) << 16 }

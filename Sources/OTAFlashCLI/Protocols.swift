@@ -7,6 +7,7 @@ import Crypto
 import OTAWire
 import Simulator
 import SMP
+import ESPOTA
 
 extension ProtocolRegistry {
     /// Every protocol the command line speaks, in order of preference: otaflash's own, Nordic
@@ -58,7 +59,7 @@ struct CLIProtocol: Sendable {
     /// Its profile as `request` configures it.
     func configured(_ request: FlashRequest) -> any OTAProfile { configure?(request) ?? profile }
 
-    static let all: [CLIProtocol] = [native, nordicDFU, smp]
+    static let all: [CLIProtocol] = [native, nordicDFU, smp, espOTA]
 
     static func named(_ name: String) -> CLIProtocol? { all.first { $0.name == name } }
 
@@ -130,6 +131,27 @@ struct CLIProtocol: Sendable {
             let server = model.server.config
             return Simulate.ServedDevice(model: model, name: simulate.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
                                          what: "SMP server (MCUmgr with MCUboot, \(server.bufferCount) × \(server.bufferSize) B buffers, \(server.encoding) answers)")
+        })
+}
+
+extension CLIProtocol {
+    static let espOTA = CLIProtocol(
+        profile: ESPOTAProfile(), loader: Loader(format: .espAppImage) { path, request throws(CLIFailure) in
+            do throws(OTAError) {
+                let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: .cli)
+                return FlashPlan(update: loaded.plan, warnings: loaded.warnings, imageVersion: loaded.version)
+            } catch {
+                throw CLIFailure(ExitCode(error.code), "\(error)")
+            }
+        },
+        takes: ["--sim-firmware-version"],
+        refuses: ["--checkpoint-interval": "an ESP32 ACKs each 4 KiB sector itself", "--restart": "Espressif's BLE OTA cannot resume: every run sends the whole image",
+                  "--no-activate": "an ESP32 restarts into an image as soon as its application checked it", "--image-version": "an ESP-IDF app image carries its own"],
+        servedOptions: [], device: "ESP32 with Espressif's BLE OTA",
+        simulatedDevice: { _, _, config, _ in ESPOTARegistration.simulatedDevice(config) },
+        served: { simulate, _ in
+            let d = ESPOTARegistration.served(name: simulate.name, partitionSize: simulate.slotSize, firmwareVersion: simulate.firmwareVersion, faults: simulate.faults.plan)
+            return Simulate.ServedDevice(model: d.model, name: d.name, firmwareVersion: d.firmwareVersion, what: d.what)
         })
 }
 

@@ -87,7 +87,7 @@ struct CommandLineShapeTests {
     }
 
     static let badChoices: [BadChoice] = [
-        BadChoice(arguments: simulator + ["--protocol", "dfu", app], values: "'auto', 'native', 'nordic-dfu' or 'smp'"),
+        BadChoice(arguments: simulator + ["--protocol", "dfu", app], values: "'auto', 'native', 'nordic-dfu', 'smp' or 'esp-ota'"),
         BadChoice(arguments: simulator + ["--sim-security", "maybe", app], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["pair", "--simulator", "--sim-security", "high"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: simulator + ["--sim-phy", "3M", app], values: "'1M' and '2M'"),
@@ -95,7 +95,7 @@ struct CommandLineShapeTests {
         BadChoice(arguments: simulator + ["--sim-buttonless", "sideways", package], values: "'unbonded', 'bonded', 'refusing' or 'lost'"),
         BadChoice(arguments: simulator + ["--sim-smp-cbor", "json", mcuboot], values: "'definite', 'indefinite', 'zcbor' or 'tinycbor'"),
         BadChoice(arguments: ["image", "list", "--simulator", "--sim-smp-cbor", "json"], values: "'definite', 'indefinite', 'zcbor' or 'tinycbor'"),
-        BadChoice(arguments: ["simulate", "--protocol", "auto"], values: "'native', 'nordic-dfu' or 'smp'"),
+        BadChoice(arguments: ["simulate", "--protocol", "auto"], values: "'native', 'nordic-dfu', 'smp' or 'esp-ota'"),
         BadChoice(arguments: ["simulate", "--sim-security", "maybe"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["simulate", "--security", "maybe"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["simulate", "--protocol", "nordic-dfu", "--sim-buttonless", "maybe"], values: "'unbonded', 'bonded', 'refusing' or 'lost'"),
@@ -182,8 +182,8 @@ struct CommandLineShapeTests {
     }
 
     @Test(arguments: [
-        ("otaflash --protocol ", ["auto", "native", "nordic-dfu", "smp"]),
-        ("otaflash simulate --protocol ", ["native", "nordic-dfu", "smp"]),
+        ("otaflash --protocol ", ["auto", "esp-ota", "native", "nordic-dfu", "smp"]),
+        ("otaflash simulate --protocol ", ["esp-ota", "native", "nordic-dfu", "smp"]),
         ("otaflash --simulator --sim-phy ", ["1M", "2M"]),
         ("otaflash ledger --result ", ["ok", "skipped", "error", "bond_left"]),
         ("otaflash --device AA:BB:CC:DD:EE:FF ", ["app.bin", "app.hex", "app_dfu_package.zip", "zephyr.signed.bin", "images"]),

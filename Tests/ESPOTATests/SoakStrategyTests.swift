@@ -1,0 +1,44 @@
+import GATT
+import OTA
+import OTADevice
+import Simulator
+import Testing
+@testable import ESPOTA
+
+/// The soak strategy's checks: they hold on clean runs of both hosts, and catch an ok without a
+/// restart and a second START on one boot.
+@Suite("esp-ota soak strategy")
+struct ESPOTASoakStrategyTests {
+    @Test func checksHoldOnCleanRunsAndCatchFalseSuccessAndASecondStart() async throws {
+        let strategy = ESPOTASoak()
+        var hosts: Set<String> = []
+        for seed: UInt64 in 1...6 {
+            let (trial, result) = try await strategy.cleanRun(seed: seed)
+            hosts.insert(trial.group ?? "")
+            #expect(trial.check(.success(result)).violation == nil)
+        }
+        #expect(hosts == ["nimble", "bluedroid"])
+        let untouched = try strategy.trial(SoakScenario(seed: 9, for: strategy), seed: 9, settings: SoakSettings())
+        let (_, result) = try await strategy.cleanRun(seed: 9)
+        #expect(untouched.check(.success(result)).violation == "reported ok with 0 restarts into the new image")
+        var twice = ESPOTAPeripheral()
+        for _ in 0..<2 {
+            _ = twice.write(ESPCommand.start(length: 100).encoded, to: ESPOTAService.commandUUID, withResponse: true, from: nil, at: .zero)
+        }
+        #expect(ESPOTASoak.verdict(twice, sent: [], result: .failure(OTAError(.timeout, "x"))).violation == "took 1 second START(s) on one boot")
+    }
+
+    @Test func aSeededSoakOf24RunsBreaksNoInvariant() async throws {
+        let strategy = ESPOTASoak()
+        for seed: UInt64 in 100..<124 {
+            let trial = try strategy.trial(SoakScenario(seed: seed, for: strategy), seed: seed, settings: SoakSettings())
+            let result: Result<OTAResult, OTAError>
+            do throws(OTAError) {
+                result = .success(try await trial.session(SoakSettings(), seed: seed).session.run())
+            } catch {
+                result = .failure(error)
+            }
+            #expect(trial.check(result).violation == nil, "seed \(seed)")
+        }
+    }
+}

@@ -1,0 +1,120 @@
+#!/bin/bash
+# Espressif's BLE OTA through the real stack: otaflash as the central against
+# `otaflash simulate --protocol esp-ota` on the peripheral controller, both host variants of the
+# device (NimBLE: name nimble-ble-ota, 0x1811 advertised, the OTA service found only after
+# connecting; Bluedroid: name ESP-C919, 0x8018 advertised, a Device Information Service):
+#   1. for each host: otaflash (protocol picked from the image: auto) flashes
+#      firmware-samples/esp32/blink-esp32.bin: done/ok; the peripheral restarted into it and the
+#      image it stored (--store) is byte-identical with the file; timed (transfer at the peripheral);
+#   2. a fresh NimBLE peripheral, the link dropped from outside (`btmgmt disconnect` on the
+#      central's controller) once the peripheral holds ~40 % of the image: otaflash exits 6 with the
+#      line that says the device needs a reset, never STARTs again (one begin event at the
+#      peripheral), and nothing is booted (no activated event).
+# Sector packets go out as write commands to a characteristic flagged write + indicate: BlueZ's
+# WriteValue(type=command), which bluetoothd sends whatever the flags (AcquireWrite needs
+# write-without-response), and which the served device's bluetoothd takes (the ATT server checks
+# the attribute's write permission only). Run it with run.sh --gatt-channels 1: a sector's packets
+# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
+set -euo pipefail
+# shellcheck source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
+
+IMAGE=$PROJECT_DIR/firmware-samples/esp32/blink-esp32.bin
+IMAGE_SIZE=$(stat -c %s "$IMAGE")
+STEPS=" ${ESP_STEPS:-flash drop} "
+: "${CENTRAL_INDEX:?}"
+CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
+step "otaflash: $OTAFLASH; central $CENTRAL_HCI, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR; image $(basename "$IMAGE") ($IMAGE_SIZE B)"
+
+FIGS=()
+figure() { FIGS+=("$1"); }
+
+# start_esp TAG NAME: a fresh `simulate --protocol esp-ota --name NAME` (NAME chooses the host:
+# ESP-C919 is Bluedroid's) on the peripheral, stamped into $RESULTS_DIR/TAG.stamped; SIM_PID.
+start_esp() {
+	local tag=$1 name=$2
+	SIM_STAMPED=$RESULTS_DIR/$tag.stamped
+	SIM_STORE=$RESULTS_DIR/store-$tag
+	: >"$SIM_STAMPED"
+	"$OTAFLASH" simulate --adapter "$PERIPHERAL_HCI" --protocol esp-ota --name "$name" --store "$SIM_STORE" --json --verbose \
+		> >(while IFS= read -r line; do printf '%s\t%s\n' "$EPOCHREALTIME" "$line"; done >"$SIM_STAMPED") \
+		2>"$RESULTS_DIR/$tag.stderr" &
+	SIM_PID=$!
+	BG+=("$SIM_PID")
+	wait_for_line "$SIM_STAMPED" '"event":"serving"' 90 || fail "otaflash simulate --protocol esp-ota did not report serving within 90 s"
+	step "$tag: $(grep -m1 '"event":"serving"' "$SIM_STAMPED" | cut -f2-)"
+}
+stop_esp() {
+	stop_sim "$SIM_PID" "$SIM_STAMPED" || fail "otaflash simulate exited with $? after SIGINT"
+	cut -f2- "$SIM_STAMPED" >"${SIM_STAMPED%.stamped}.jsonl"
+}
+
+# flash TAG: otaflash on the image (auto), stamped into TAG.stamped; F_RC, F_DONE, F_WALL.
+flash() {
+	local f=$RESULTS_DIR/$1.stamped t0=$EPOCHREALTIME
+	F_RC=0
+	stamped "$f" 300 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$IMAGE" --json || F_RC=$?
+	F_WALL=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+	F_DONE=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2- || true)
+}
+
+# ------------------------------------------------------------------ 1. flash, both hosts
+if [[ $STEPS == *" flash "* ]]; then
+	for host in nimble:nimble-ble-ota bluedroid:ESP-C919; do
+		tag=flash-${host%%:*}
+		start_esp "sim-$tag" "${host#*:}"
+		flash "$tag"
+		if [ "$F_RC" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$F_DONE"; then
+			tail -n 3 "$RESULTS_DIR/$tag.stamped.stderr" || true
+			fail "$tag: otaflash exited with $F_RC: ${F_DONE:-no done event}"
+		fi
+		grep -q '"protocol":"esp-ota"' "$RESULTS_DIR/$tag.stamped" || fail "$tag: otaflash did not pick esp-ota from the image"
+		wait_for_line "$SIM_STAMPED" '"event":"activated"' 10 || fail "$tag: the peripheral did not restart into the image"
+		stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
+		[ -n "$stored" ] && cmp -s "$stored" "$IMAGE" || fail "$tag: the stored image ${stored:-(none)} differs from $(basename "$IMAGE")"
+		b=$(grep -m1 '"event":"begin"' "$SIM_STAMPED" | cut -f1)
+		a=$(grep -m1 '"event":"activated"' "$SIM_STAMPED" | cut -f1)
+		t=$(awk -v a="$b" -v b="$a" 'BEGIN { printf "%.3f", b - a }')
+		rate=$(awk -v n="$IMAGE_SIZE" -v t="$t" 'BEGIN { printf "%.1f", (t > 0 ? n / t / 1000 : 0) }')
+		step "FIGURES $tag: done in $F_WALL s wall, START to restart $t s at the peripheral, $rate kB/s; stored image byte-identical"
+		figure "$(jq -nc --arg h "${host%%:*}" --argjson w "$F_WALL" --argjson t "$t" --argjson k "$rate" \
+			'{flash: {($h): {wall_seconds: $w, start_to_restart_seconds: $t, kB_per_s: $k}}}')"
+		stop_esp
+	done
+fi
+
+# ------------------------------------------------------------------ 2. link dropped mid-transfer
+if [[ $STEPS == *" drop "* ]]; then
+	start_esp sim-drop nimble-ble-ota
+	at=$((IMAGE_SIZE * 2 / 5))
+	flash drop &
+	flash_pid=$!
+	BG+=("$flash_pid")
+	received() { grep '"event":"progress"' "$SIM_STAMPED" | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
+	deadline=$((SECONDS + 120))
+	until [ "$(received)" -ge "$at" ] 2>/dev/null; do
+		kill -0 "$flash_pid" 2>/dev/null || break
+		((SECONDS < deadline)) || fail "the peripheral did not receive $at bytes within 120 s"
+		sleep 0.05
+	done
+	got=$(received)
+	out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
+	step "outside disconnect at ${got:-?} bytes received: $(tr '\n' ' ' <<<"$out")"
+	wait "$flash_pid" || true
+	f=$RESULTS_DIR/drop.stamped
+	rc=$(jfield "$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)" exit_code)
+	last=$(tail -n 1 "$f.stderr" 2>/dev/null || true)
+	[ "$rc" = 6 ] || fail "the dropped flash ended with exit code ${rc:-?}, want 6: $last"
+	grep -q 'reset it' "$f" "$f.stderr" || fail "the dropped flash did not say the device needs a reset"
+	begins=$(grep -c '"event":"begin"' "$SIM_STAMPED" || true)
+	[ "$begins" = 1 ] || fail "the peripheral saw $begins STARTs, want 1"
+	! grep -q '"event":"activated"' "$SIM_STAMPED" || fail "the peripheral booted an image after the link was lost"
+	step "FIGURES drop: link dropped at ${got:-?} B of $IMAGE_SIZE, exit 6, one START, nothing booted"
+	figure "$(jq -nc --argjson at "${got:-null}" '{drop: {dropped_at: $at, exit_code: 6, starts: 1, booted: false}}')"
+	stop_esp
+fi
+
+printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg img "$(basename "$IMAGE")" \
+	'reduce .[] as $x ({}; . * $x) + {image: $img, image_size: $size}' >"$RESULTS_DIR/figures.json"
+step "figures.json: $(jq -c . "$RESULTS_DIR/figures.json")"
+step "PASS"
