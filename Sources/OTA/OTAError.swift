@@ -15,6 +15,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
             case protocolError, timeout, bluetoothUnavailable, permission, pairingFailed, interrupted, internalError
             case bondLeft
             case ledgerFailed
+            case heldElsewhere
         }
 
         private let wrapped: Wrapped
@@ -50,6 +51,8 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var internalError: Self { Self(.internalError) }
         /// The device's record could not be written where the run keeps its records; nothing was sent.
         public static var ledgerFailed: Self { Self(.ledgerFailed) }
+        /// Another station holds the device's claim in the shared ledger and flashes it; nothing was sent.
+        public static var heldElsewhere: Self { Self(.heldElsewhere) }
 
         /// Every code this version knows; later versions may add more.
         public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }

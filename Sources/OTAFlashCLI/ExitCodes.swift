@@ -23,6 +23,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case outputFailed = 16
     case bondLeft = 17
     case ledgerFailed = 18
+    case heldElsewhere = 19
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -52,6 +53,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
         case .bondLeft: "--unpair-after could not remove the bond, even after one more try once bluetoothd was back; the image may have gone through: remove the bond with otaflash unpair"
         case .ledgerFailed: "the ledger (--ledger) could not be opened or written: locked, read-only, corrupt, a full disk, a newer schema; no device is flashed whose record cannot be written"
+        case .heldElsewhere: "another station holds the device's claim in the shared ledger (it is flashing it); nothing was sent: leave it to that station, or run again once its lease has ended"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
     }
@@ -90,6 +92,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .interrupted: self = .interrupted
         case .bondLeft: self = .bondLeft
         case .ledgerFailed: self = .ledgerFailed
+        case .heldElsewhere: self = .heldElsewhere
         default: self = .internalError
         }
     }
