@@ -31,7 +31,7 @@ struct Station: AsyncParsableCommand {
             on virtual time, and needs --ledger PATH; it ends when the last device has left.
 
             Examples:
-              otaflash station --adapter hci0,hci1 --per-adapter 4 --station line-3 --operator ana app.bin   # needs devices
+              otaflash station --adapter hci0,hci1 --per-adapter 4 --station line-3 --operator ana app.bin   # needs a device
               otaflash station --ledger 'postgres://line@db/otaflash' --station line-3 --name-prefix SENSOR app.bin
               otaflash station --simulator --ledger shift.sqlite --sim-devices 200 --sim-fail gone:0.02 firmware-samples/seeded-4k.bin
               otaflash ledger --ledger shift.sqlite --summary
