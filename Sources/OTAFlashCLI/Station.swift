@@ -267,7 +267,7 @@ final class SimulatedLine: LineSource, @unchecked Sendable {
 
     /// When the next device arrives; nil once the whole population has.
     var nextArrival: Duration? { arrivals.nextArrival }
-    /// When the next member in range leaves.
-    var nextLeaving: Duration? { inRange.values.map(\.leaves).min() }
+    /// The members in range now.
+    var members: Dictionary<DeviceAddress, Population.Member>.Values { inRange.values }
     var isEmpty: Bool { inRange.isEmpty && arrivals.nextArrival == nil }
 }

@@ -161,6 +161,8 @@ final class StationRun: @unchecked Sendable {
             lastProblem = problem
             var startable = false
             for sighting in seen {
+                // Once every slot is taken, the rest wait for the next pass.
+                if !state.withLock({ slotFree($0, adapter: sighting.adapter ?? "default") }) { break }
                 if await consider(sighting, now: now) { startable = true }
             }
             redraw()
@@ -183,13 +185,16 @@ final class StationRun: @unchecked Sendable {
     /// arrival, a retry coming due, a device leaving) or waits for a device in flight. False when
     /// the shift is over: every device has come and gone.
     private func waitOnTheLine(_ line: SimulatedLine, now: Duration) async -> Bool {
-        let (inFlight, nextRetry, heldUntil, free) = state.withLock { s in
+        let members = line.members
+        let (inFlight, nextRetry, heldUntil, free, nextLeaving) = state.withLock { s in
             (s.flights.count,
              s.devices.values.compactMap { d -> Duration? in if case .waiting = d.phase, d.eligibleAt > now { d.eligibleAt } else { nil } }.min(),
              s.devices.values.compactMap { d -> ContinuousClock.Instant? in if case .held(let t) = d.phase { t } else { nil } }.min(),
-             slotFree(s, adapter: "sim"))
+             slotFree(s, adapter: "sim"),
+             // Only a device still waiting to be flashed is missed when it leaves.
+             members.filter { m in if case .waiting? = s.devices[m.address]?.phase { true } else { s.devices[m.address] == nil } }.map(\.leaves).min())
         }
-        let next = [line.nextArrival, nextRetry, line.nextLeaving].compactMap { $0 }.filter { $0 > now }.min()
+        let next = [line.nextArrival, nextRetry, nextLeaving].compactMap { $0 }.filter { $0 > now }.min()
         if inFlight > 0, !free || next == nil {
             await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
             return true
