@@ -69,6 +69,9 @@ final class StationRun: @unchecked Sendable {
         var started: Duration
         var bytes = 0
         var total = 0
+        /// On virtual time: when the attempt, over in real time, ends on the shift's clock; its slot
+        /// is taken until then (nil while it runs).
+        var end: Duration?
     }
 
     private struct Finished: Sendable {
@@ -145,6 +148,7 @@ final class StationRun: @unchecked Sendable {
         var lastProblem: String?
         while !stopping {
             handleCompletions()
+            releaseEnded()
             if book.failure.withLock({ $0 != nil }) {
                 stop("stopping: the ledger cannot take records (the line above says why)")
                 break
@@ -178,6 +182,7 @@ final class StationRun: @unchecked Sendable {
         let tasks = state.withLock { Array($0.tasks.values) }
         for task in tasks { await task.value }
         handleCompletions()
+        state.withLock { s in for address in Array(s.flights.keys) { Self.release(&s, address) } }
         redraw(final: true)
     }
 
@@ -186,22 +191,37 @@ final class StationRun: @unchecked Sendable {
     /// the shift is over: every device has come and gone.
     private func waitOnTheLine(_ line: SimulatedLine, now: Duration) async -> Bool {
         let members = line.members
-        let (inFlight, nextRetry, heldUntil, free, nextLeaving) = state.withLock { s in
+        let (inFlight, running, nextEnd, nextRetry, heldUntil, free, nextLeaving) = state.withLock { s in
             (s.flights.count,
+             s.flights.values.contains { $0.end == nil },
+             s.flights.values.compactMap(\.end).min(),
              s.devices.values.compactMap { d -> Duration? in if case .waiting = d.phase, d.eligibleAt > now { d.eligibleAt } else { nil } }.min(),
              s.devices.values.compactMap { d -> ContinuousClock.Instant? in if case .held(let t) = d.phase { t } else { nil } }.min(),
              slotFree(s, adapter: "sim"),
              // Only a device still waiting to be flashed is missed when it leaves.
              members.filter { m in if case .waiting? = s.devices[m.address]?.phase { true } else { s.devices[m.address] == nil } }.map(\.leaves).min())
         }
-        let next = [line.nextArrival, nextRetry, nextLeaving].compactMap { $0 }.filter { $0 > now }.min()
-        if inFlight > 0, !free || next == nil {
-            await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
-            return true
-        }
-        if let next {
-            if let virtualShift { virtualShift.advance(to: next) } else { await wake.wait(timeout: next - now) }
-            return true
+        if let virtualShift {
+            // Time moves only once every attempt in flight is over in real time and its end is
+            // known: then to the first thing that happens, an attempt ending among them.
+            if running {
+                await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
+                return true
+            }
+            if let next = [line.nextArrival, nextRetry, nextLeaving, nextEnd].compactMap({ $0 }).filter({ $0 > now }).min() {
+                virtualShift.advance(to: next)
+                return true
+            }
+        } else {
+            let next = [line.nextArrival, nextRetry, nextLeaving].compactMap { $0 }.filter { $0 > now }.min()
+            if inFlight > 0, !free || next == nil {
+                await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
+                return true
+            }
+            if let next {
+                await wake.wait(timeout: next - now)
+                return true
+            }
         }
         if let heldUntil {
             // Another station flashes it: ask again once its lease may have ended (real time).
@@ -340,6 +360,21 @@ final class StationRun: @unchecked Sendable {
                                                attempts: number, seconds: 0, firmwareBefore: nil, firmwareAfter: nil)).numbered(number)
     }
 
+    private static func release(_ s: inout State, _ address: DeviceAddress) {
+        guard let flight = s.flights.removeValue(forKey: address) else { return }
+        s.busy[flight.adapter, default: 1] -= 1
+        s.counts.inProgress -= 1
+    }
+
+    /// On virtual time: frees the slots of attempts whose end the shift's clock has reached.
+    private func releaseEnded() {
+        guard let virtualShift else { return }
+        let now = virtualShift.now
+        state.withLock { s in
+            for (address, flight) in s.flights where (flight.end.map { $0 <= now } ?? false) { Self.release(&s, address) }
+        }
+    }
+
     /// Devices that ended: counted, and retried later, quarantined, or left alone.
     private func handleCompletions() {
         let finished = state.withLock { s -> [Finished] in
@@ -348,14 +383,16 @@ final class StationRun: @unchecked Sendable {
         }
         for f in finished {
             let end = f.started + .milliseconds(Int64((f.outcome.seconds * 1000).rounded()))
-            virtualShift?.advance(to: end)
             var lines: [String] = []
             var events: [any JSONEvent] = []
             state.withLock { s in
                 s.lastEnd = max(s.lastEnd, end)
                 s.tasks[f.address] = nil
-                if let flight = s.flights.removeValue(forKey: f.address) { s.busy[flight.adapter, default: 1] -= 1 }
-                s.counts.inProgress -= 1
+                if virtualShift != nil {
+                    s.flights[f.address]?.end = end
+                } else {
+                    Self.release(&s, f.address)
+                }
                 var device = s.devices[f.address] ?? Device()
                 let name = f.outcome.device
                 switch f.outcome.result {
