@@ -211,7 +211,12 @@ final class RunRecords: Sendable {
         renewals.withLock { $0.removeValue(forKey: outcome.device) }?.cancel()
         if let ledger, !Self.settledByLedger(outcome) {
             do {
-                try await ledger.append(record)
+                // Written even when the run is being stopped: a task of its own is not cancelled
+                // with the device's (the store's async write refuses a cancelled task).
+                let written = await Task { () async -> Result<Int64, LedgerError> in
+                    do throws(LedgerError) { return .success(try await ledger.append(record)) } catch { return .failure(error) }
+                }.value
+                _ = try written.get()
             } catch {
                 fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
             }
