@@ -242,7 +242,8 @@ final class RadioLine: LineSource {
 final class SimulatedLine: LineSource, @unchecked Sendable {
     // Used by the station's loop only, one call at a time.
     private var arrivals: Population.Arrivals
-    private var inRange: [DeviceAddress: Population.Member] = [:]
+    /// In order of arrival (and so of leaving: every device stays the same time).
+    private var inRange: [Population.Member] = []
     private let dwell: Duration
 
     init(_ population: Population, scanDwell: Duration) {
@@ -253,21 +254,21 @@ final class SimulatedLine: LineSource, @unchecked Sendable {
     var adapters: [String] { ["sim"] }
 
     func scan(now: Duration) async -> (seen: [Sighting], problem: String?) {
-        while let next = arrivals.nextArrival, next <= now, let member = arrivals.next() { inRange[member.address] = member }
-        return (inRange.values.sorted { $0.index < $1.index }.map { Sighting(address: $0.address, adapter: "sim", central: nil, member: $0) }, nil)
+        while let next = arrivals.nextArrival, next <= now, let member = arrivals.next() { inRange.append(member) }
+        return (inRange.map { Sighting(address: $0.address, adapter: "sim", central: nil, member: $0) }, nil)
     }
 
     /// Members whose time in range is over at `now`, except those `staying` (being flashed, or
     /// held by another station): they leave.
     func leave(at now: Duration, staying: (DeviceAddress) -> Bool) -> [Population.Member] {
-        let gone = inRange.values.filter { $0.leaves <= now && !staying($0.address) }
-        for member in gone { inRange[member.address] = nil }
+        guard let first = inRange.first, first.leaves <= now else { return [] }
+        let gone = inRange.filter { $0.leaves <= now && !staying($0.address) }
+        let left = Set(gone.map(\.address))
+        inRange.removeAll { left.contains($0.address) }
         return gone
     }
 
     /// When the next device arrives; nil once the whole population has.
     var nextArrival: Duration? { arrivals.nextArrival }
-    /// The members in range now.
-    var members: Dictionary<DeviceAddress, Population.Member>.Values { inRange.values }
     var isEmpty: Bool { inRange.isEmpty && arrivals.nextArrival == nil }
 }

@@ -190,17 +190,16 @@ final class StationRun: @unchecked Sendable {
     /// arrival, a retry coming due, a device leaving) or waits for a device in flight. False when
     /// the shift is over: every device has come and gone.
     private func waitOnTheLine(_ line: SimulatedLine, now: Duration) async -> Bool {
-        let members = line.members
-        let (inFlight, running, nextEnd, nextRetry, heldUntil, free, nextLeaving) = state.withLock { s in
+        let (inFlight, running, nextEnd, nextRetry, heldUntil, free) = state.withLock { s in
             (s.flights.count,
              s.flights.values.contains { $0.end == nil },
              s.flights.values.compactMap(\.end).min(),
              s.devices.values.compactMap { d -> Duration? in if case .waiting = d.phase, d.eligibleAt > now { d.eligibleAt } else { nil } }.min(),
              s.devices.values.compactMap { d -> ContinuousClock.Instant? in if case .held(let t) = d.phase { t } else { nil } }.min(),
-             slotFree(s, adapter: "sim"),
-             // Only a device still waiting to be flashed is missed when it leaves.
-             members.filter { m in if case .waiting? = s.devices[m.address]?.phase { true } else { s.devices[m.address] == nil } }.map(\.leaves).min())
+             slotFree(s, adapter: "sim"))
         }
+        // A device leaving needs no wake-up of its own: one still waiting with a slot free would
+        // have been started, so it leaves while something else is due, and the next pass counts it missed.
         if let virtualShift {
             // Time moves only once every attempt in flight is over in real time and its end is
             // known: then to the first thing that happens, an attempt ending among them.
@@ -208,12 +207,12 @@ final class StationRun: @unchecked Sendable {
                 await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
                 return true
             }
-            if let next = [line.nextArrival, nextRetry, nextLeaving, nextEnd].compactMap({ $0 }).filter({ $0 > now }).min() {
+            if let next = [line.nextArrival, nextRetry, nextEnd].compactMap({ $0 }).filter({ $0 > now }).min() {
                 virtualShift.advance(to: next)
                 return true
             }
         } else {
-            let next = [line.nextArrival, nextRetry, nextLeaving].compactMap { $0 }.filter { $0 > now }.min()
+            let next = [line.nextArrival, nextRetry].compactMap { $0 }.filter { $0 > now }.min()
             if inFlight > 0, !free || next == nil {
                 await wake.wait(timeout: .seconds(3600))  // a device in flight ends within its own timeouts
                 return true
