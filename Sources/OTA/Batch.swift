@@ -141,12 +141,13 @@ public struct BatchRunner: Sendable {
     /// Runs every target and returns their outcomes in the targets' order. Every event carries
     /// the address the target was given.
     ///
-    /// `before` runs as a device's turn comes, before anything is sent to it: an error it returns
-    /// is that device's outcome, and nothing is sent (a record that could not be written).
+    /// `before` runs as a device's turn comes, before anything is sent to it: a result it returns
+    /// is that device's outcome with no attempt made, and nothing is sent (`.failed`: a record that
+    /// could not be written, a device another station holds; `.skipped`: a ledger shows it done).
     /// `finished` runs as soon as a device's outcome is final, before the next device takes its
     /// place: what is kept of it (a ledger record, a log, a report row) never waits for the batch.
     public func run(_ targets: [BatchTarget],
-                    before: @escaping @Sendable (BatchTarget) async -> OTAError? = { _ in nil },
+                    before: @escaping @Sendable (BatchTarget) async -> BatchOutcome.Result? = { _ in nil },
                     finished: @escaping @Sendable (BatchOutcome) async -> Void = { _ in },
                     events: @escaping @Sendable (DeviceUpdater.Event) -> Void = { _ in }) async -> [BatchOutcome] {
         let total = Limiter(options.parallel)
@@ -165,8 +166,8 @@ public struct BatchRunner: Sendable {
                     await adapterLimit.acquire()
                     await total.acquire()
                     let outcome: BatchOutcome
-                    if let refusal = await before(target) {
-                        outcome = BatchOutcome(device: target.address.description, adapter: target.adapter, result: .failed(refusal),
+                    if let decided = await before(target) {
+                        outcome = BatchOutcome(device: target.address.description, adapter: target.adapter, result: decided,
                                                attempts: 0, seconds: 0, firmwareBefore: nil, firmwareAfter: nil)
                     } else {
                         outcome = await flash(target, events: events)

@@ -16,6 +16,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
             case bondLeft
             case ledgerFailed
             case checkFailed
+            case heldElsewhere
         }
 
         private let wrapped: Wrapped
@@ -54,6 +55,8 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         /// The new image booted but failed the check before its confirm (SMP `--confirm
         /// after-check`): it was left unconfirmed, for the bootloader to revert at the next reset.
         public static var checkFailed: Self { Self(.checkFailed) }
+        /// Another station holds the device's claim in the shared ledger and flashes it; nothing was sent.
+        public static var heldElsewhere: Self { Self(.heldElsewhere) }
 
         /// Every code this version knows; later versions may add more.
         public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }

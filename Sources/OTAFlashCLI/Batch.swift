@@ -121,19 +121,7 @@ extension Flash {
             if addresses.isEmpty { addresses = [SimulatorOptions.defaultAddress] }
             return try simulatedTargets(unique(addresses), plan: plan)
         }
-        let adapters = target.adapter.map { $0.split(separator: ",").map(String.init) } ?? [nil as String?].compactMap { $0 }
-        let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
-            ? [(nil, target.bluezCentral(adapter: nil).refusingStackPairing(!pairing.policy.pair))]
-            : adapters.map { ($0, target.bluezCentral(adapter: $0).refusingStackPairing(!pairing.policy.pair)) }
-        // bluetoothd down or an adapter off fails every device alike: say it once, exit 11.
-        for (adapter, central) in centrals {
-            guard let bluez = central as? BlueZCentral else { continue }
-            do {
-                try await bluez.checkAvailable()
-            } catch {
-                throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
-            }
-        }
+        let centrals = try await adapterCentrals()
         var targets: [BatchTarget] = []
         if batch.scan {
             // A device in its update mode, or running an application that moves it there, advertises
@@ -165,6 +153,24 @@ extension Flash {
         return targets
     }
 
+    /// The central of each `--adapter` (or the default adapter), each checked to be available.
+    func adapterCentrals() async throws(CLIFailure) -> [(String?, any GATTCentral)] {
+        let adapters = target.adapter.map { $0.split(separator: ",").map(String.init) } ?? [nil as String?].compactMap { $0 }
+        let centrals: [(String?, any GATTCentral)] = adapters.isEmpty
+            ? [(nil, target.bluezCentral(adapter: nil).refusingStackPairing(!pairing.policy.pair))]
+            : adapters.map { ($0, target.bluezCentral(adapter: $0).refusingStackPairing(!pairing.policy.pair)) }
+        // bluetoothd down or an adapter off fails every device alike: say it once, exit 11.
+        for (adapter, central) in centrals {
+            guard let bluez = central as? BlueZCentral else { continue }
+            do {
+                try await bluez.checkAvailable()
+            } catch {
+                throw CLIFailure(OTAError.from(error, device: adapter ?? "the adapter"))
+            }
+        }
+        return centrals
+    }
+
     private func unique(_ addresses: [DeviceAddress]) -> [DeviceAddress] {
         var seen = Set<DeviceAddress>()
         return addresses.filter { seen.insert($0).inserted }
@@ -177,22 +183,28 @@ extension Flash {
         var faults: [Int: BatchCLIOptions.SimFault] = [:]
         for spec in batch.simDeviceFault { if let (n, mode) = BatchCLIOptions.parseFault(spec) { faults[n] = mode } }
         return try addresses.enumerated().map { i, address in
-            var config = target.simulator.deviceConfig(address: address)
-            var native = target.simulator.native
-            config.name = "otaflash-sim-\(i + 1)"
-            config.faults.seed &+= UInt64(i)
-            switch faults[i + 1] {
-            case .noOTAService?: native.hasOTAService = false
-            case .smallSlot?: config.slotSize = 1024
-            case .gone?:
-                config.faults.disconnectAt.append(4096)
-                config.faults.refuseConnectionsAfter = 1
-            case nil: break
-            }
-            let device = try target.simulator.device(for: plan, config: config, native: native)
+            let device = try simulatedDevice(address, number: i + 1, fault: faults[i + 1], plan: plan)
             let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             return BatchTarget(address: address, adapter: "sim", central: central)
         }
+    }
+
+    /// Simulated device number `number` (1-based) of a batch or a station's population, with `fault`.
+    func simulatedDevice(_ address: DeviceAddress, number: Int, fault: BatchCLIOptions.SimFault?, plan: FlashPlan) throws -> SimulatedDevice {
+        var config = target.simulator.deviceConfig(address: address)
+        var native = target.simulator.native
+        config.name = "otaflash-sim-\(number)"
+        config.faults.seed &+= UInt64(number - 1)
+        switch fault {
+        case .noOTAService?: native.hasOTAService = false
+        case .smallSlot?: config.slotSize = 1024
+        case .gone?:
+            // Mid-transfer, for an image of any size.
+            config.faults.disconnectAt.append(min(4096, plan.size / 2))
+            config.faults.refuseConnectionsAfter = 1
+        case nil: break
+        }
+        return try target.simulator.device(for: plan, config: config, native: native)
     }
 
     /// Flashes every target and reports; throws the batch's exit code unless all succeeded.
@@ -204,14 +216,7 @@ extension Flash {
                         credentials: pairing.answers.credentials(for: $0.address, file: passkeys))
         }
         // Simulated devices share no radio: only --parallel limits them.
-        let perAdapter = target.simulator.enabled ? batch.parallel : batch.perAdapter
-        var options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: batch.retries, config: try engineConfig(for: plan),
-                                   timeouts: sessionTimeouts,
-                                   reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
-                                   registry: .cli(for: request), protocolName: protocolName,
-                                   journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory),
-                                   pairing: pairing.policy)
-        options.readsIdentity = book.ledger != nil
+        let options = try batchOptions(plan: plan, book: book, perAdapter: target.simulator.enabled ? batch.parallel : batch.perAdapter)
         printer.json(FlashEvents.Batch(devices: targets.count, parallel: batch.parallel,
                                        adapters: Set(targets.map { $0.adapter ?? "default" }).sorted()))
         printer.note("flashing \(targets.count) devices, \(batch.parallel) at a time")
@@ -256,6 +261,7 @@ extension Flash {
             else if CLIContext.output.failure != nil { .outputFailed }
             else if let recordFailure { recordFailure.code }
             else if failed == 0 { .success }
+            else if outcomes.allSatisfy({ if case .failed(let e) = $0.result { e.code == .heldElsewhere } else { true } }) { .heldElsewhere }
             else { failed == outcomes.count ? .allFailed : .someFailed }
         printer.json(FlashEvents.Summary(devices: outcomes.count, ok: ok, skipped: skipped, failed: failed, exitCode: code,
                                          seconds: outcomes.map(\.seconds).max() ?? 0))
@@ -267,11 +273,26 @@ extension Flash {
         if code == .interrupted {
             throw CLIFailure(.interrupted, "interrupted: \(ok) of \(outcomes.count) devices done; run the same command again to resume the others").markedReported()
         }
+        if code == .heldElsewhere {
+            throw CLIFailure(code, "\(failed) of \(outcomes.count) devices were not flashed: another station holds their claims (see the table above)").markedReported()
+        }
         if code != .success {
             throw CLIFailure(code, failed == outcomes.count ? "all \(failed) devices failed (see the table above, or --log-dir)"
                                                              : "\(failed) of \(outcomes.count) devices failed (see the table above, or --log-dir)")
                 .markedReported()
         }
+    }
+
+    /// How each device of a batch (or a station) is flashed.
+    func batchOptions(plan: FlashPlan, book: RunRecords, perAdapter: Int, retries: Int? = nil) throws -> BatchOptions {
+        var options = BatchOptions(parallel: batch.parallel, perAdapter: perAdapter, retries: retries ?? batch.retries, config: try engineConfig(for: plan),
+                                   timeouts: sessionTimeouts,
+                                   reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
+                                   registry: .cli(for: request), protocolName: protocolName,
+                                   journal: target.simulator.enabled ? nil : JournalStore(directory: journalDir ?? JournalStore.defaultDirectory),
+                                   pairing: pairing.policy)
+        options.readsIdentity = book.ledger != nil
+        return options
     }
 
     private func summaryRow(_ o: BatchOutcome) -> [String] {

@@ -463,6 +463,7 @@ public enum EventCatalog {
             FlashEvents.Activate(device: device),
             FlashEvents.Reconnect(device: device, attempt: 1, reason: "link lost", delay: 0.25),
             FlashEvents.Note(device: device, message: "the device answered busy (10) with 4 requests in flight (out of SMP buffers, or busy): one request in flight from here on, slower"),
+            FlashEvents.Held(device: device, station: "line-2", until: "2026-11-26T13:21:34.123Z"),
             FlashEvents.Done(ok),
             FlashEvents.Summary(devices: 3, ok: 2, skipped: 0, failed: 1, exitCode: .someFailed, seconds: 2.5),
         ]
@@ -480,6 +481,7 @@ public enum EventCatalog {
             SimulateEvents.Note(message: "a note"),
             SimulateEvents.Done(activations: 1),
         ]
+        let station: [(section: String, event: any JSONEvent)] = StationEvents.examples.map { ("otaflash station", $0) }
         return flash.map { ("otaflash flash", $0) }
             + [("otaflash scan", ScanEvents.Device(address: device, name: "otaflash-sim", rssi: -60, ota: true, protocol: "native")),
                ("otaflash scan", ScanEvents.Done(count: 1)),
@@ -494,6 +496,7 @@ public enum EventCatalog {
                ("otaflash image", ImageEvents.Echo(device: device, text: "hello")),
                ("otaflash image", ImageEvents.Done())]
             + simulate.map { ("otaflash simulate", $0) }
+            + station
             + [("any command", UsageErrorEvent(message: "unknown option '--bogus'"))]
     }()
 }

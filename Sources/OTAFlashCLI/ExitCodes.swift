@@ -24,6 +24,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case bondLeft = 17
     case ledgerFailed = 18
     case checkFailed = 19
+    case heldElsewhere = 20
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -53,7 +54,8 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
         case .bondLeft: "--unpair-after could not remove the bond, even after one more try once bluetoothd was back; the image may have gone through: remove the bond with otaflash unpair"
         case .ledgerFailed: "the ledger (--ledger) could not be opened or written: locked, read-only, corrupt, a full disk, a newer schema; no device is flashed whose record cannot be written"
-        case .checkFailed: "--confirm after-check: the new image booted but failed its check (no answer to an SMP echo, a reset during the check, or --check-command failed or ran out of time); it was left unconfirmed, so MCUboot reverts it at the next reset"
+        case .checkFailed: "--confirm-after-check: the new image booted but failed its check (no answer to an SMP echo, a reset during the check, or --check-command failed or ran out of time); it was left unconfirmed, so MCUboot reverts it at the next reset"
+        case .heldElsewhere: "another station holds the device's claim in the shared ledger (it is flashing it); nothing was sent: leave it to that station, or run again once its lease has ended"
         case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
         }
     }
@@ -93,6 +95,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .bondLeft: self = .bondLeft
         case .ledgerFailed: self = .ledgerFailed
         case .checkFailed: self = .checkFailed
+        case .heldElsewhere: self = .heldElsewhere
         default: self = .internalError
         }
     }

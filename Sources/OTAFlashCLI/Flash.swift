@@ -213,14 +213,14 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// Checks every path the run writes to, before any radio time.
-    private func checkOutputPaths() throws {
+    func checkOutputPaths() throws {
         if let logDir = batch.logDir { try OutputPaths.prepareDirectory(logDir, option: "--log-dir") }
         if let state = target.simulator.stateDir { try OutputPaths.prepareDirectory(state, option: "--sim-state") }
         if let journalDir { try OutputPaths.prepareDirectory(journalDir, option: "--journal-dir") }
     }
 
     /// What the run keeps of each device (ledger, report, logs), checked and opened before any radio time.
-    private func openRecords(plan: FlashPlan, printer: EventPrinter) throws -> RunRecords {
+    func openRecords(plan: FlashPlan, printer: EventPrinter) throws -> RunRecords {
         RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
                    image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
                    protocolName: plan.profile.name,
@@ -248,7 +248,15 @@ struct Flash: AsyncParsableCommand {
         printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32))")
         for warning in plan.warnings { printer.note("warning: \(warning)") }
         let (central, simulated) = try connection(for: plan, address: address, pairs: pairingPolicy.pair)
-        if let refusal = await book.begin(address.description) { throw CLIFailure(refusal) }
+        switch await book.begin(address.description) {
+        case nil: break
+        case .failed(let refusal)?: throw CLIFailure(refusal)
+        case .skipped?, .ok?:
+            // The ledger shows it done with this image: said by `begin`, and ended with its own `done`.
+            await book.finish(BatchOutcome(device: address.description, adapter: target.adapter, result: .skipped(nil),
+                                           attempts: 0, seconds: 0, firmwareBefore: nil, firmwareAfter: nil))
+            return
+        }
         var updater = try updater(for: plan, pairing: pairingPolicy)
         updater.readsIdentity = book.ledger != nil
         let started = central.clock.now

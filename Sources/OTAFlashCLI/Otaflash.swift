@@ -17,7 +17,7 @@ public struct Otaflash: AsyncParsableCommand {
             """,
         version: OtaflashVersion.line,
         subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self,
-                      LedgerCommand.self, CompletionsCommand.self, SimulatorTopic.self],
+                      LedgerCommand.self, Station.self, CompletionsCommand.self, SimulatorTopic.self],
         defaultSubcommand: Flash.self
     )
 

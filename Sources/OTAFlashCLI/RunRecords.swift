@@ -21,6 +21,9 @@ public struct LedgerOptions: ParsableArguments {
     @Option(name: .customLong("operator"), help: ArgumentHelp("Who runs the station, for the ledger (1–64 printable characters).", valueName: "name"))
     public var `operator`: String?
 
+    @Option(name: .customLong("claim-lease"), parsing: .unconditional, help: Ranges.claimLease.help("Seconds a device's claim in the ledger outlives this station if it dies (renewed while the device is flashed)", valueName: "seconds"))
+    public var claimLease: Double = 30
+
     public init() {}
 
     public func validate() throws {
@@ -31,6 +34,7 @@ public struct LedgerOptions: ParsableArguments {
                 throw ValidationError("\(option) must be 1 to 64 printable characters, got '\(value)'")
             }
         }
+        try Ranges.claimLease.check(claimLease)
         if noLedger, station != nil || `operator` != nil {
             throw ValidationError("--station and --operator name the ledger's records; drop them with --no-ledger")
         }
@@ -48,6 +52,10 @@ public struct LedgerOptions: ParsableArguments {
     }
 
     var stationName: String { station ?? ProcessInfo.processInfo.hostName }
+}
+
+extension Ranges {
+    static let claimLease = Bounds("--claim-lease", Ledger.leaseRange.lowerBound.seconds...Ledger.leaseRange.upperBound.seconds, unit: " seconds")
 }
 
 /// What a run keeps of each device as soon as the device is done: its ledger record (committed
@@ -71,8 +79,14 @@ final class RunRecords: Sendable {
     let ledger: (any LedgerStore)?
     let image: Image
     let protocolName: String
-    private let runID = UUID().uuidString
-    private let station: String
+    let runID = UUID().uuidString
+    /// Who claims devices in the ledger: this station and this run.
+    var holder: ClaimHolder { ClaimHolder(station: station, run: runID) }
+    private let lease: Duration
+    /// Per device being flashed: the task that renews its claim.
+    private let renewals = Mutex<[String: Task<Void, Never>]>([:])
+    private let prepared = Mutex(false)
+    let station: String
     private let `operator`: String?
     private let report: ReportFile?
     private let logs: DeviceLogs?
@@ -88,6 +102,7 @@ final class RunRecords: Sendable {
         self.protocolName = protocolName
         self.station = options.stationName
         self.operator = options.operator
+        self.lease = .milliseconds(Int64((options.claimLease * 1000).rounded()))
         self.report = report
         self.logs = logs
         self.printer = printer
@@ -102,15 +117,65 @@ final class RunRecords: Sendable {
         return Image(name: (path as NSString).lastPathComponent, size: Int64(data.count), sha256: digest, version: version)
     }
 
-    /// Before anything is sent to `device`: its record must be writable, or it is not flashed.
-    func begin(_ device: String) async -> OTAError? {
+    /// Before anything is sent to `device`: its record must be writable, and the device claimed
+    /// (docs/LEDGER.md, "Claims"), or it is not flashed. Returns nil to flash it, or its outcome:
+    /// failed (no record possible, or another station holds it) or skipped (the ledger shows it
+    /// done with this image). A granted claim is renewed until `finish`.
+    func begin(_ device: String) async -> BatchOutcome.Result? {
         notes.withLock { $0[device] = Notes() }
         guard let ledger else { return nil }
+        let claim: ClaimResult
         do {
-            try await ledger.prepare(station: station)
-            return nil
+            // The station is noted once a run; the claim, a write of its own, proves the ledger takes one.
+            if !prepared.withLock({ $0 }) {
+                try await ledger.prepare(station: station)
+                prepared.withLock { $0 = true }
+            }
+            claim = try await ledger.claim(device, image: image.sha256, by: holder, lease: lease)
         } catch {
-            return OTAError(.ledgerFailed, "\(device) was not flashed: its record cannot be written: \(error.message)")
+            return .failed(OTAError(.ledgerFailed, "\(device) was not flashed: its record cannot be written: \(error.message)"))
+        }
+        switch claim {
+        case .granted:
+            renew(device, in: ledger)
+            return nil
+        case .held(let other, let until):
+            printer.json(FlashEvents.Held(device: device, station: other, until: until))
+            return .failed(OTAError(.heldElsewhere, "\(device) was not flashed: station \(other) holds its claim (until \(until)) and is flashing it"))
+        case .done(let other, let at):
+            let line = "\(device): skipped, the ledger shows it done with this image (station \(other), \(at)); nothing sent"
+            printer.note(line)
+            printer.json(FlashEvents.Note(device: device, message: line))
+            return .skipped(nil)
+        }
+    }
+
+    /// Renews `device`'s claim every third of its lease until `finish` cancels it; a claim lost
+    /// meanwhile (this station stalled past its lease) is said once.
+    private func renew(_ device: String, in ledger: any LedgerStore) {
+        let (holder, lease, printer) = (holder, lease, printer)
+        let task = Task {
+            while !Task.isCancelled {
+                do { try await Task.sleep(for: lease / 3) } catch { return }
+                let kept: Bool
+                do { kept = try await ledger.renew(device, by: holder, lease: lease) } catch { continue }
+                if !kept {
+                    if !Task.isCancelled { printer.warning("\(device): its claim in the ledger lapsed (renewals came too late); another station may take it") }
+                    return
+                }
+            }
+        }
+        renewals.withLock { $0[device]?.cancel(); $0[device] = task }
+    }
+
+    /// A device not attempted because the ledger settled it (done already, or another station's):
+    /// it gets no record of its own, the ledger has that station's.
+    private static func settledByLedger(_ o: BatchOutcome) -> Bool {
+        guard o.attempts == 0 else { return false }
+        switch o.result {
+        case .skipped: return true
+        case .failed(let e): return e.code == .heldElsewhere
+        case .ok: return false
         }
     }
 
@@ -143,9 +208,15 @@ final class RunRecords: Sendable {
         let note = notes.withLock { $0.removeValue(forKey: outcome.device) } ?? Notes()
         let ended = Date()
         let record = self.record(outcome, note, ended: ended)
-        if let ledger {
+        renewals.withLock { $0.removeValue(forKey: outcome.device) }?.cancel()
+        if let ledger, !Self.settledByLedger(outcome) {
             do {
-                try await ledger.append(record)
+                // Written even when the run is being stopped: a task of its own is not cancelled
+                // with the device's (the store's async write refuses a cancelled task).
+                let written = await Task { () async -> Result<Int64, LedgerError> in
+                    do throws(LedgerError) { return .success(try await ledger.append(record)) } catch { return .failure(error) }
+                }.value
+                _ = try written.get()
             } catch {
                 fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
             }
@@ -254,4 +325,17 @@ final class ReportFile: Sendable {
 func csvField(_ s: String?) -> String {
     guard let s else { return "" }
     return s.contains(where: { ",\"\n\r".contains($0) }) ? "\"" + s.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : s
+}
+
+extension FlashEvents {
+    /// A device another station holds the claim of in the shared ledger: it is not flashed here
+    /// (its `done` follows: `held_elsewhere`).
+    public struct Held: JSONEvent {
+        public static let name = "held"
+        public var device: String
+        /// The station that holds the claim.
+        public var station: String
+        /// When its lease ends unless that station renews it (the ledger's clock, UTC).
+        public var until: String
+    }
 }

@@ -28,7 +28,7 @@ struct DocsTests {
         var testDescription: String { "README.md:\(line): otaflash \(arguments.joined(separator: " "))" }
 
         /// The commands that reach a device (or the simulator, with `--simulator`).
-        static let deviceCommands: Set<String> = ["flash", "scan", "info", "pair", "unpair", "image", "reset", "echo", "simulate"]
+        static let deviceCommands: Set<String> = ["flash", "scan", "info", "pair", "unpair", "image", "reset", "echo", "simulate", "station"]
         static let deviceFreeOptions: Set<String> = ["--version", "--help", "-h", "--generate-completion-script"]
 
         /// Whether the command reaches a device: a device command, or flash (the default command)
@@ -45,7 +45,7 @@ struct DocsTests {
         /// `stateHome`), which a simulated device's run does only when named.
         func runArguments(stateHome: String) -> [String] {
             guard needsDevice else { return arguments }
-            let flashes = arguments.first.map { $0 == "flash" || $0.hasPrefix("-") } ?? false
+            let flashes = arguments.first.map { $0 == "flash" || $0 == "station" || $0.hasPrefix("-") } ?? false
             guard flashes else { return arguments + ["--simulator"] }
             let ledger = arguments.contains("--ledger") || arguments.contains("--no-ledger")
                 ? [] : ["--ledger", stateHome + "/otaflash/ledger.sqlite"]
