@@ -338,11 +338,12 @@ public actor PostgresLedger: LedgerStore {
     /// `limit` passed before the statements on a connection ended; the connection is closed.
     struct DeadlinePassed: Error {}
 
-    /// `body`'s result, or `DeadlinePassed` once `limit` has passed on the connection's event loop
-    /// (one timer there: it fires on time however busy this process's tasks are), whichever comes
-    /// first; the connection is closed then. The caller never waits on `body` past the limit: a
-    /// statement written to a connection already closed is dropped by PostgresNIO without failing
-    /// its promise, so `body` may wait for ever; it is left to end with the connection.
+    /// `body`'s result, or `DeadlinePassed` once `limit` has passed, whichever comes first; the
+    /// connection is closed then. The caller never waits on `body` past the limit: a statement
+    /// written to a connection already closed is dropped by PostgresNIO without failing its
+    /// promise, so `body` may wait for ever; it is left to end with the connection. The timer is a
+    /// task, not a timer on the event loop: on a process whose tasks queue for a thread (a test
+    /// run of hundreds), the time a statement's answer waits in that queue is not the server's.
     static func bounded<T: Sendable>(_ c: PostgresConnection, by limit: Duration,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T {
         let outcome = Mutex<CheckedContinuation<T, any Error>?>(nil)
@@ -355,7 +356,8 @@ public actor PostgresLedger: LedgerStore {
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
                 outcome.withLock { $0 = continuation }
-                let timer = c.eventLoop.scheduleTask(in: timeAmount(limit)) {
+                let timer = Task {
+                    guard (try? await Task.sleep(for: limit)) != nil else { return }
                     if resume(.failure(DeadlinePassed())) { _ = c.close() as EventLoopFuture<Void> }
                 }
                 let task = Task {
