@@ -220,12 +220,12 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// What the run keeps of each device (ledger, report, logs), checked and opened before any radio time.
-    func openRecords(plan: FlashPlan, printer: EventPrinter) throws -> RunRecords {
+    func openRecords(plan: FlashPlan, printer: EventPrinter, skipsDone: Bool = false) throws -> RunRecords {
         RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
                    image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
                    protocolName: plan.profile.name,
                    report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
-                   logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer)
+                   logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer, skipsDone: skipsDone)
     }
 
     private func flashBatch(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {

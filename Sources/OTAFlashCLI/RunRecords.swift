@@ -94,9 +94,13 @@ final class RunRecords: Sendable {
     private let notes = Mutex<[String: Notes]>([:])
     /// The first record or report row that could not be written: the run ends with its exit code.
     let failure = Mutex<CLIFailure?>(nil)
+    /// A device the ledger shows done with this image is skipped (a station's shift); a flash or
+    /// batch the user starts flashes it again, as asked.
+    let skipsDone: Bool
 
     init(ledger: (any LedgerStore)?, options: LedgerOptions, image: Image, protocolName: String,
-         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter) {
+         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter, skipsDone: Bool = false) {
+        self.skipsDone = skipsDone
         self.ledger = ledger
         self.image = image
         self.protocolName = protocolName
@@ -142,6 +146,8 @@ final class RunRecords: Sendable {
         case .held(let other, let until):
             printer.json(FlashEvents.Held(device: device, station: other, until: until))
             return .failed(OTAError(.heldElsewhere, "\(device) was not flashed: station \(other) holds its claim (until \(until)) and is flashing it"))
+        case .done where !skipsDone:
+            return nil
         case .done(let other, let at):
             let line = "\(device): skipped, the ledger shows it done with this image (station \(other), \(at)); nothing sent"
             printer.note(line)

@@ -79,7 +79,7 @@ struct Station: AsyncParsableCommand {
         try flash.checkOutputPaths()
         let plan = try FlashPlan.load(path: flash.image, flash.request)
         try flash.refuseOptionsThatDoNotApply(to: plan)
-        let book = try flash.openRecords(plan: plan, printer: printer)
+        let book = try flash.openRecords(plan: plan, printer: printer, skipsDone: true)
         guard let ledger = book.ledger else { throw CLIFailure(.usage, "a station needs a ledger: give --ledger PATH") }
         do {
             try await ledger.prepare(station: book.station)
