@@ -296,6 +296,8 @@ public actor PostgresLedger: LedgerStore {
             return try await Self.bounded(c, by: limit) { try await body(c) }
         } catch is DeadlinePassed {
             if connection === c { connection = nil }
+            // Awaited, as after a failed migration: PostgresNIO asserts a connection is closed before it is released.
+            try? await (c.close() as EventLoopFuture<Void>).get()
             throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(limit)) (\(doing) it); check the server and the network, or choose another --ledger")
         } catch {
             if c.isClosed, connection === c { connection = nil }
