@@ -245,16 +245,8 @@ if [[ $STEPS == *" resume "* ]]; then
 	otaflash_smp resume &
 	flash_pid=$!
 	BG+=("$flash_pid")
-	received() { grep '"event":"progress"' "$SIM_STAMPED" | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
-	deadline=$((SECONDS + 120))
-	until [ "$(received)" -ge "$at" ] 2>/dev/null; do
-		kill -0 "$flash_pid" 2>/dev/null || break
-		((SECONDS < deadline)) || fail "the peripheral did not receive $at bytes within 120 s"
-		sleep 0.1
-	done
-	got=$(received)
-	out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
-	step "outside disconnect at ${got:-?} bytes received: $(tr '\n' ' ' <<<"$out")"
+	disconnect_at "$SIM_STAMPED" "$at" "$flash_pid"
+	got=$DISCONNECT_GOT
 	rc=0
 	wait "$flash_pid" || rc=$?
 	[ "$rc" = 0 ] || fail "the resumed flash (subshell) exited with $rc"

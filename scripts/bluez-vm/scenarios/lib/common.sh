@@ -132,6 +132,22 @@ links_down() {
 	done
 }
 
+# disconnect_at STAMPED BYTES PID: once the peripheral stamped into STAMPED reports BYTES received
+# (its last progress event; 120 s at most, or until PID, the flash, ends), drops the link from the
+# central's controller (`btmgmt disconnect`) and says so. Sets DISCONNECT_GOT (bytes received then).
+disconnect_at() {
+	local stamped=$1 at=$2 pid=$3 deadline=$((SECONDS + 120)) out
+	received() { grep '"event":"progress"' "$stamped" | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
+	until [ "$(received)" -ge "$at" ] 2>/dev/null; do
+		kill -0 "$pid" 2>/dev/null || break
+		((SECONDS < deadline)) || fail "the peripheral did not receive $at bytes within 120 s"
+		sleep 0.05
+	done
+	DISCONNECT_GOT=$(received)
+	out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
+	step "outside disconnect at ${DISCONNECT_GOT:-?} bytes received: $(tr '\n' ' ' <<<"$out")"
+}
+
 # stop_sim PID [SIM_OUT]: SIGINT, then waits (15 s) for it to unregister and exit;
 # its status. With SIM_OUT, first waits (10 s) until every link it reported
 # connected is reported disconnected: unregistering while bluetoothd is still
