@@ -3,6 +3,7 @@ import BlueZ
 import Foundation
 import GATT
 import OTA
+import OTACommandLine
 import OTAWire
 import Simulator
 import Synchronization
@@ -173,18 +174,18 @@ extension Flash {
         for spec in batch.simDeviceFault { if let (n, mode) = BatchCLIOptions.parseFault(spec) { faults[n] = mode } }
         return try addresses.enumerated().map { i, address in
             var config = target.simulator.deviceConfig(address: address)
-            var native = target.simulator.native
+            var settings = target.simulator.settings
             config.name = "otaflash-sim-\(i + 1)"
             config.faults.seed &+= UInt64(i)
             switch faults[i + 1] {
-            case .noOTAService?: native.hasOTAService = false
+            case .noOTAService?: settings.hasOTAService = false
             case .smallSlot?: config.slotSize = 1024
             case .gone?:
                 config.faults.disconnectAt.append(4096)
                 config.faults.refuseConnectionsAfter = 1
             case nil: break
             }
-            let device = try target.simulator.device(for: plan, config: config, native: native)
+            let device = try target.simulator.device(for: plan, config: config, settings: settings, options: protocols.groups)
             let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             return BatchTarget(address: address, adapter: "sim", central: central)
         }

@@ -1,6 +1,6 @@
 import BlueZ
-import Native
 import OTA
+import OTACommandLine
 import OTAWire
 
 /// One line of `--json` output. docs/EVENTS.md documents every conforming type, key by key; a test

@@ -2,7 +2,9 @@ import ArgumentParser
 import Foundation
 import GATT
 import OTA
+import OTACommandLine
 import OTAWire
+import Simulator
 import SMP
 
 /// What the SMP commands (`image list|test|confirm|erase`, `reset`, `echo`) share: the device,
@@ -296,3 +298,16 @@ public enum ImageEvents {
         public init() {}
     }
 }
+
+extension SimulatedDeviceOptions {
+    /// A simulated Zephyr device with an SMP server at `address`, running a confirmed image of
+    /// `--sim-firmware-version`, answering in `encoding` (for `image`, `reset` and `echo` with
+    /// `--simulator`).
+    func smpCentral(address: DeviceAddress, encoding: SMPReplyEncoding?) -> any GATTCentral {
+        let config = deviceConfig(address: address)
+        let model = SMPPeripheral(config: SMPServer.Config(slotSize: config.slotSize, encoding: encoding ?? .zephyr),
+                                  firmwareVersion: config.firmwareVersion, faults: config.faults, resetDelay: config.bootDelay)
+        return SimulatedCentral(devices: [SimulatedDevice(config, model: model)], clock: SystemClock())
+    }
+}
+

@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 #endif
 import OTA
+import OTACommandLine
 import OTAWire
 import Synchronization
 
