@@ -87,8 +87,11 @@ public struct ProtocolCommandLine: Sendable {
 }
 
 /// A protocol's own options: `flash`'s and its simulated device's, in the groups (and under the
-/// titles) its help shows them in.
+/// titles) its help shows them in. The command line registers a protocol by holding its group
+/// (`@OptionGroup`), which names the protocol's value.
 public protocol ProtocolOptionGroup: ParsableArguments, Sendable {
+    /// The protocol these options are of.
+    static var commandLine: ProtocolCommandLine { get }
     /// The options given, by name, for the refusal when the image goes over another protocol;
     /// its simulated device's only `withSimulator`.
     func given(withSimulator: Bool) -> [String]
@@ -101,6 +104,30 @@ public protocol ProtocolOptionGroup: ParsableArguments, Sendable {
 extension ProtocolOptionGroup {
     public func check(protocolName: String) throws {}
     public var imageVersionText: String? { nil }
+}
+
+/// An `@OptionGroup` of a protocol's options, as a command holds it: the group's type (known
+/// before parsing) and, once parsed, its values.
+public protocol ProtocolOptionGroupHolder {
+    var groupType: any ProtocolOptionGroup.Type { get }
+    var group: any ProtocolOptionGroup { get }
+}
+
+extension OptionGroup: ProtocolOptionGroupHolder where Value: ProtocolOptionGroup {
+    public var groupType: any ProtocolOptionGroup.Type { Value.self }
+    public var group: any ProtocolOptionGroup { wrappedValue }
+}
+
+extension ParsableArguments {
+    /// The protocols whose options groups this type holds (`@OptionGroup`), in declaration order.
+    public static var protocolsHeld: [ProtocolCommandLine] {
+        Mirror(reflecting: Self()).children.compactMap { ($0.value as? any ProtocolOptionGroupHolder)?.groupType.commandLine }
+    }
+
+    /// The protocols' options groups these parsed options hold, in declaration order.
+    public var protocolGroups: [any ProtocolOptionGroup] {
+        Mirror(reflecting: self).children.compactMap { ($0.value as? any ProtocolOptionGroupHolder)?.group }
+    }
 }
 
 /// What `flash` asks of the loaders besides the path: the protocol asked for (or `auto`), the

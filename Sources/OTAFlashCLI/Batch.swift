@@ -185,7 +185,7 @@ extension Flash {
                 config.faults.refuseConnectionsAfter = 1
             case nil: break
             }
-            let device = try target.simulator.device(for: plan, config: config, settings: settings, options: protocols.groups)
+            let device = try target.simulator.device(for: plan, config: config, settings: settings, options: protocols.protocolGroups)
             let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
             return BatchTarget(address: address, adapter: "sim", central: central)
         }

@@ -7,6 +7,9 @@ import Simulator
 public typealias ExitCode = OTACommandLine.ExitCode
 
 extension ProtocolCommandLine {
+    /// Every protocol the command line speaks, in order of preference: those `ProtocolOptions` holds.
+    public static let all: [ProtocolCommandLine] = ProtocolOptions.protocolsHeld
+
     static func named(_ name: String) -> ProtocolCommandLine? { all.first { $0.name == name } }
 
     /// The options some protocols take and others do not.
@@ -63,7 +66,7 @@ extension FlashPlan {
 extension Flash {
     /// What this command line asks of the loaders and the protocols.
     var request: FlashRequest {
-        FlashRequest(protocolName: protocolName, registry: .cli, options: protocols.groups)
+        FlashRequest(protocolName: protocolName, registry: .cli, options: protocols.protocolGroups)
     }
 }
 

@@ -163,7 +163,7 @@ struct Flash: AsyncParsableCommand {
     var protocolName: String { protocolChoice.name }
 
     /// `--image-version` as given.
-    var imageVersionText: String? { protocols.groups.lazy.compactMap(\.imageVersionText).first }
+    var imageVersionText: String? { protocols.protocolGroups.lazy.compactMap(\.imageVersionText).first }
 
     mutating func validate() throws {
         try Ranges.replyTimeout.check(replyTimeout)
@@ -171,7 +171,7 @@ struct Flash: AsyncParsableCommand {
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
-        for group in protocols.groups { try group.check(protocolName: protocolName) }
+        for group in protocols.protocolGroups { try group.check(protocolName: protocolName) }
         if batch.count != nil, !target.simulator.enabled {
             throw ValidationError("--count needs --simulator; for real devices use --device (repeated), --devices-file or --scan")
         }
@@ -256,7 +256,7 @@ struct Flash: AsyncParsableCommand {
         let simulator = target.simulator
         guard simulator.enabled else { return (target.bluezCentral().refusingStackPairing(!pairs), nil) }
         if let stateDir = simulator.stateDir { return try simulator.makeCentral(address: address, stateDir: stateDir) }
-        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address), options: protocols.groups)
+        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address), options: protocols.protocolGroups)
         return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
     }
 

@@ -5,11 +5,11 @@ extension Flash {
     /// The options given that only some protocols take (`ProtocolCommandLine.specificOptions`), by name.
     var protocolSpecificOptions: [String] {
         let simulator = target.simulator
-        var given: [String] = protocols.groups.flatMap { $0.given(withSimulator: false) }
+        var given: [String] = protocols.protocolGroups.flatMap { $0.given(withSimulator: false) }
         if restart { given.append("--restart") }
         if noActivate { given.append("--no-activate") }
         if simulator.enabled {
-            given += protocols.groups.flatMap { group in
+            given += protocols.protocolGroups.flatMap { group in
                 let flash = group.given(withSimulator: false)
                 return group.given(withSimulator: true).filter { !flash.contains($0) }
             }

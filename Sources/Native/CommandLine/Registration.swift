@@ -15,6 +15,8 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
 
     public init() {}
 
+    public static var commandLine: ProtocolCommandLine { .native }
+
     public func validate() throws {
         try Ranges.checkpointInterval.check(checkpointInterval)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {

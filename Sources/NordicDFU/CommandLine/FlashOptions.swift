@@ -36,6 +36,8 @@ public struct NordicDFUOptions: ProtocolOptionGroup {
 
     public init() {}
 
+    public static var commandLine: ProtocolCommandLine { .nordicDFU }
+
     public func given(withSimulator: Bool) -> [String] {
         flash.given + (withSimulator ? simulated.given : [])
     }

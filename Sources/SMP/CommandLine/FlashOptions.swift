@@ -52,6 +52,8 @@ public struct SMPOptions: ProtocolOptionGroup {
 
     public init() {}
 
+    public static var commandLine: ProtocolCommandLine { .smp }
+
     public func given(withSimulator: Bool) -> [String] {
         flash.given + (withSimulator ? simulated.given : [])
     }
