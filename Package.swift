@@ -46,24 +46,38 @@ let package = Package(
         // protocol's device model. Also the contract of the soak and bench strategies
         // (Strategies.swift), whose trials hand a session its profile (OTA).
         .target(name: "Simulator", dependencies: ["GATT", "OTAWire", "OTADevice", "OTA"]),
+        // The command line's contract with a protocol, which knows none: the value a protocol
+        // registers (its loader, the options it takes, its simulated and served devices), its
+        // options group, the flash plan, exit codes and failures, and every option's range.
+        .target(name: "OTACommandLine", dependencies: [
+            "GATT", "OTAWire", "OTADevice", "OTA", "Simulator", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
         // otaflash's own protocol (docs/PROTOCOL.md): codec, the central's engine and profile, the
         // device (state machine, timing, faults; the C library run in lockstep), its simulated device
-        // and its soak and bench strategies.
-        .target(name: "Native", dependencies: ["GATT", "OTAWire", "OTA", "OTADevice", "COTADevice", "Simulator"]),
+        // its soak and bench strategies, and its command line (CommandLine/: options and registration).
+        .target(name: "Native", dependencies: [
+            "GATT", "OTAWire", "OTA", "OTADevice", "COTADevice", "Simulator", "OTACommandLine",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
         // Nordic Secure DFU (nRF5 SDK bootloaders): wire codec, nrfutil packages, the central's engine
-        // and the bootloader's device model, each in its own folder.
+        // and the bootloader's device model, its command line (CommandLine/), each in its own folder.
         .target(name: "NordicDFU", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", "ZIPFoundation", .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         // MCUmgr/SMP with MCUboot images (Zephyr, nRF Connect SDK): wire codec and CBOR, MCUboot
-        // images, the central's engine and the SMP server's device model, each in its own folder.
+        // images, the central's engine and the SMP server's device model, its command line
+        // (CommandLine/), each in its own folder.
         .target(name: "SMP", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         // Espressif's BLE OTA (esp-iot-solution's ble_ota component) with ESP-IDF app images: wire
-        // codec, image checks, the central's engine and the device's model, each in its own folder.
+        // codec, image checks, the central's engine and the device's model, its command line
+        // (CommandLine/), each in its own folder.
         .target(name: "ESPOTA", dependencies: [
-            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", .product(name: "Crypto", package: "swift-crypto"),
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
         // through GRDB, or PostgreSQL through PostgresNIO for several stations, with claims).
@@ -78,7 +92,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger",
+            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -86,11 +100,11 @@ let package = Package(
         // The commit a build is from, for `otaflash --version` (the version itself is in Version.swift).
         .plugin(name: "BuildCommit", capability: .buildTool()),
         .executableTarget(name: "otaflash", dependencies: ["OTAFlashCLI"]),
-        // Throughput and CPU figures on the link model (run in release mode): each protocol's
-        // BenchStrategy, then the ledger.
-        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger"]),
-        // Fault soak on the simulator (run in release mode): each protocol's SoakStrategy.
-        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "Native", "NordicDFU", "SMP", "ESPOTA"]),
+        // Throughput and CPU figures on the link model (run in release mode): each registered
+        // protocol's BenchStrategy (OTAFlashCLI's list), then the ledger.
+        .executableTarget(name: "otaflash-bench", dependencies: ["OTA", "GATT", "Simulator", "OTACommandLine", "OTAFlashCLI", "Ledger"]),
+        // Fault soak on the simulator (run in release mode): each registered protocol's SoakStrategy.
+        .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "OTACommandLine", "OTAFlashCLI"]),
 
         .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
         .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),
@@ -107,7 +121,7 @@ let package = Package(
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport"]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -33,7 +33,7 @@ public actor PostgresLedger: LedgerStore {
         user = target.user
         database = target.database
         self.connectTimeout = target.connectTimeout ?? connectTimeout
-        self.queryTimeout = queryTimeout
+        self.queryTimeout = target.statementTimeout ?? queryTimeout
         var configuration = PostgresConnection.Configuration(host: target.host, port: target.port, username: target.user,
                                                              password: target.password, database: target.database, tls: .disable)
         do {
@@ -526,6 +526,7 @@ struct PostgresTarget {
     var database: String
     var sslmode: String
     var connectTimeout: Duration?
+    var statementTimeout: Duration?
     var applicationName: String
     var redacted: String
 
@@ -565,10 +566,15 @@ struct PostgresTarget {
                     throw bad("connect_timeout must be 1 to 600 seconds, got '\(item.value ?? "")'")
                 }
                 connectTimeout = .seconds(value)
+            case "statement_timeout":
+                guard let value = item.value.flatMap(Int.init), (1...600).contains(value) else {
+                    throw bad("statement_timeout must be 1 to 600 seconds, got '\(item.value ?? "")'")
+                }
+                statementTimeout = .seconds(value)
             case "application_name":
                 applicationName = item.value ?? applicationName
             default:
-                throw bad("unknown parameter '\(item.name)' (known: sslmode, connect_timeout, application_name)")
+                throw bad("unknown parameter '\(item.name)' (known: sslmode, connect_timeout, statement_timeout, application_name)")
             }
         }
         redacted = "\(scheme)://\(user)@\(self.host.contains(":") ? "[\(self.host)]" : self.host):\(port)/\(database)"

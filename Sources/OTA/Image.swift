@@ -38,16 +38,20 @@ public struct FirmwareImage: Sendable {
     /// refused with what to do instead; `ImageError.format` says which. So is Intel HEX text whose
     /// data is an MCUboot image (`imgtool sign … app.hex`).
     ///
-    /// - Parameter accepted: formats read byte for byte like a raw binary instead of refused (the
-    ///   protocol that sends them checks them itself, e.g. `[.mcuboot]`); Intel HEX holding one of
-    ///   them is then decoded and returned.
-    public static func load(path: String, accepting accepted: Set<ImageFormat.Kind> = []) throws(ImageError) -> FirmwareImage {
+    /// - Parameters:
+    ///   - accepted: formats read byte for byte like a raw binary instead of refused (the
+    ///     protocol that sends them checks them itself, e.g. `[.mcuboot]`); Intel HEX holding one
+    ///     of them is then decoded and returned.
+    ///   - detectors: protocols' own formats (`ImageFormat.Detector`), recognised and refused
+    ///     with their own line unless `accepted`.
+    public static func load(path: String, accepting accepted: Set<ImageFormat.Kind> = [],
+                            detecting detectors: [ImageFormat.Detector] = []) throws(ImageError) -> FirmwareImage {
         let file = try ImageFile(path)
         defer { file.close() }
         let head = try file.read(upTo: ImageFormat.headSize)
         guard !head.isEmpty else { throw ImageError(path, "is empty") }
         let tail = file.size > head.count ? try file.readTail(ImageFormat.tailSize) : head
-        let format = ImageFormat.detect(head: head, tail: tail)
+        let format = ImageFormat.detect(head: head, tail: tail, using: detectors)
         let lower = path.lowercased()
         let namedHex = lower.hasSuffix(".hex") || lower.hasSuffix(".ihex")
         // A .hex file of text that does not start with ':' is HEX gone wrong: its line says how.
@@ -71,10 +75,11 @@ public struct FirmwareImage: Sendable {
                 try decoder.feed(chunk[...])
             }
             let hex = try decoder.finish()
-            let inside = ImageFormat.detect(head: Array(hex.bytes.prefix(ImageFormat.headSize)), tail: [])
-            if inside.kind == .mcuboot, !accepted.contains(.mcuboot) {
-                let described = ImageFormat(.mcuboot, "Intel HEX text holding \(inside.description)")
-                throw ImageError(path, refusal(for: described, path: path), format: .mcuboot)
+            let inside = ImageFormat.detect(head: Array(hex.bytes.prefix(ImageFormat.headSize)), tail: [],
+                                            using: detectors.filter(\.inIntelHex))
+            if detectors.contains(where: { $0.inIntelHex && $0.kind == inside.kind }), !accepted.contains(inside.kind) {
+                let described = ImageFormat(inside.kind, "Intel HEX text holding \(inside.description)")
+                throw ImageError(path, refusal(for: described, path: path, detectors: detectors), format: inside.kind)
             }
             return FirmwareImage(bytes: hex.bytes, source: path, baseAddress: hex.baseAddress)
         case .rawBinary where namedHex:
@@ -96,29 +101,24 @@ public struct FirmwareImage: Sendable {
             }
             return FirmwareImage(bytes: bytes, source: path)
         default:
-            throw ImageError(path, refusal(for: format, path: path), format: format.kind)
+            throw ImageError(path, refusal(for: format, path: path, detectors: detectors), format: format.kind)
         }
     }
 
     /// Why a file that is not a raw binary or HEX text is refused, and what to do instead.
-    static func refusal(for format: ImageFormat, path: String) -> String {
+    static func refusal(for format: ImageFormat, path: String, detectors: [ImageFormat.Detector] = []) -> String {
         let name = path.split(separator: "/").last.map(String.init) ?? path
         let stem = name.split(separator: ".", omittingEmptySubsequences: false).dropLast().joined(separator: ".")
         let base = stem.isEmpty ? name : stem
         let inside = format.entries.filter { $0.lowercased().hasSuffix(".bin") || $0.lowercased().hasSuffix(".hex") }.prefix(3)
         let extract = inside.isEmpty ? "the .bin or .hex inside" : inside.joined(separator: " or ")
         let what = "is \(format.description)"
+        if let detector = detectors.first(where: { $0.kind == format.kind }) { return detector.refusal(format, name) }
         switch format.kind {
         case .elf where format.description.contains("ESP-IDF"):
             return "\(what), not a firmware image; pass the app image ESP-IDF builds beside it: build/\(base).bin (or make one with `esptool elf2image \(name)`)"
-        case .espAppImage:
-            return "\(what), sent over Espressif's BLE OTA (`--protocol esp-ota` or `auto`)"
         case .elf:
             return "\(what), not a firmware image; convert it with `arm-none-eabi-objcopy -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
-        case .nordicDFUPackage:
-            return "\(what), not a single image; it goes over Nordic Secure DFU (`otaflash flash` sends it with `--protocol nordic-dfu` or `auto`; in code, `DFUPackage.load`)"
-        case .mcuboot:
-            return "\(what), sent over MCUmgr/SMP, which is not supported yet (use `mcumgr image upload \(name)` until then)"
         case .zip where format.entries.contains { $0.lowercased().hasSuffix(".dat") }:
             // Init packets beside the images: a Nordic DFU package that lost its manifest.
             return "\(what) with init packets (.dat) but no manifest.json, so not a Nordic DFU package; regenerate it with nrfutil pkg generate"

@@ -2,8 +2,9 @@
 ///
 /// Detection is pure and separate from policy: `detect` says what a file is; the loader decides
 /// what it can send (raw binaries and Intel HEX) and refuses the rest with a line that says what
-/// to do. Later protocols route on `kind` (a Nordic DFU package, an MCUboot image) without
-/// looking at the bytes again.
+/// to do. The formats here are every protocol's (or none's); a protocol's own format (a Nordic
+/// DFU package, an MCUboot image) comes with its `Detector` from its module, and the caller
+/// routes on `kind` without looking at the bytes again.
 public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// An open set of formats (a struct with static members), so new ones break no `switch`.
     public struct Kind: Hashable, Sendable, CustomStringConvertible {
@@ -17,16 +18,8 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         public static let intelHex = Kind("intel-hex")
         /// An ELF object or executable (magic 0x7F 'E' 'L' 'F'): a linker output, not an image.
         public static let elf = Kind("elf")
-        /// A zip archive that is not a Nordic package.
+        /// A zip archive that no protocol's detector claims.
         public static let zip = Kind("zip")
-        /// A Nordic Secure DFU package: a zip with `manifest.json` at its root (nrfutil pkg generate).
-        public static let nordicDFUPackage = Kind("nordic-dfu-package")
-        /// An MCUboot image: header magic 0x96f3b83d, little-endian, at offset 0 (MCUboot
-        /// docs/design.md, "Image Format"); flashed over MCUmgr/SMP.
-        public static let mcuboot = Kind("mcuboot")
-        /// An ESP-IDF app image: magic 0xE9 and a plausible header (ESP-IDF "App Image Format"), or
-        /// a merged flash image holding one; flashed over Espressif's BLE OTA.
-        public static let espAppImage = Kind("esp-app-image")
         /// A UF2 file (magic "UF2\n" then 0x9E5D5157): for USB mass-storage bootloaders.
         public static let uf2 = Kind("uf2")
         /// Motorola S-record text (lines "S0"…"S9" followed by hex digits).
@@ -54,6 +47,33 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// True for the formats otaflash sends itself: raw binaries and Intel HEX.
     public var isFirmwareImage: Bool { kind == .rawBinary || kind == .intelHex }
 
+    /// A protocol's own format, recognised from a file's bytes: its module declares it, and whoever
+    /// loads files for that protocol passes it to `detect` and `FirmwareImage.load`.
+    public struct Detector: Sendable {
+        public let kind: Kind
+        /// The format, when `head` and `tail` (as `detect` takes them) are this one's; nil otherwise.
+        public let detect: @Sendable (_ head: [UInt8], _ tail: [UInt8]) -> ImageFormat?
+        /// Why a loader that does not send this format refuses it, and what to do instead: the
+        /// words after "path: " ("is …"), given the format and the file's name.
+        public let refusal: @Sendable (_ format: ImageFormat, _ fileName: String) -> String
+        /// Intel HEX text may hold this format (`imgtool sign … app.hex`): the decoded bytes are
+        /// looked at too.
+        public let inIntelHex: Bool
+
+        public init(kind: Kind, inIntelHex: Bool = false, detect: @escaping @Sendable (_ head: [UInt8], _ tail: [UInt8]) -> ImageFormat?,
+                    refusal: @escaping @Sendable (_ format: ImageFormat, _ fileName: String) -> String) {
+            self.kind = kind
+            self.inIntelHex = inIntelHex
+            self.detect = detect
+            self.refusal = refusal
+        }
+
+        /// Whether `head` holds `magic` at `offset`.
+        public static func starts(_ head: [UInt8], _ magic: [UInt8], at offset: Int = 0) -> Bool {
+            head.count >= offset + magic.count && head[offset..<(offset + magic.count)].elementsEqual(magic)
+        }
+    }
+
     /// How much of a file's start `detect` looks at (tar's magic is at 257; zip's local headers follow).
     public static let headSize = 64 << 10
     /// How much of a file's end `detect` looks at: a zip's end-of-central-directory record (22
@@ -65,25 +85,21 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// - Parameters:
     ///   - head: the file's first bytes (up to `headSize`).
     ///   - tail: its last bytes (up to `tailSize`); pass `head` when the file is that small.
-    public static func detect(head: [UInt8], tail: [UInt8]) -> ImageFormat {
-        func starts(_ magic: [UInt8], at offset: Int = 0) -> Bool {
-            head.count >= offset + magic.count && head[offset..<(offset + magic.count)].elementsEqual(magic)
+    ///   - detectors: protocols' own formats, asked first, in order (a Nordic package is a zip
+    ///     that its detector claims before it counts as a zip).
+    public static func detect(head: [UInt8], tail: [UInt8], using detectors: [Detector] = []) -> ImageFormat {
+        for detector in detectors {
+            if let format = detector.detect(head, tail) { return format }
         }
+        func starts(_ magic: [UInt8], at offset: Int = 0) -> Bool { Detector.starts(head, magic, at: offset) }
         if starts([0x7F, 0x45, 0x4C, 0x46]) {
             return ImageFormat(.elf, elfDescription(head))
         }
         if starts([0x50, 0x4B, 0x03, 0x04]) || starts([0x50, 0x4B, 0x05, 0x06]) {
             let names = zipEntryNames(head: head, tail: tail)
-            if names.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }) {
-                return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names)
-            }
             return ImageFormat(.zip, names.isEmpty && starts([0x50, 0x4B, 0x05, 0x06]) ? "an empty zip archive" : "a zip archive",
                                entries: names)
         }
-        if starts([0x3D, 0xB8, 0xF3, 0x96]) {
-            return ImageFormat(.mcuboot, "an MCUboot image (header magic 0x96f3b83d)")
-        }
-        if let esp = espAppImage(head) { return esp }
         if starts(Array("UF2\n".utf8)), starts([0x57, 0x51, 0x5D, 0x9E], at: 4) {
             return ImageFormat(.uf2, "a UF2 file (for USB drag-and-drop bootloaders)")
         }
@@ -110,21 +126,8 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Recognises bytes held in memory whole.
-    public static func detect(_ bytes: [UInt8]) -> ImageFormat {
-        detect(head: Array(bytes.prefix(headSize)), tail: Array(bytes.suffix(tailSize)))
-    }
-
-    /// An ESP-IDF app image (magic 0xE9, 1 to 16 segments, a chip id ESP-IDF uses, `hash_appended`
-    /// 0 or 1, a first segment shorter than 16 MiB), or a merged flash image with a bootloader
-    /// image at 0x0 or 0x1000 and a partition table at 0x8000.
-    static func espAppImage(_ head: [UInt8]) -> ImageFormat? {
-        if head.count > 0x8002, head[0x8000] == 0xAA, head[0x8001] == 0x50,
-           head[0] == 0xE9 || (head[0x1000] == 0xE9 && head[0..<0x1000].allSatisfy { $0 == 0xFF || $0 == 0 }) {
-            return ImageFormat(.espAppImage, "an ESP32 merged flash image (bootloader, partition table and app)")
-        }
-        guard head.count >= 32, head[0] == 0xE9, (1...16).contains(head[1]), le16(head, 12) < 0x100, head[23] <= 1,
-              le32(head, 28) < 16 << 20 else { return nil }
-        return ImageFormat(.espAppImage, "an ESP-IDF app image (magic 0xE9)")
+    public static func detect(_ bytes: [UInt8], using detectors: [Detector] = []) -> ImageFormat {
+        detect(head: Array(bytes.prefix(headSize)), tail: Array(bytes.suffix(tailSize)), using: detectors)
     }
 
     static func isBlank(_ c: UInt8) -> Bool { c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D }
@@ -157,7 +160,7 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// The names in a zip archive (APPNOTE.TXT 4.3): from the central directory when the
     /// end-of-central-directory record and the directory lie in `tail`, else from the local file
     /// headers that lie in `head`.
-    static func zipEntryNames(head: [UInt8], tail: [UInt8]) -> [String] {
+    public static func zipEntryNames(head: [UInt8], tail: [UInt8]) -> [String] {
         // The end-of-central-directory record: 22 bytes plus a comment, the last thing in the file.
         var eocd = tail.count - 22
         while eocd >= 0, eocd >= tail.count - 22 - 0xFFFF {

@@ -3,6 +3,7 @@ import BlueZ
 import Foundation
 import GATT
 import OTA
+import OTACommandLine
 import OTAWire
 import Simulator
 import Synchronization
@@ -192,11 +193,11 @@ extension Flash {
     /// Simulated device number `number` (1-based) of a batch or a station's population, with `fault`.
     func simulatedDevice(_ address: DeviceAddress, number: Int, fault: BatchCLIOptions.SimFault?, plan: FlashPlan) throws -> SimulatedDevice {
         var config = target.simulator.deviceConfig(address: address)
-        var native = target.simulator.native
+        var settings = target.simulator.settings
         config.name = "otaflash-sim-\(number)"
         config.faults.seed &+= UInt64(number - 1)
         switch fault {
-        case .noOTAService?: native.hasOTAService = false
+        case .noOTAService?: settings.hasOTAService = false
         case .smallSlot?: config.slotSize = 1024
         case .gone?:
             // Mid-transfer, for an image of any size.
@@ -204,7 +205,7 @@ extension Flash {
             config.faults.refuseConnectionsAfter = 1
         case nil: break
         }
-        return try target.simulator.device(for: plan, config: config, native: native)
+        return try target.simulator.device(for: plan, config: config, settings: settings, options: protocols.protocolGroups)
     }
 
     /// Flashes every target and reports; throws the batch's exit code unless all succeeded.

@@ -2,8 +2,8 @@ import ArgumentParser
 import BlueZ
 import GATT
 import OTA
+import OTACommandLine
 import Simulator
-import SMP
 
 // Every option that takes one of a fixed set of values has a type here (or a conformance): the
 // values are listed once, ArgumentParser shows them in the help and the completions, and refuses
@@ -37,7 +37,7 @@ struct ServedProtocol: ExpressibleByArgument, Hashable, Sendable, CustomStringCo
     private init(checked name: String) { self.name = name }
 
     /// The default: the first protocol registered, otaflash's own.
-    static let native = ServedProtocol(checked: CLIProtocol.all[0].name)
+    static let native = ServedProtocol(checked: ProtocolCommandLine.all[0].name)
 
     init?(argument: String) {
         guard Self.allValueStrings.contains(argument) else { return nil }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import OTACommandLine
 
 /// Shell completion scripts (`otaflash completions bash|zsh|fish`, also
 /// `otaflash --generate-completion-script bash|zsh|fish`).

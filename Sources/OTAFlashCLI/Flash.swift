@@ -3,6 +3,7 @@ import BlueZ
 import GATT
 import Logging
 import OTA
+import OTACommandLine
 import OTAWire
 import Simulator
 
@@ -27,7 +28,7 @@ public struct ConnectionOptions: ParsableArguments {
     }
 
     /// The one device address (the simulator has a default one).
-    func address(simulator: Bool) throws -> DeviceAddress {
+    func address(simulator: Bool) throws(CLIFailure) -> DeviceAddress {
         if device.count > 1 {
             throw CLIFailure(.usage, "this command takes one --device, got \(device.count)")
         }
@@ -132,21 +133,14 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup(title: "Records (docs/LEDGER.md)") var records: LedgerOptions
 
-    @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
-    var imageVersion: String?
-
-    @OptionGroup(title: "Nordic Secure DFU devices") var nordic: NordicDFUFlashOptions
-
-    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(FlashRequest.defaultCheckpointInterval))", valueName: "bytes"))
-    var checkpointInterval: Int?
+    /// Each protocol's own options (Protocols.swift).
+    @OptionGroup var protocols: ProtocolOptions
 
     @Flag(name: .customLong("no-activate"), help: "native, smp: stop after the device verified the image; do not activate it.")
     var noActivate = false
 
     @Flag(name: .long, help: "native, smp: ignore any partial transfer the device holds and send the whole image.")
     var restart = false
-
-    @OptionGroup(title: "SMP (MCUmgr) devices") var smp: SMPFlashOptions
 
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's reply to a command", valueName: "seconds"))
     var replyTimeout: Double = 5
@@ -168,17 +162,17 @@ struct Flash: AsyncParsableCommand {
 
     var protocolName: String { protocolChoice.name }
 
+    /// `--image-version` as given.
+    var imageVersionText: String? { protocols.protocolGroups.lazy.compactMap(\.imageVersionText).first }
+
     mutating func validate() throws {
-        try Ranges.checkpointInterval.check(checkpointInterval)
         try Ranges.replyTimeout.check(replyTimeout)
         try Ranges.verifyTimeout.check(verifyTimeout)
         try Ranges.activateTimeout.check(activateTimeout)
         try Ranges.reconnectWindow.check(reconnectWindow)
         try Ranges.stallTimeout.check(stallTimeout)
-        try smp.check(protocolName: protocolName)
-        try smp.checkConfirmAfterCheck(noActivate: noActivate, batch: batch.isBatch(devices: target.device))
-        if let imageVersion, FirmwareVersion(imageVersion) == nil {
-            throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
+        for group in protocols.protocolGroups {
+            try group.check(protocolName: protocolName, noActivate: noActivate, batch: batch.isBatch(devices: target.device))
         }
         if batch.count != nil, !target.simulator.enabled {
             throw ValidationError("--count needs --simulator; for real devices use --device (repeated), --devices-file or --scan")
@@ -222,7 +216,7 @@ struct Flash: AsyncParsableCommand {
     /// What the run keeps of each device (ledger, report, logs), checked and opened before any radio time.
     func openRecords(plan: FlashPlan, printer: EventPrinter, skipsDone: Bool = false) throws -> RunRecords {
         RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
-                   image: try RunRecords.describe(imageAt: image, version: imageVersion ?? plan.imageVersion?.description),
+                   image: try RunRecords.describe(imageAt: image, version: imageVersionText ?? plan.imageVersion?.description),
                    protocolName: plan.profile.name,
                    report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
                    logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer, skipsDone: skipsDone)
@@ -262,8 +256,12 @@ struct Flash: AsyncParsableCommand {
         let started = central.clock.now
         var (outcome, attempts) = await update(with: updater, central: central, address: address,
                                                events: events(plan: plan, address: address, book: book, printer: printer), printer: printer)
-        if case .success(let result) = outcome.result, result.activated, !result.skipped, smp.checkCommand != nil {
-            outcome.result = await checkThenConfirm(result, after: outcome.after, plan: plan, central: central, address: address, printer: printer)
+        if case .success(let result) = outcome.result, result.activated, !result.skipped,
+           let afterActivation = ProtocolCommandLine.named(plan.profile.name)?.afterActivation {
+            outcome.result = await afterActivation(AfterActivation(
+                result: result, after: outcome.after, profile: plan.profile, central: central, address: address, options: protocols.protocolGroups,
+                connectTimeout: Ranges.connectTimeout.duration(target.connectTimeout), replyTimeout: Ranges.replyTimeout.duration(replyTimeout),
+                note: { printer.note($0) }))
         }
         if let simulated { try finish(simulated, address: address, printer: printer) }
         try await report(outcome, plan: plan, address: address, seconds: (central.clock.now - started).seconds, attempts: attempts,
@@ -275,8 +273,8 @@ struct Flash: AsyncParsableCommand {
     private func connection(for plan: FlashPlan, address: DeviceAddress, pairs: Bool) throws -> (any GATTCentral, SimulatedDevice?) {
         let simulator = target.simulator
         guard simulator.enabled else { return (target.bluezCentral().refusingStackPairing(!pairs), nil) }
-        if simulator.stateDir != nil { return try simulator.makeCentral(address: address) }
-        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address))
+        if let stateDir = simulator.stateDir { return try simulator.makeCentral(address: address, stateDir: stateDir) }
+        let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address), options: protocols.protocolGroups)
         return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
     }
 
@@ -350,19 +348,17 @@ struct Flash: AsyncParsableCommand {
         return await work.value
     }
 
-    /// Saves the simulated device (`--sim-state`) and says what it runs; with the C device library
-    /// in lockstep, any difference between the two models ends the run.
+    /// Saves the simulated device (`--sim-state`), has each protocol check a device of its own (a
+    /// native device with the C device library in lockstep: any difference ends the run) and
+    /// says what it runs.
     private func finish(_ simulated: SimulatedDevice, address: DeviceAddress, printer: EventPrinter) throws {
         try target.simulator.save(simulated)
-        if let lockstep = simulated.target, lockstep.runsCLibrary {
-            if let divergence = lockstep.lockstepDivergence {
-                throw CLIFailure(.internalError, "the C device library and the Swift device model answered differently: \(divergence)")
-            }
-            let line = "simulated device: the C device library answered every write as the Swift model did"
+        for registration in ProtocolCommandLine.all {
+            guard let line = try registration.check(simulated) else { continue }
             printer.json(FlashEvents.Note(device: address.description, message: line))
             printer.note(line)
         }
-        if let state = CLIProtocol.all.lazy.compactMap({ $0.describe(simulated) }).first {
+        if let state = ProtocolCommandLine.all.lazy.compactMap({ $0.describe(simulated) }).first {
             printer.note("simulated device: \(state)")
         }
     }

@@ -32,16 +32,22 @@ struct SimulatorTopic: ParsableCommand {
     @OptionGroup(title: "Link and run (flash)") var link: SimulatedLinkOptions
     @OptionGroup(title: "Link security") var security: SimulatedSecurityOptions
     @OptionGroup(title: "Faults") var faults: FaultOptions
-    @OptionGroup(title: "Secure DFU bootloader (a Nordic .zip)") var secureDFU: SecureDFUSimulatorOptions
-    @OptionGroup(title: "SMP device (an MCUboot image)") var smp: SimulatedSMPOptions
+    /// Each protocol's simulated device's options, under its own title (its other options are
+    /// left out of this topic).
+    @OptionGroup var protocols: ProtocolOptions
 
     func run() throws {
-        CLIContext.output.out(Otaflash.helpMessage(for: Self.self) + "\n")
+        CLIContext.output.out(Self.simulatorOnly(Otaflash.helpMessage(for: Self.self)) + "\n")
     }
 
     /// The options this topic lists, which `flash --help` leaves to it.
     static var optionNames: Set<String> {
-        Set(HelpText(helpMessage()).entries.flatMap(\.names)).subtracting(["--simulator", "-h", "--help"])
+        Set(HelpText(simulatorOnly(helpMessage())).entries.flatMap(\.names)).subtracting(["--simulator", "-h", "--help"])
+    }
+
+    /// `help` without the protocols' options that are not their simulated devices'.
+    static func simulatorOnly(_ help: String) -> String {
+        HelpText(help).removing { entry in !entry.names.contains { $0.hasPrefix("--sim") || ["-h", "--help", "--version"].contains($0) } }
     }
 }
 

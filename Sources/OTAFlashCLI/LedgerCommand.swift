@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Ledger
+import OTACommandLine
 
 /// `otaflash ledger`: the records of past runs, filtered, exported, or summarised as a shift.
 struct LedgerCommand: AsyncParsableCommand {

@@ -1,24 +1,25 @@
 import OTA
+import OTACommandLine
 
 extension Flash {
-    /// The options given that only some protocols take (`CLIProtocol.specificOptions`), by name.
+    /// The options given that only some protocols take (`ProtocolCommandLine.specificOptions`), by name.
     var protocolSpecificOptions: [String] {
-        var given: [String] = []
-        if checkpointInterval != nil { given.append("--checkpoint-interval") }
-        if imageVersion != nil { given.append("--image-version") }
+        let simulator = target.simulator
+        var given: [String] = protocols.protocolGroups.flatMap { $0.given(withSimulator: false) }
         if restart { given.append("--restart") }
         if noActivate { given.append("--no-activate") }
-        given += nordic.given + smp.given
-        let simulator = target.simulator
         if simulator.enabled {
-            given += simulator.secureDFU.given + simulator.smp.given
+            given += protocols.protocolGroups.flatMap { group in
+                let flash = group.given(withSimulator: false)
+                return group.given(withSimulator: true).filter { !flash.contains($0) }
+            }
             if simulator.buttonless != nil { given.append("--sim-buttonless") }
             if simulator.device.firmwareVersionOption != nil { given.append("--sim-firmware-version") }
             if simulator.dataWithoutWriteWithoutResponse { given.append("--sim-data-without-write-without-response") }
             if simulator.device.deviceVersion != 1 { given.append("--sim-device-version") }
             if simulator.stateDir != nil { given.append("--sim-state") }
         }
-        return given.filter(CLIProtocol.specificOptions.contains)
+        return given.filter(ProtocolCommandLine.specificOptions.contains)
     }
 
     /// Refuses, before any radio time, an option the plan's protocol does not take (each
@@ -28,10 +29,10 @@ extension Flash {
     /// - Throws: `CLIFailure` `.usage` (exit 2) with one line that names the option and what to do.
     func refuseOptionsThatDoNotApply(to plan: FlashPlan) throws(CLIFailure) {
         let name = plan.profile.name
-        let chosen = CLIProtocol.named(name)
+        let chosen = ProtocolCommandLine.named(name)
         for option in protocolSpecificOptions where !(chosen?.takes.contains(option) ?? false) {
             let why = chosen?.refuses[option].map { " (\($0))" } ?? ""
-            throw CLIFailure(.usage, "\(option) applies to \(CLIProtocol.owners(of: option).joined(separator: " and ")) only\(why); "
+            throw CLIFailure(.usage, "\(option) applies to \(ProtocolCommandLine.owners(of: option).joined(separator: " and ")) only\(why); "
                                      + "\(image) goes over \(name): drop it")
         }
         let simulator = target.simulator

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import OTACommandLine
 
 /// The `otaflash` command: flashing is the default subcommand.
 public struct Otaflash: AsyncParsableCommand {
@@ -16,8 +17,10 @@ public struct Otaflash: AsyncParsableCommand {
             Shell completion: `otaflash completions --help` says how to install it.
             """,
         version: OtaflashVersion.line,
-        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self, ImageCommand.self, ResetCommand.self, EchoCommand.self,
-                      LedgerCommand.self, Station.self, CompletionsCommand.self, SimulatorTopic.self],
+        subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self]
+            // Each protocol's own device commands (SMP's image, reset and echo).
+            + ProtocolCommandLine.all.flatMap { $0.commands(DeviceCommandOptions.self) }
+            + [LedgerCommand.self, Station.self, CompletionsCommand.self, SimulatorTopic.self],
         defaultSubcommand: Flash.self
     )
 
@@ -79,12 +82,13 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
         if code == .success {
             // --help, --version; flash's help leaves the simulator's options to `otaflash help simulator`.
             let isFlashHelp = Otaflash.commandPath(arguments) == ["flash"] && !arguments.contains("--help-hidden") && !arguments.contains("--version")
-            output.out((isFlashHelp ? Flash.shortened(message) : message) + "\n")
+            let isSimulatorTopic = Otaflash.commandPath(arguments) == [SimulatorTopic._commandName]
+            output.out((isFlashHelp ? Flash.shortened(message) : isSimulatorTopic ? SimulatorTopic.simulatorOnly(message) : message) + "\n")
             return ExitCode.success.rawValue
         }
         var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
         if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
-        line = Ranges.explain(line)
+        line = Ranges.explain(line, more: ProtocolCommandLine.all.reduce(into: [:]) { $0.merge($1.rangeTexts) { a, _ in a } })
         // A script that asked for JSON gets its failure as JSON too.
         if arguments.prefix(while: { $0 != "--" }).contains("--json") {
             output.out(UsageErrorEvent(message: line).line + "\n")

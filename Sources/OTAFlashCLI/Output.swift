@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 #endif
 import OTA
+import OTACommandLine
 import OTAWire
 import Synchronization
 
@@ -140,49 +141,6 @@ public enum CLIContext {
     @TaskLocal public static var output: any OutputSink = StandardOutput()
 }
 
-/// A JSON value for event lines (`JSONEvent` encodes into it); keys keep their order so `"event"` comes first.
-public enum JSON: Sendable, Equatable {
-    case string(String)
-    case int(Int)
-    case double(Double)
-    case bool(Bool)
-    case null
-    case object([(String, JSON)])
-    case array([JSON])
-
-    public static func == (a: JSON, b: JSON) -> Bool { a.text == b.text }
-
-    public var text: String {
-        switch self {
-        case .string(let s): return JSON.quote(s)
-        case .int(let i): return String(i)
-        case .double(let d):
-            guard d.isFinite else { return "null" }
-            return String(format: "%.3f", d).replacingOccurrences(of: #"\.?0+$"#, with: "", options: .regularExpression)
-        case .bool(let b): return b ? "true" : "false"
-        case .null: return "null"
-        case .object(let fields): return "{" + fields.map { JSON.quote($0.0) + ":" + $0.1.text }.joined(separator: ",") + "}"
-        case .array(let items): return "[" + items.map(\.text).joined(separator: ",") + "]"
-        }
-    }
-
-    static func quote(_ s: String) -> String {
-        var out = "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
-    }
-}
-
 /// How a command reports: JSON Lines on stdout, a progress bar on a terminal, or quiet.
 public enum OutputMode: Sendable {
     case json
@@ -191,7 +149,7 @@ public enum OutputMode: Sendable {
 }
 
 /// Prints session events in the chosen mode.
-public final class EventPrinter: Sendable {
+public final class EventPrinter: CommandOutput {
     public let mode: OutputMode
     private let sink: any OutputSink
     private let barShown = Mutex(false)
@@ -509,12 +467,6 @@ final class LiveView: Sendable {
         if let p = row.progress, row.phase == "sending" { return String(format: "%3.0f%%", p.fraction * 100) }
         return String(row.phase.prefix(while: { $0 != "," && $0 != " " }))
     }
-}
-
-func formatBytes(_ n: Int) -> String {
-    if n < 1024 { return "\(n) B" }
-    if n < 1024 * 1024 { return String(format: "%.1f KiB", Double(n) / 1024) }
-    return String(format: "%.2f MiB", Double(n) / 1048576)
 }
 
 func formatRate(_ bytesPerSecond: Double) -> String {

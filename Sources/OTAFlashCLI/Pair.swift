@@ -1,7 +1,7 @@
 import ArgumentParser
 import GATT
-import Native
 import OTA
+import OTACommandLine
 import Simulator
 
 /// `otaflash pair`: bond with a device, without updating it.
@@ -30,8 +30,8 @@ struct Pair: AsyncParsableCommand {
         let printer = EventPrinter(mode: output.mode)
         try await printer.endingWith(PairEvents.Done.self) {
             let address = try target.address(simulator: simulator.enabled)
-            let central: any GATTCentral = simulator.enabled
-                ? SimulatedCentral(devices: [SimulatedDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)), native: simulator.native)], clock: SystemClock())
+            let central: any GATTCentral = try simulator.enabled
+                ? SimulatedCentral(devices: [simulator.lookedAtDevice(simulatedSecurity.apply(to: simulator.deviceConfig(address: address)))], clock: SystemClock())
                 : bluezCentral(adapter: target.adapter)
             let policy = PairingPolicy(pair: true, credentials: answers.credentials(for: address, file: try answers.passkeys()),
                                        timeout: answers.timeout)
@@ -73,7 +73,7 @@ struct Unpair: AsyncParsableCommand {
         let printer = EventPrinter(mode: output.mode)
         try await printer.endingWith(PairEvents.Done.self) {
             let address = try target.address(simulator: simulator.enabled)
-            let central = simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
+            let central = try simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
             guard let store = central as? any GATTBondStore else {
                 throw CLIFailure(.internalError, "this transport keeps no bonds")
             }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import GATT
 import OTA
+import OTACommandLine
 
 /// How `flash` pairs: `--pair`, the answers the central's agent gives, `--unpair-after`.
 public struct PairingOptions: ParsableArguments {

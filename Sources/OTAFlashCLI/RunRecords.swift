@@ -4,6 +4,7 @@ import Foundation
 import GATT
 import Ledger
 import OTA
+import OTACommandLine
 import Synchronization
 
 /// Where a flash keeps its books (docs/LEDGER.md): the ledger, and who and where is flashing.

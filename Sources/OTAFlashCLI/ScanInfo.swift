@@ -1,7 +1,7 @@
 import ArgumentParser
 import GATT
-import Native
 import OTA
+import OTACommandLine
 import OTAWire
 
 struct Scan: AsyncParsableCommand {
@@ -55,7 +55,7 @@ struct Scan: AsyncParsableCommand {
     }
 
     private func scan(_ printer: EventPrinter) async throws {
-        let central = simulator.enabled ? simulator.central(address: SimulatorOptions.defaultAddress) : bluezCentral(adapter: adapter)
+        let central = try simulator.enabled ? simulator.central(address: SimulatorOptions.defaultAddress) : bluezCentral(adapter: adapter)
         // Scanned without a service filter: a device may host a protocol it does not advertise.
         let filter = ScanFilter(namePrefix: namePrefix, minimumRSSI: minRSSI)
         let found: [Advertisement]
@@ -141,7 +141,7 @@ struct Info: AsyncParsableCommand {
 
     private func info(_ printer: EventPrinter) async throws {
         let address = try target.address(simulator: simulator.enabled)
-        let central = simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
+        let central = try simulator.enabled ? simulator.central(address: address) : bluezCentral(adapter: target.adapter)
         do {
             let connection = try await central.connect(to: address, timeout: Ranges.connectTimeout.duration(target.connectTimeout))
             defer { Task { await connection.disconnect() } }
@@ -175,15 +175,12 @@ struct DeviceReport {
             }
             report.fields.append((key, value))
         }
-        if let ota = services.first(where: { $0.uuid == OTAProtocol.serviceUUID }),
-           let c = ota.characteristic(OTAProtocol.infoUUID),
-           let info = try? DeviceInfo(decoding: try await connection.read(c)) {
-            report.fields += [("ota_protocol", "\(info.protocolVersion)"), ("ota_state", info.state.description),
-                              ("ota_slot_size", "\(info.maxImageSize)"), ("ota_firmware_version", info.firmwareVersion.description),
-                              ("ota_received", "\(info.received)")]
-        } else {
-            report.fields.append(("ota_protocol", nil))
+        // The fields of the first protocol whose service the device exposes and that reports any.
+        var own: [(String, String?)]?
+        for registration in ProtocolCommandLine.all where own == nil {
+            own = await registration.info?(connection, services)
         }
+        report.fields += own ?? [("ota_protocol", nil)]
         return report
     }
 

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import OTACommandLine
 import Synchronization
 
 /// Turns SIGINT/SIGTERM/SIGHUP (a closed SSH session) into task cancellation: the first signal asks the running work to stop

@@ -4,12 +4,10 @@ import DBus
 import Dispatch
 import Foundation
 import GATT
-import Native
-import NordicDFU
 import OTA
+import OTACommandLine
 import OTADevice
 import OTAWire
-import SMP
 import Synchronization
 
 struct Simulate: AsyncParsableCommand {
@@ -106,11 +104,11 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT; default 4)", valueName: "n"))
     var bufferCountOption: Int?
 
-    @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
-    var cborOption: SMPReplyEncoding?
+    @Option(name: .customLong("sim-smp-cbor"), help: ServedReplyEncoding.help)
+    var cborOption: ServedReplyEncoding?
 
-    @Option(name: .customLong("sim-smp-mode"), help: SimulatedBootMode.help)
-    var smpMode: SimulatedBootMode?
+    @Option(name: .customLong("sim-smp-mode"), help: ServedBootMode.help)
+    var smpMode: ServedBootMode?
 
     @Flag(name: .customLong("sim-smp-no-downgrade"), help: "smp: MCUboot prevents downgrades (it does not boot an image older than the running one), and its bootloader info says no-downgrade.")
     var smpNoDowngrade = false
@@ -143,7 +141,7 @@ struct Simulate: AsyncParsableCommand {
     var publicKey: String? { publicKeyOption ?? formerNames.publicKey }
     var bufferSize: Int? { bufferSizeOption ?? formerNames.bufferSize }
     var bufferCount: Int? { bufferCountOption ?? formerNames.bufferCount }
-    var cbor: SMPReplyEncoding? { cborOption ?? formerNames.cbor }
+    var cbor: ServedReplyEncoding? { cborOption ?? formerNames.cbor }
     var deviceVersion: Int { deviceVersionOption ?? formerNames.deviceVersion ?? 1 }
     var security: LinkSecurity { securityOption ?? formerNames.security ?? .none }
     var passkey: Int? { passkeyOption ?? formerNames.passkey }
@@ -203,11 +201,11 @@ struct Simulate: AsyncParsableCommand {
             ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
             ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
         ]
-        for (option, isGiven) in given where isGiven && !(CLIProtocol.named(protocolName)?.servedOptions.contains(option) ?? false) {
-            guard let owner = CLIProtocol.all.first(where: { $0.servedOptions.contains(option) }) else { continue }
+        for (option, isGiven) in given where isGiven && !(ProtocolCommandLine.named(protocolName)?.servedOptions.contains(option) ?? false) {
+            guard let owner = ProtocolCommandLine.all.first(where: { $0.servedOptions.contains(option) }) else { continue }
             throw ValidationError("\(option) configures a simulated \(owner.device); add --protocol \(owner.name)")
         }
-        let takesVersions = CLIProtocol.named(protocolName)?.takes.contains("--sim-firmware-version") ?? false
+        let takesVersions = ProtocolCommandLine.named(protocolName)?.takes.contains("--sim-firmware-version") ?? false
         if firmwareVersionOption != nil, !takesVersions {
             throw ValidationError("--sim-firmware-version is a native or SMP device's version; a Secure DFU bootloader's application version is --sim-app-version")
         }
@@ -228,7 +226,7 @@ struct Simulate: AsyncParsableCommand {
             }
             return
         }
-        guard CLIProtocol.named(name)?.servedOptions.contains("--sim-buttonless") == true else {
+        guard ProtocolCommandLine.named(name)?.servedOptions.contains("--sim-buttonless") == true else {
             throw ValidationError("--sim-buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
         }
         guard let bootloaderAdapter else {
@@ -353,24 +351,21 @@ struct Simulate: AsyncParsableCommand {
         }
     }
 
-    /// What `simulate` serves: the model, its name and starting version, and for a device whose
-    /// bootloader answers at another address, that address and the bootloader's GATT table.
-    struct ServedDevice: Sendable {
-        var model: any PeripheralModel
-        var name: String
-        var firmwareVersion: String
-        var what: String
-        var bootloaderAddress: DeviceAddress?
-        var bootloaderServices: [OTADevice.PeripheralService]?
-    }
-
     /// The device `--protocol` names, as its options configure it (its protocol's registration).
     /// `address`: the served adapter's, where a `--sim-buttonless` application answers.
     private func served(address: DeviceAddress?) throws -> ServedDevice {
-        guard let registration = CLIProtocol.named(protocolName) else {
+        guard let registration = ProtocolCommandLine.named(protocolName) else {
             throw CLIFailure(.internalError, "the \(protocolName) protocol registers no served device; please report this")
         }
-        return try registration.served(self, address)
+        var request = ServeRequest(
+            name: name, slotSize: slotSize, firmwareVersion: firmwareVersion, faults: faults.plan, deviceVersion: deviceVersion,
+            publicKey: publicKey, publicKeyOption: publicKeyOption != nil ? "--sim-public-key" : "--public-key",
+            softDeviceAfterUpdate: softDeviceAfterUpdate?.value, buttonless: buttonless, adapter: adapter, address: address,
+            bufferSize: bufferSize, bufferCount: bufferCount, replyEncoding: cbor?.rawValue)
+        request.signatureKey = smpKey
+        request.bootMode = smpMode?.rawValue
+        request.noDowngrade = smpNoDowngrade
+        return try registration.served(request)
     }
 
 
@@ -470,14 +465,14 @@ struct SimulateFormerNames: ParsableArguments {
     @Option(name: .customLong("security"), help: ArgumentHelp("The former name of --sim-security.", visibility: .hidden)) var securityText: String?
 
     // Taken as text: ArgumentParser names the values of a hidden option's type in no refusal.
-    var cbor: SMPReplyEncoding? { cborText.flatMap(SMPReplyEncoding.init(argument:)) }
+    var cbor: ServedReplyEncoding? { cborText.flatMap(ServedReplyEncoding.init(argument:)) }
     var security: LinkSecurity? { securityText.flatMap(LinkSecurity.init(argument:)) }
     @Option(name: .customLong("passkey"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-passkey.", visibility: .hidden)) var passkey: Int?
     @Flag(name: .customLong("buttonless"), help: ArgumentHelp("The former name of --sim-buttonless unbonded.", visibility: .hidden)) var buttonless = false
 
     /// Each former name's range (as its new name's), and no value given under both names.
     func check(against new: Simulate) throws {
-        try Self.checkChoice(cborText, SMPReplyEncoding.self, option: "--cbor")
+        try Self.checkChoice(cborText, ServedReplyEncoding.self, option: "--cbor")
         try Self.checkChoice(securityText, LinkSecurity.self, option: "--security")
         try Ranges.slotSize.check(slotSize)
         try Ranges.bufSize.check(bufferSize)

@@ -1,8 +1,7 @@
 import ArgumentParser
 import Foundation
 import GATT
-import Native
-import NordicDFU
+import OTACommandLine
 import OTADevice
 import OTAWire
 import Simulator
@@ -38,15 +37,12 @@ public struct SimulatedDeviceOptions: ParsableArguments {
         try Self.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
     }
 
-    /// A version 2 device erases whole units, and the C library beside it takes only a slot of whole units.
+    /// A device version the registered protocols' simulated devices cannot be with this slot size.
     static func checkVersion2(_ version: Int, slotSize: Int, option: String, slotOption: String) throws(ValidationError) {
-        let unit = OTATarget.Version2().eraseUnit
-        guard version == 2, slotSize % unit != 0 else { return }
-        throw ValidationError("\(option) 2 erases \(unit)-byte units: \(slotOption) must be a multiple of \(unit), got \(slotSize)")
+        for registration in ProtocolCommandLine.all {
+            try registration.checkDeviceVersion?(version, slotSize, option, slotOption)
+        }
     }
-
-    /// Version 2's flash, for `--sim-device-version 2`; nil for version 1.
-    var version2: OTATarget.Version2? { deviceVersion == 2 ? OTATarget.Version2() : nil }
 }
 
 /// What the simulated device requires of the link (`flash`, `pair`, `unpair`; not `scan`/`info`).
@@ -133,12 +129,6 @@ public struct SimulatorOptions: ParsableArguments {
     public var dataWithoutWriteWithoutResponse: Bool { linkOptions.dataWithoutWriteWithoutResponse }
     var buttonless: SimulatedButtonless? { linkOptions.buttonless }
 
-    /// Reaches only a Nordic package's simulated bootloader; each help text says so, as
-    /// ArgumentParser shows a nested group's options under the enclosing title.
-    @OptionGroup public var secureDFU: SecureDFUSimulatorOptions
-
-    @OptionGroup public var smp: SimulatedSMPOptions
-
     public init() {}
 
     public func validate() throws {
@@ -159,25 +149,30 @@ public struct SimulatorOptions: ParsableArguments {
         return config
     }
 
-    /// What makes the simulated device a native one.
-    public var native: NativeDeviceOptions {
-        var native = device.native
-        native.dataProperties = dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse]
-        return native
+    /// What the simulated device is besides its protocol's own options.
+    public var settings: SimulatedDeviceSettings {
+        var settings = device.settings
+        settings.dataWithoutWriteWithoutResponse = dataWithoutWriteWithoutResponse
+        settings.buttonless = buttonless
+        return settings
     }
 
-    /// The simulated device (restored from `--sim-state` when given) and a central that reaches it.
-    public func makeCentral(address: DeviceAddress) throws -> (SimulatedCentral, SimulatedDevice) {
+    /// The simulated device restored from `--sim-state` (by the protocol whose device keeps its
+    /// state) and a central that reaches it.
+    func makeCentral(address: DeviceAddress, stateDir: String) throws -> (SimulatedCentral, SimulatedDevice) {
         let config = deviceConfig(address: address)
-        let device = try stateDir.map { try SimulatorState.load(from: $0, config: config, native: native) } ?? SimulatedDevice(config, native: native)
+        guard let keeper = ProtocolCommandLine.all.lazy.compactMap(\.state).first else {
+            throw CLIFailure(.internalError, "no protocol keeps a simulated device's state; please report this")
+        }
+        let device = try keeper.load(stateDir, config, settings)
         return (SimulatedCentral(devices: [device], clock: clock), device)
     }
 
     /// Saves the device's state when `--sim-state` asks for it.
     public func save(_ device: SimulatedDevice) throws {
-        guard let stateDir else { return }
+        guard let stateDir, let keeper = ProtocolCommandLine.all.lazy.compactMap(\.state).first else { return }
         do {
-            try SimulatorState.save(device, to: stateDir)
+            try keeper.save(device, stateDir)
         } catch {
             throw CLIFailure(.internalError, "cannot save simulator state to \(stateDir): \(error.localizedDescription)")
         }
@@ -199,14 +194,22 @@ extension SimulatedDeviceOptions {
         return config
     }
 
-    /// What makes the simulated device a native one.
-    public var native: NativeDeviceOptions {
-        NativeDeviceOptions(hasOTAService: !noOTAService, version2: version2, runsCLibrary: version2 != nil)
+    /// What the simulated device is besides its protocol's own options.
+    var settings: SimulatedDeviceSettings {
+        SimulatedDeviceSettings(hasOTAService: !noOTAService, deviceVersion: deviceVersion)
+    }
+
+    /// The device `scan`, `info` and `pair` simulate: the first protocol's, at `config`'s address.
+    func lookedAtDevice(_ config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings? = nil) throws -> SimulatedDevice {
+        guard let first = ProtocolCommandLine.all.first else {
+            throw CLIFailure(.internalError, "no protocol is registered; please report this")
+        }
+        return try first.simulatedDevice(SimulatedDeviceRequest(plan: nil, config: config, settings: settings ?? self.settings))
     }
 
     /// A central that reaches the simulated device at `address` on the real clock.
-    func central(address: DeviceAddress) -> any GATTCentral {
-        SimulatedCentral(devices: [SimulatedDevice(deviceConfig(address: address), native: native)], clock: SystemClock())
+    func central(address: DeviceAddress) throws -> any GATTCentral {
+        SimulatedCentral(devices: [try lookedAtDevice(deviceConfig(address: address))], clock: SystemClock())
     }
 }
 
@@ -266,81 +269,5 @@ public struct FaultOptions: ParsableArguments {
                   corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
                   lostNotificationRate: lostNotificationRate,
                   slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt, stopAnsweringAt: stopAnsweringAt)
-    }
-}
-
-/// What the simulated Secure DFU bootloader (`NordicDFUBootloader`) is and holds: the values it
-/// checks an init packet against, so that its refusals (wrong hardware, wrong SoftDevice, a
-/// downgrade, a missing or invalid signature) can be produced without hardware. They apply only
-/// when a Nordic package is flashed into the simulator; `--sim-slot-size` is its bank size there.
-public struct SecureDFUSimulatorOptions: ParsableArguments {
-    public init() {}
-
-    @Option(name: .customLong("sim-hw-version"), parsing: .unconditional, help: Ranges.simHWVersion.help("Simulated Secure DFU bootloader (a .zip package only): its hardware version; a package for another refuses with ext 0x06 (default 52, nrfutil's for the nRF52)", valueName: "n"))
-    var hardwareVersion: Int?
-
-    @Option(name: .customLong("sim-softdevice"), parsing: .unconditional, help: Ranges.simSoftDevice.help("Simulated Secure DFU bootloader: FWID of the SoftDevice it runs; a package whose sd_req lacks it refuses with ext 0x07 (default 0xAF)", valueName: "fwid"))
-    var softDevice: FWID?
-
-    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: Ranges.simAppVersion.help("Simulated Secure DFU bootloader: version of the installed application; a lower application fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
-    var applicationVersion: Int?
-
-    @Option(name: .customLong("sim-bootloader-version"), parsing: .unconditional, help: Ranges.simBootloaderVersion.help("Simulated Secure DFU bootloader: its own version; a lower bootloader fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
-    var bootloaderVersion: Int?
-
-    @Option(name: .customLong("sim-public-key"), help: ArgumentHelp("Simulated Secure DFU bootloader: PEM file of the P-256 public key it verifies signatures with; a package signed with another key refuses with ext 0x0C (default: any signature passes).", valueName: "pem"), completion: .file(extensions: ["pem"]))
-    var publicKey: String?
-
-    @Flag(name: .customLong("sim-open-bootloader"), help: "Simulated Secure DFU bootloader: it takes unsigned packages (default: it refuses them with ext 0x08, as a secure bootloader does).")
-    var openBootloader = false
-
-    @Flag(name: .customLong("sim-debug-bootloader"), help: "Simulated Secure DFU bootloader: a debug one, which takes is_debug packages and skips the version checks for them (default: it refuses them with ext 0x04).")
-    var debugBootloader = false
-
-    public func validate() throws {
-        try Ranges.simHWVersion.check(hardwareVersion)
-        try Ranges.simSoftDevice.check(softDevice)
-        try Ranges.simAppVersion.check(applicationVersion)
-        try Ranges.simBootloaderVersion.check(bootloaderVersion)
-    }
-
-    static let names: Set<String> = ["--sim-hw-version", "--sim-softdevice", "--sim-app-version", "--sim-bootloader-version",
-                                     "--sim-public-key", "--sim-open-bootloader", "--sim-debug-bootloader"]
-
-    /// The options given, by name: for the line that refuses them with another protocol's image.
-    var given: [String] {
-        [("--sim-hw-version", hardwareVersion != nil), ("--sim-softdevice", softDevice != nil),
-         ("--sim-app-version", applicationVersion != nil), ("--sim-bootloader-version", bootloaderVersion != nil),
-         ("--sim-public-key", publicKey != nil), ("--sim-open-bootloader", openBootloader),
-         ("--sim-debug-bootloader", debugBootloader)].filter(\.1).map(\.0)
-    }
-
-    /// The simulated bootloader, with a bank of `bankSize` bytes.
-    ///
-    /// - Throws: `CLIFailure` `.usage` when `--sim-public-key` names no readable P-256 public key.
-    func bootloaderConfig(bankSize: Int) throws(CLIFailure) -> NordicDFUBootloader.Config {
-        var config = NordicDFUBootloader.Config()
-        config.bankSize = bankSize
-        if let hardwareVersion { config.hardwareVersion = UInt32(clamping: hardwareVersion) }
-        if let softDevice { config.softDevice = softDevice.value }
-        if let applicationVersion { config.applicationVersion = UInt32(clamping: applicationVersion) }
-        if let bootloaderVersion { config.bootloaderVersion = UInt32(clamping: bootloaderVersion) }
-        config.requireSignature = !openBootloader
-        config.debugBootloader = debugBootloader
-        if let publicKey { config.signatureCheck = try Self.signatureCheck(publicKeyFile: publicKey, option: "--sim-public-key") }
-        return config
-    }
-
-    /// Verification with the P-256 public key in the PEM file at `path`, given with `option`.
-    ///
-    /// - Throws: `CLIFailure` `.usage` when the file cannot be read or holds no such key.
-    static func signatureCheck(publicKeyFile path: String, option: String) throws(CLIFailure) -> NordicDFUBootloader.SignatureCheck {
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw CLIFailure(.usage, "\(option) \(path) cannot be read; give the PEM file of the bootloader's public key")
-        }
-        guard let check = NordicDFUBootloader.SignatureCheck.verify(pem: String(decoding: data, as: UTF8.self)) else {
-            throw CLIFailure(.usage, "\(option) \(path) is not a PEM P-256 public key; make one with nrfutil keys display --key pk --format pem KEY.pem")
-        }
-        return check
     }
 }

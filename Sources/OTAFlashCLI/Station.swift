@@ -3,6 +3,7 @@ import Foundation
 import GATT
 import Ledger
 import OTA
+import OTACommandLine
 import Simulator
 import Synchronization
 

@@ -1,9 +1,7 @@
-import Native
-import NordicDFU
+import OTACommandLine
+import OTAFlashCLI
 import Simulator
-import SMP
-import ESPOTA
 
-/// The protocols the bench measures, each with its strategy from its own module, in the order
-/// their figures print. The one place this program names a protocol.
-let benchStrategies: [any BenchStrategy] = [NativeBench(), NordicDFUBench(), SMPBench(), ESPOTABench()]
+/// The protocols the bench measures: each registered protocol's strategy (from its own module),
+/// in the order of the registration, which is the order their figures print.
+let benchStrategies: [any BenchStrategy] = ProtocolCommandLine.all.compactMap(\.bench)

@@ -1,9 +1,7 @@
-import Native
-import NordicDFU
+import OTACommandLine
+import OTAFlashCLI
 import Simulator
-import SMP
-import ESPOTA
 
-/// The protocols the soak runs, each with its strategy from its own module; the first is the
-/// default of `--protocol`. The one place this program names a protocol.
-let soakStrategies: [any SoakStrategy] = [NativeSoak(), NordicDFUSoak(), SMPSoak(), ESPOTASoak()]
+/// The protocols the soak runs: each registered protocol's strategy (from its own module); the
+/// first is the default of `--protocol`.
+let soakStrategies: [any SoakStrategy] = ProtocolCommandLine.all.compactMap(\.soak)

@@ -1,5 +1,6 @@
 import Foundation
 import OTA
+import OTACommandLine
 import OTAFlashCLI
 import Testing
 

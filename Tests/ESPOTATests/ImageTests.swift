@@ -16,7 +16,7 @@ import Testing
         #expect(image.imageLength == bytes.count)
         #expect(image.version == "2.1.0" && image.projectName == "blink")
         #expect(image.trailer == .none)
-        #expect(ImageFormat.detect(bytes).kind == .espAppImage)
+        #expect(ImageFormat.detect(bytes, using: [.espAppImage]).kind == .espAppImage)
     }
 
     func refusal(_ bytes: [UInt8]) -> ESPImageError? {
@@ -56,7 +56,7 @@ import Testing
         merged[0x8000] = 0xAA
         merged[0x8001] = 0x50
         #expect(refusal(merged)?.description.contains("merged flash image") == true)
-        #expect(ImageFormat.detect(merged).kind == .espAppImage)
+        #expect(ImageFormat.detect(merged, using: [.espAppImage]).kind == .espAppImage)
         var mergedAtZero = ESPAppImage.build(body: Self.body) + [UInt8](repeating: 0xFF, count: 0x9000)
         mergedAtZero[0x8000] = 0xAA
         mergedAtZero[0x8001] = 0x50
@@ -93,7 +93,7 @@ import Testing
     }
 
     @Test func rawBinariesAreNotTakenForESPImages() {
-        #expect(ImageFormat.detect([0xE9, 0x00] + [UInt8](repeating: 0, count: 40)).kind == .rawBinary)
-        #expect(ImageFormat.detect([0xE9, 0x02, 0, 0] + [UInt8](repeating: 0x77, count: 40)).kind == .rawBinary)
+        #expect(ImageFormat.detect([0xE9, 0x00] + [UInt8](repeating: 0, count: 40), using: [.espAppImage]).kind == .rawBinary)
+        #expect(ImageFormat.detect([0xE9, 0x02, 0, 0] + [UInt8](repeating: 0x77, count: 40), using: [.espAppImage]).kind == .rawBinary)
     }
 }

@@ -161,7 +161,7 @@ struct PostgresLedgerTests {
         let ledger = try PostgresLedger(url: url)
         try await ledger.prepare(station: "st")
         await ledger.close()
-        let name = String(url.split(separator: "/").last!)
+        let name = try #require(URLComponents(string: url)?.path.split(separator: "/").last.map(String.init))
         try server.psql("SELECT 1 FROM grdb_migrations WHERE identifier = 'v2'", database: name)
         // What a newer otaflash would leave: a migration this one does not know.
         try server.psql("INSERT INTO grdb_migrations VALUES ('v\(Ledger.schemaVersion + 1)')", database: name)
@@ -246,7 +246,7 @@ struct PostgresLedgerTests {
     /// to wait for ever on the ROLLBACK written to the closed connection (PostgresNIO drops a
     /// statement written there without failing it).
     @Test(.timeLimit(.minutes(10))) func aDeadlineThatClosesTheConnectionMidTransactionEndsTheOperation() async throws {
-        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("deadline")
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("deadline", statementTimeout: nil)
         for _ in 0..<5 {
             let ledger = try PostgresLedger(url: url, queryTimeout: .milliseconds(1))
             do {
@@ -286,9 +286,10 @@ struct PostgresLedgerTests {
 @Suite("Ledger: PostgreSQL URLs")
 struct PostgresURLTests {
     @Test func aURLIsReadAsLibpqReadsIt() throws {
-        let ledger = try PostgresLedger(url: "postgresql://line%40a:p%3Ass@db.example:6543/factory?sslmode=disable&connect_timeout=3")
+        let ledger = try PostgresLedger(url: "postgresql://line%40a:p%3Ass@db.example:6543/factory?sslmode=disable&connect_timeout=3&statement_timeout=45")
         #expect(ledger.location == "postgresql://line@a@db.example:6543/factory")
         #expect(ledger.connectTimeout == .seconds(3))
+        #expect(ledger.queryTimeout == .seconds(45))
         let defaults = try PostgresLedger(url: "postgres://127.0.0.1", environment: ["PGUSER": "ops"])
         #expect(defaults.location == "postgres://ops@127.0.0.1:5432/ops")
         #expect(try Ledger.open("postgres://u@[::1]:5433/db").location == "postgres://u@[::1]:5433/db")
@@ -298,6 +299,7 @@ struct PostgresURLTests {
         ("postgres://u:secret@h/db?sslmode=sometimes", "sslmode must be one of"),
         ("postgres://u:secret@h/db?sslmod=disable", "unknown parameter 'sslmod'"),
         ("postgres://u:secret@h/db?connect_timeout=0", "connect_timeout must be 1 to 600"),
+        ("postgres://u:secret@h/db?statement_timeout=601", "statement_timeout must be 1 to 600"),
         ("postgres://u:secret@h/a/b", "is not a database name"),
         ("postgres://u:secret@h:99999/db", "port"),
         ("mysql://u:secret@h/db", "not a path or a postgres:// URL"),

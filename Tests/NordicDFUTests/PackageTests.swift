@@ -334,7 +334,7 @@ func streamedZip(_ files: [(String, [UInt8])], descriptorSignature: Bool) -> Dat
         let json = "{\"manifest\": {\"application\": {\"bin_file\": \"\(manifestPrefix)app.bin\", \"dat_file\": \"\(manifestPrefix)app.dat\"}}}"
         let zip = try makeZip([(entryPrefix + "manifest.json", Array(json.utf8)), (entryPrefix + "app.bin", Self.fw), (entryPrefix + "app.dat", Self.dat)])
         try Self.accepts(zip)
-        #expect(ImageFormat.detect([UInt8](zip)).kind == .nordicDFUPackage)
+        #expect(ImageFormat.detect([UInt8](zip), using: [.nordicDFUPackage]).kind == .nordicDFUPackage)
     }
 
     /// Entries whose CRC and sizes follow their data (flag 3), as streaming archivers write them.
@@ -343,6 +343,43 @@ func streamedZip(_ files: [(String, [UInt8])], descriptorSignature: Bool) -> Dat
         let json = Array("{\"manifest\": {\"application\": {\"bin_file\": \"app.bin\", \"dat_file\": \"app.dat\"}}}".utf8)
         let zip = streamedZip([("manifest.json", json), ("app.dat", Self.dat), ("app.bin", Self.fw)], descriptorSignature: signature)
         try Self.accepts(zip)
-        #expect(ImageFormat.detect([UInt8](zip)).kind == .nordicDFUPackage)
+        #expect(ImageFormat.detect([UInt8](zip), using: [.nordicDFUPackage]).kind == .nordicDFUPackage)
+    }
+}
+
+/// The package's content detector (`ImageFormat.Detector.nordicDFUPackage`): a zip that lists
+/// manifest.json, found wherever the archive lists it, and refused by a loader that does not send it.
+@Suite("Nordic package detection")
+struct NordicPackageDetectionTests {
+    static let manifest = Array(#"{"manifest":{"application":{"bin_file":"app.bin","dat_file":"app.dat"}}}"#.utf8)
+
+    /// nrfutil may write manifest.json anywhere in the archive: the central directory at the end
+    /// finds it even when the local headers at the start do not show it.
+    @Test func aPackageIsFoundFromTheCentralDirectory() throws {
+        let big = [UInt8](repeating: 0xAB, count: ImageFormat.headSize * 2)
+        let zip = [UInt8](try makeZip([("app.bin", big), ("app.dat", [1]), ("manifest.json", Self.manifest)]))
+        let head = Array(zip.prefix(ImageFormat.headSize)), tail = Array(zip.suffix(1024))
+        let format = ImageFormat.detect(head: head, tail: tail, using: [.nordicDFUPackage])
+        #expect(format.kind == .nordicDFUPackage)
+        #expect(format.entries.contains("manifest.json"))
+        #expect(ImageFormat.detect(head: head, tail: tail).kind == .zip)
+    }
+
+    @Test func aZipWithoutAManifestIsNotAPackage() throws {
+        let zip = [UInt8](try makeZip([("app.bin", [1, 2]), ("app.dat", [3])]))
+        #expect(ImageFormat.detect(zip, using: [.nordicDFUPackage]).kind == .zip)
+    }
+
+    @Test func theImageLoaderRefusesAPackageNamingWhereItGoes() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-detect-\(UUID().uuidString).zip").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try makeZip([("manifest.json", Self.manifest), ("app.bin", [1])]).write(to: URL(fileURLWithPath: path))
+        #expect {
+            try FirmwareImage.load(path: path, detecting: [.nordicDFUPackage])
+        } throws: { error in
+            guard let error = error as? ImageError else { return false }
+            return error.format == .nordicDFUPackage && error.reason.contains("Nordic Secure DFU package")
+                && error.reason.contains("goes over Nordic Secure DFU") && error.reason.contains("`DFUPackage.load`")
+        }
     }
 }

@@ -4,6 +4,11 @@ import OTA
 import OTAWire
 import Testing
 
+/// A package format of the kind a protocol module registers (the core has none of its own).
+private extension ImageFormat.Kind {
+    static let nordicDFUPackage = ImageFormat.Kind("nordic-dfu-package")
+}
+
 /// Another protocol for the registry to choose from; nothing attaches to it.
 private struct OtherProfile: OTAProfile {
     let name: String

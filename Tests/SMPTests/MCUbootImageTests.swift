@@ -120,7 +120,7 @@ struct MCUbootImageTests {
     @Test(arguments: [MCUbootSamples.ecdsa, "blinky-ed25519-v1.2.3+4.hex"])
     func theNativeLoaderRefusesMCUbootImagesInBothForms(file: String) {
         do {
-            _ = try FirmwareImage.load(path: MCUbootSamples.path(file))
+            _ = try FirmwareImage.load(path: MCUbootSamples.path(file), detecting: [.mcuboot])
             Issue.record("\(file) was loaded as a plain image")
         } catch {
             #expect(error.format == .mcuboot)

@@ -70,11 +70,15 @@ public final class PostgresServer: Sendable {
         _ = runToCompletion([Self.script, "stop", folder], timeoutMilliseconds: 70_000)
     }
 
-    /// A new, empty database on the server; its URL.
-    public func database(_ prefix: String = "t") throws -> String {
+    /// A new, empty database on the server; its URL. Each statement may take `statementTimeout`
+    /// seconds (nil: the ledger's default): the tests run hundreds at once on two cores, where an
+    /// answer can wait longer for a thread than a factory's would, and they check what is
+    /// written, not how fast.
+    public func database(_ prefix: String = "t", statementTimeout: Int? = 120) throws -> String {
         let name = prefix + "_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12).lowercased()
         try psql("CREATE DATABASE \(name)")
-        return String(url[..<url.lastIndex(of: "/")!]) + "/" + name
+        let base = url.lastIndex(of: "/").map { String(url[..<$0]) } ?? url
+        return base + "/" + name + (statementTimeout.map { "?statement_timeout=\($0)" } ?? "")
     }
 
     /// Runs one SQL command through psql as the cluster's superuser.

@@ -202,7 +202,7 @@ public struct ESPAppImage: Sendable, Hashable {
     public static func load(path: String) throws(ESPImageError) -> ESPAppImage {
         let firmware: FirmwareImage
         do {
-            firmware = try FirmwareImage.load(path: path, accepting: [.espAppImage, .elf])
+            firmware = try FirmwareImage.load(path: path, accepting: [.espAppImage, .elf], detecting: [.espAppImage])
         } catch {
             throw ESPImageError("\(error)")
         }

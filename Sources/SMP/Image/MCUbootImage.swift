@@ -64,7 +64,7 @@ public struct MCUbootImage: Sendable {
     public static func load(path: String, slotSize: Int? = nil) throws(MCUbootImageError) -> MCUbootImage {
         let file: FirmwareImage
         do {
-            file = try FirmwareImage.load(path: path, accepting: [.mcuboot])
+            file = try FirmwareImage.load(path: path, accepting: [.mcuboot], detecting: [.mcuboot])
         } catch {
             let at = error.line.map { "\(error.path):\($0)" } ?? error.path
             throw MCUbootImageError(.unreadable, at, error.reason)

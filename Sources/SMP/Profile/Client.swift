@@ -93,3 +93,13 @@ public struct SMPClient: Sendable {
         return response
     }
 }
+
+extension SMPClient {
+    /// A request the device answers with its image states (read, test, confirm).
+    public func imageStates(_ request: SMPRequest, timeout: Duration) async throws(OTAError) -> SMPImageStates {
+        guard case .imageStates(let states) = try await call(request, timeout: timeout) else {
+            throw OTAError(.protocolError, "\(device) answered \(request) without its image states")
+        }
+        return states
+    }
+}

@@ -1,9 +1,9 @@
 import ArgumentParser
 import Foundation
-import SMP
+import OTACommandLine
 
 /// What `flash` does with an SMP device once it holds the image.
-public struct SMPFlashOptions: ParsableArguments {
+public struct SMPFlashOptions: ParsableArguments, Sendable {
     @Flag(name: .long, help: "SMP: confirm the image at once instead of marking it for test (MCUboot keeps it without the application confirming it).")
     var confirm = false
 
@@ -30,7 +30,7 @@ public struct SMPFlashOptions: ParsableArguments {
 
     public init() {}
 
-    func check(protocolName: String) throws {
+    public func check(protocolName: String) throws {
         try Ranges.smpWindow.check(window)
         if anyImage, protocolName != SMPProfile.name {
             throw ValidationError("--smp-any-image sends a file over SMP as it is: it needs --protocol smp")
@@ -82,7 +82,7 @@ public struct SMPFlashOptions: ParsableArguments {
     }
 
     /// The SMP options given, by name, for a refusal when the image does not go over SMP.
-    static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window", "--confirm-after-check", "--check-command",
+    public static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window", "--confirm-after-check", "--check-command",
                                      "--check-timeout", "--upgrade-only"]
 
     var given: [String] {
@@ -90,5 +90,36 @@ public struct SMPFlashOptions: ParsableArguments {
          window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil, confirmAfterCheck ? "--confirm-after-check" : nil,
          checkCommand != nil ? "--check-command" : nil, checkTimeout != nil ? "--check-timeout" : nil,
          upgradeOnly ? "--upgrade-only" : nil].compactMap { $0 }
+    }
+}
+
+/// The options that are SMP's own: `flash`'s, and its simulated device's.
+public struct SMPOptions: ProtocolOptionGroup {
+    @OptionGroup(title: "SMP (MCUmgr) devices") var flash: SMPFlashOptions
+    @OptionGroup(title: "SMP device (an MCUboot image)") var simulated: SimulatedSMPOptions
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .smp }
+
+    public func given(withSimulator: Bool) -> [String] {
+        flash.given + (withSimulator ? simulated.given : [])
+    }
+
+    public func check(protocolName: String) throws {
+        try flash.check(protocolName: protocolName)
+    }
+
+    public func check(protocolName: String, noActivate: Bool, batch: Bool) throws {
+        try flash.check(protocolName: protocolName)
+        try flash.checkConfirmAfterCheck(noActivate: noActivate, batch: batch)
+    }
+
+    /// The upload settings `options` give an image of `fileSHA256` (and `imageHash`, an MCUboot
+    /// image's); without options, the defaults.
+    static func uploadSettings(_ options: SMPOptions?, fileSHA256: [UInt8], imageHash: [UInt8]?) -> SMPUploadSettings {
+        let smp = options.map { $0.flash.settings(noReset: $0.flash.noReset) } ?? SMPFlashOptions.Settings()
+        return SMPUploadSettings(fileSHA256: fileSHA256, imageHash: imageHash, confirm: smp.confirm, reset: smp.reset, maxWindow: smp.window,
+                                 confirmAfterCheck: smp.confirmAfterCheck, holdsConfirm: smp.checkCommand != nil, upgrade: smp.upgradeOnly)
     }
 }

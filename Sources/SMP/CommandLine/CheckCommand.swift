@@ -1,7 +1,7 @@
 import Foundation
 import GATT
 import OTA
-import SMP
+import OTACommandLine
 import Synchronization
 
 /// `--check-command`: the user's check of a new image, run through `/bin/sh -c` once the image
@@ -107,50 +107,51 @@ private final class Once<Value: Sendable>: Sendable {
     }
 }
 
-extension Flash {
+extension SMPOptions {
     /// `--confirm-after-check --check-command`: the engine left the new image running unconfirmed
     /// after its SMP echo; the command decides. It passes: connect again and confirm the image
-    /// (`hash`, or the running one). It fails: the image stays unconfirmed (check_failed).
-    func checkThenConfirm(_ result: OTAResult, after: DeviceSummary?, plan: FlashPlan, central: any GATTCentral,
-                          address: DeviceAddress, printer: EventPrinter) async -> Result<OTAResult, OTAError> {
-        let settings = smp.settings(noReset: smp.noReset)
-        let hash = (plan.profile as? SMPProfile)?.settings?.imageHash
-        guard let command = settings.checkCommand else { return .success(result) }
-        let version = after?.firmwareVersion.map { "\($0)" } ?? ""
-        printer.note("the new image answers; running --check-command before confirming it")
-        let outcome = await CheckCommand.run(command, environment: ["OTAFLASH_DEVICE": address.description, "OTAFLASH_VERSION": version],
+    /// (its hash, or the running one). It fails: the image stays unconfirmed (check_failed).
+    /// Without `--check-command`, the result as it is.
+    static func checkThenConfirm(_ run: AfterActivation) async -> Result<OTAResult, OTAError> {
+        guard let options = run.options(SMPOptions.self) else { return .success(run.result) }
+        let settings = options.flash.settings(noReset: options.flash.noReset)
+        guard let command = settings.checkCommand else { return .success(run.result) }
+        let hash = (run.profile as? SMPProfile)?.settings?.imageHash
+        let version = run.after?.firmwareVersion.map { "\($0)" } ?? ""
+        run.note("the new image answers; running --check-command before confirming it")
+        let outcome = await CheckCommand.run(command, environment: ["OTAFLASH_DEVICE": run.address.description, "OTAFLASH_VERSION": version],
                                              timeout: Ranges.checkTimeout.duration(settings.checkTimeout))
         if let why = outcome.failure(command, timeout: settings.checkTimeout) {
             return .failure(OTAError(.checkFailed, "the new image booted but failed its check: \(why); it was not confirmed, so MCUboot reverts it at the next reset",
                                      hint: "reset the device to revert (otaflash reset), or confirm the image by hand if it is fine (otaflash image confirm)"))
         }
         do throws(OTAError) {
-            try await confirm(hash: hash, central: central, address: address)
+            try await confirm(hash: hash, run)
         } catch {
             return .failure(OTAError(error.code, "--check-command passed, but confirming the image failed: \(error.message); it stays unconfirmed and MCUboot reverts it at the next reset",
                                      hint: "confirm it with otaflash image confirm before the device resets", resumable: false))
         }
-        printer.note("--check-command passed: the image is confirmed")
-        return .success(result)
+        run.note("--check-command passed: the image is confirmed")
+        return .success(run.result)
     }
 
-    /// Connects to `address` and confirms the image with `hash` (the running one when nil): it
-    /// must then be listed active and confirmed.
-    private func confirm(hash: [UInt8]?, central: any GATTCentral, address: DeviceAddress) async throws(OTAError) {
+    /// Connects to the device again and confirms the image with `hash` (the running one when
+    /// nil): it must then be listed active and confirmed.
+    private static func confirm(hash: [UInt8]?, _ run: AfterActivation) async throws(OTAError) {
         let connection: any GATTConnection
         do {
-            connection = try await central.connect(to: address, timeout: Ranges.connectTimeout.duration(target.connectTimeout))
+            connection = try await run.central.connect(to: run.address, timeout: run.connectTimeout)
         } catch {
-            throw OTAError.from(error, device: address.description)
+            throw OTAError.from(error, device: run.address.description)
         }
         do throws(OTAError) {
             let client: SMPClient
             do {
-                client = try await SMPClient.attach(to: connection, device: address.description)
+                client = try await SMPClient.attach(to: connection, device: run.address.description)
             } catch {
-                throw OTAError.from(error, device: address.description)
+                throw OTAError.from(error, device: run.address.description)
             }
-            let states = try await client.imageStates(.imageStateWrite(hash: hash, confirm: true), timeout: Ranges.replyTimeout.duration(replyTimeout))
+            let states = try await client.imageStates(.imageStateWrite(hash: hash, confirm: true), timeout: run.replyTimeout)
             guard states.images.contains(where: { $0.active && $0.confirmed && (hash == nil || $0.hash == hash) }) else {
                 throw OTAError(.protocolError, "the device accepted the confirm but does not list the image active and confirmed")
             }

@@ -1,8 +1,8 @@
 import ArgumentParser
-import NordicDFU
+import OTACommandLine
 
 /// What `flash` checks a Nordic DFU package against before any radio time: what the device is.
-public struct NordicDFUFlashOptions: ParsableArguments {
+public struct NordicDFUFlashOptions: ParsableArguments, Sendable {
     @Option(name: .customLong("hw-version"), parsing: .unconditional, help: Ranges.hwVersion.help("nordic-dfu: the device's hardware version. Every image's init packet must name it (nrfutil pkg generate --hw-version); checked before any radio time, so a package for other hardware costs no transfer", valueName: "n"))
     var hwVersion: Int?
 
@@ -16,7 +16,7 @@ public struct NordicDFUFlashOptions: ParsableArguments {
         try Ranges.sdReq.check(sdReq?.values ?? [])
     }
 
-    static let names: Set<String> = ["--hw-version", "--sd-req"]
+    public static let names: Set<String> = ["--hw-version", "--sd-req"]
 
     /// The options given, by name, for a refusal when the image does not go over Secure DFU.
     var given: [String] {
@@ -26,5 +26,19 @@ public struct NordicDFUFlashOptions: ParsableArguments {
     /// What `--hw-version` and `--sd-req` say the device is.
     var expectations: DFUPackage.Expectations {
         DFUPackage.Expectations(hardwareVersion: hwVersion.map { UInt32(clamping: $0) }, softDevices: sdReq?.values.map(\.value) ?? [])
+    }
+}
+
+/// The options that are Secure DFU's own: `flash`'s, and its simulated bootloader's.
+public struct NordicDFUOptions: ProtocolOptionGroup {
+    @OptionGroup(title: "Nordic Secure DFU devices") var flash: NordicDFUFlashOptions
+    @OptionGroup(title: "Secure DFU bootloader (a Nordic .zip)") var simulated: SecureDFUSimulatorOptions
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .nordicDFU }
+
+    public func given(withSimulator: Bool) -> [String] {
+        flash.given + (withSimulator ? simulated.given : [])
     }
 }

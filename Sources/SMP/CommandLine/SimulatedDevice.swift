@@ -1,12 +1,11 @@
 import ArgumentParser
 import Foundation
 import GATT
-import Native
 import OTA
+import OTACommandLine
 import OTADevice
 import OTAWire
 import Simulator
-import SMP
 
 /// The simulated SMP device (`SMPPeripheral`): a Zephyr SMP server with MCUboot's two slots.
 enum SimulatedSMP {
@@ -39,7 +38,7 @@ enum SimulatedSMP {
 
 /// The simulated SMP device's buffers and refusals (`--simulator` with an MCUboot image): each
 /// refusal is what a real Zephyr device with MCUboot answers in that state or configuration.
-public struct SimulatedSMPOptions: ParsableArguments {
+public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("The simulated SMP server's buffer size (MCUmgr buf_size)", valueName: "bytes"))
     var bufferSize = 384
 
@@ -95,7 +94,7 @@ public struct SimulatedSMPOptions: ParsableArguments {
     }
 
     /// The options given, by name: each sets up a simulated SMP device, which only an MCUboot image reaches.
-    static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
+    public static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
                                      "--sim-smp-downgrade-check", "--sim-smp-busy", "--sim-smp-refuse-upload", "--sim-smp-busy-above",
                                      "--sim-smp-no-params", "--sim-smp-cbor", "--sim-smp-key",
                                      "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade"]
@@ -124,27 +123,15 @@ public struct SimulatedSMPOptions: ParsableArguments {
     }
 }
 
-extension SimulatedDeviceOptions {
-    /// A simulated Zephyr device with an SMP server at `address`, running a confirmed image of
-    /// `--sim-firmware-version`, answering in `encoding` (for `image`, `reset` and `echo` with
-    /// `--simulator`).
-    func smpCentral(address: DeviceAddress, encoding: SMPReplyEncoding?) -> any GATTCentral {
-        let config = deviceConfig(address: address)
-        let model = SMPPeripheral(config: SMPServer.Config(slotSize: config.slotSize, encoding: encoding ?? .zephyr),
-                                  firmwareVersion: config.firmwareVersion, faults: config.faults, resetDelay: config.bootDelay)
-        return SimulatedCentral(devices: [SimulatedDevice(config, model: model)], clock: SystemClock())
-    }
-}
-
 /// `--sim-smp-cbor` and `simulate --cbor`: how the simulated SMP server writes its answers.
 extension SMPReplyEncoding: ExpressibleByArgument {
-    static let help = ArgumentHelp(
+    public static let help = ArgumentHelp(
         "How the simulated SMP server encodes its answers: zcbor (default: Zephyr 3.x and later, indefinite-length maps in its handlers' field order, no rc on success), tinycbor (mcumgr on Mynewt or Zephyr up to 2.7: indefinite lengths, rc 0 in answers, general error codes only, no MCUmgr parameters read), indefinite (otaflash's fields in its own order, indefinite lengths) or definite (canonical CBOR).",
         valueName: "zcbor|tinycbor|indefinite|definite")
 }
 
 /// `--sim-smp-mode`: the simulated MCUboot's mode, which its bootloader info then reports.
-enum SimulatedBootMode: String, ExpressibleByArgument, CaseIterable, Sendable {
+public enum SimulatedBootMode: String, ExpressibleByArgument, CaseIterable, Sendable {
     case swap, swapMove = "swap-move", swapOffset = "swap-offset", overwrite
     case directXIP = "direct-xip", directXIPRevert = "direct-xip-revert"
 
@@ -159,7 +146,7 @@ enum SimulatedBootMode: String, ExpressibleByArgument, CaseIterable, Sendable {
         }
     }
 
-    static let help = ArgumentHelp(
+    public static let help = ArgumentHelp(
         "The simulated MCUboot's mode, reported by its bootloader info (OS 8): swap, swap-move, swap-offset (test, then revert unless confirmed), overwrite (the image is copied over the running one and kept: no test, no revert), direct-xip (uploads go to the slot not running; the highest version boots; no test) or direct-xip-revert (as direct-xip, marked for test and reverted unless confirmed). Without it the device answers no bootloader info, as an older one (a swap mode).",
         valueName: allCases.map(\.rawValue).joined(separator: "|"))
 

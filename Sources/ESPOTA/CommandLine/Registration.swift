@@ -1,10 +1,52 @@
+import ArgumentParser
 import GATT
 import OTA
+import OTACommandLine
 import OTADevice
 import OTAWire
 import Simulator
 
-/// What a command line needs of this protocol beyond its profile: the loader of ESP-IDF app
+extension ProtocolCommandLine {
+    /// Espressif's BLE OTA: ESP-IDF app images, the ESP32 of esp-iot-solution's example (NimBLE
+    /// host, or Bluedroid by its advertised name) as the simulated device.
+    public static let espOTA: ProtocolCommandLine = {
+        var esp = ProtocolCommandLine(
+            profile: ESPOTAProfile(), loader: Loader(detector: .espAppImage) { path, request throws(CLIFailure) in
+                do throws(OTAError) {
+                    let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: request.registry)
+                    return FlashPlan(update: loaded.plan, warnings: loaded.warnings, imageVersion: loaded.version)
+                } catch {
+                    throw CLIFailure(ExitCode(error.code), "\(error)")
+                }
+            },
+            takes: ["--sim-firmware-version"],
+            refuses: ["--checkpoint-interval": "an ESP32 ACKs each 4 KiB sector itself",
+                      "--restart": "Espressif's BLE OTA cannot resume: every run sends the whole image",
+                      "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
+                      "--image-version": "an ESP-IDF app image carries its own"],
+            servedOptions: [], device: "ESP32 with Espressif's BLE OTA",
+            simulatedDevice: { request in ESPOTARegistration.simulatedDevice(request.config) },
+            served: { request in
+                let d = ESPOTARegistration.served(name: request.name, partitionSize: request.slotSize, firmwareVersion: request.firmwareVersion,
+                                                  faults: request.faults)
+                return ServedDevice(model: d.model, name: d.name, firmwareVersion: d.firmwareVersion, what: d.what)
+            })
+        esp.bench = ESPOTABench()
+        esp.soak = ESPOTASoak()
+        return esp
+    }()
+}
+
+/// Espressif's BLE OTA takes no options of its own: the image and the device say everything.
+public struct ESPOTAOptions: ProtocolOptionGroup {
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .espOTA }
+
+    public func given(withSimulator: Bool) -> [String] { [] }
+}
+
+/// What the command line needs of this protocol beyond its profile: the loader of ESP-IDF app
 /// images, the simulated device for `flash --simulator` and the one `otaflash simulate` serves.
 /// Kept here so that a registration names only these.
 public enum ESPOTARegistration {

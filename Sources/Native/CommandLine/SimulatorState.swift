@@ -1,5 +1,5 @@
 import Foundation
-import Native
+import OTACommandLine
 import OTADevice
 import Simulator
 
@@ -7,7 +7,8 @@ import Simulator
 /// that "run the same command again" resumes on the simulator as it does on a real device.
 /// `state.json` holds the transfer's position, `flash.bin` the slot; both are replaced atomically.
 enum SimulatorState {
-    static func load(from dir: String, config: SimulatedDeviceConfig, native: NativeDeviceOptions) throws -> SimulatedDevice {
+    static func load(from dir: String, config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings) throws -> SimulatedDevice {
+        let native = settings.native
         let stateURL = URL(fileURLWithPath: dir).appendingPathComponent("state.json")
         let flashURL = URL(fileURLWithPath: dir).appendingPathComponent("flash.bin")
         guard FileManager.default.fileExists(atPath: stateURL.path) else { return SimulatedDevice(config, native: native) }

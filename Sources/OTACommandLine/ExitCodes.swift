@@ -61,7 +61,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     }
 
     /// Every code with its name, and its meaning wrapped below it, for `otaflash help flash`.
-    static var helpTable: String {
+    public static var helpTable: String {
         allCases.map { code in
             var lines = ["  " + String(code.rawValue).padding(toLength: 5, withPad: " ", startingAt: 0) + code.name]
             var line = ""
@@ -118,7 +118,7 @@ public struct CLIFailure: Error, Sendable {
     }
 
     /// The same failure, marked as already reported in JSON.
-    func markedReported() -> CLIFailure {
+    public func markedReported() -> CLIFailure {
         var copy = self
         copy.reported = true
         return copy

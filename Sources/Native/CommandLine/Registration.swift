@@ -1,0 +1,97 @@
+import ArgumentParser
+import GATT
+import OTA
+import OTACommandLine
+import OTAWire
+import Simulator
+
+/// `flash`'s options that are the native protocol's own.
+public struct NativeFlashOptions: ProtocolOptionGroup {
+    @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
+    var imageVersion: String?
+
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
+    var checkpointInterval: Int?
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .native }
+
+    public func validate() throws {
+        try Ranges.checkpointInterval.check(checkpointInterval)
+        if let imageVersion, FirmwareVersion(imageVersion) == nil {
+            throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
+        }
+    }
+
+    public func given(withSimulator: Bool) -> [String] {
+        [checkpointInterval != nil ? "--checkpoint-interval" : nil, imageVersion != nil ? "--image-version" : nil].compactMap { $0 }
+    }
+
+    public var imageVersionText: String? { imageVersion }
+
+    /// The engine's settings: `--checkpoint-interval` and `--image-version`.
+    var settings: OTAEngine.Settings {
+        OTAEngine.Settings(checkpointInterval: checkpointInterval ?? OTAEngine.Settings.defaultCheckpointInterval,
+                           imageVersion: imageVersion.flatMap(FirmwareVersion.init))
+    }
+}
+
+extension SimulatedDeviceSettings {
+    /// What makes the simulated device a native one.
+    var native: NativeDeviceOptions {
+        let version2 = deviceVersion == 2 ? OTATarget.Version2() : nil
+        return NativeDeviceOptions(hasOTAService: hasOTAService, dataProperties: dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse],
+                                   version2: version2, runsCLibrary: version2 != nil)
+    }
+}
+
+extension ProtocolCommandLine {
+    /// otaflash's own protocol: raw binaries and Intel HEX, its OTA target as the simulated device.
+    public static let native: ProtocolCommandLine = {
+        var native = ProtocolCommandLine(
+            profile: NativeProfile(), loader: nil,
+            takes: ["--checkpoint-interval", "--image-version", "--restart", "--no-activate", "--sim-buttonless", "--sim-firmware-version",
+                    "--sim-data-without-write-without-response", "--sim-device-version", "--sim-state"],
+            refuses: [:], servedOptions: ["--sim-device-version", "--device-version"], device: "native OTA device",
+            simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) },
+            served: { request in
+                let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
+                var config = OTAPeripheralConfig(name: request.name ?? "otaflash-sim", slotSize: request.slotSize, firmwareVersion: version,
+                                                 faults: request.faults)
+                if request.deviceVersion == 2 {
+                    config.version2 = OTATarget.Version2()
+                    config.runsCLibrary = true
+                }
+                return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
+                                    what: request.deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
+            })
+        native.configure = { request in NativeProfile(settings: request.options(NativeFlashOptions.self)?.settings ?? OTAEngine.Settings()) }
+        native.check = { simulated throws(CLIFailure) in
+            // With the C device library in lockstep, any difference between the two models ends the run.
+            guard let lockstep = simulated.target, lockstep.runsCLibrary else { return nil }
+            if let divergence = lockstep.lockstepDivergence {
+                throw CLIFailure(.internalError, "the C device library and the Swift device model answered differently: \(divergence)")
+            }
+            return "simulated device: the C device library answered every write as the Swift model did"
+        }
+        native.info = { connection, services in
+            guard let ota = services.first(where: { $0.uuid == OTAProtocol.serviceUUID }),
+                  let c = ota.characteristic(OTAProtocol.infoUUID),
+                  let bytes = try? await connection.read(c), let info = try? DeviceInfo(decoding: bytes) else { return nil }
+            return [("ota_protocol", "\(info.protocolVersion)"), ("ota_state", info.state.description),
+                    ("ota_slot_size", "\(info.maxImageSize)"), ("ota_firmware_version", info.firmwareVersion.description),
+                    ("ota_received", "\(info.received)")]
+        }
+        native.bench = NativeBench()
+        native.soak = NativeSoak()
+        native.state = SimulatorStateKeeper(load: SimulatorState.load, save: SimulatorState.save)
+        native.checkDeviceVersion = { version, slotSize, option, slotOption throws(ValidationError) in
+            // A version 2 device erases whole units, and the C library beside it takes only a slot of whole units.
+            let unit = OTATarget.Version2().eraseUnit
+            guard version == 2, slotSize % unit != 0 else { return }
+            throw ValidationError("\(option) 2 erases \(unit)-byte units: \(slotOption) must be a multiple of \(unit), got \(slotSize)")
+        }
+        return native
+    }()
+}

@@ -1,0 +1,374 @@
+import ArgumentParser
+import Foundation
+import GATT
+import OTA
+import OTADevice
+import OTAWire
+import Simulator
+
+/// One protocol as the command line drives it: its profile, the loader of its own image format,
+/// its own options, and its simulated device for `flash --simulator` and for `otaflash simulate`.
+/// Each protocol module declares one (`SMP.commandLine`); the command line registers them in one
+/// list (OTAFlashCLI's Protocols.swift) and loops over it.
+public struct ProtocolCommandLine: Sendable {
+    public let profile: any OTAProfile
+    /// The format of its own (its content detector) and its loader, which reads the file when the
+    /// generic image loader, given every protocol's detector, finds it is that format (and refuses
+    /// it naming the format); nil: it sends raw binaries and Intel HEX as the generic loader reads them.
+    public let loader: Loader?
+
+    public struct Loader: Sendable {
+        public let detector: ImageFormat.Detector
+        public let load: @Sendable (_ path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan
+
+        public init(detector: ImageFormat.Detector,
+                    load: @escaping @Sendable (_ path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan) {
+            self.detector = detector
+            self.load = load
+        }
+
+        public var format: ImageFormat.Kind { detector.kind }
+    }
+
+    /// The options only some protocols take (`flash`'s and its simulated device's) that this one
+    /// takes; a given one this protocol does not take is refused.
+    public let takes: Set<String>
+    /// Why it does not take an option some other protocol takes, where that is worth a word.
+    public let refuses: [String: String]
+    /// `otaflash simulate`'s device options that are this protocol's own.
+    public let servedOptions: Set<String>
+    /// What its simulated device is, for the line that refuses another protocol's options.
+    public let device: String
+    /// The device `flash --simulator` sends a plan of this protocol to.
+    public let simulatedDevice: @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice
+    /// The device `otaflash simulate --protocol <name>` serves.
+    public let served: @Sendable (ServeRequest) throws -> ServedDevice
+    /// Its profile as a request configures it; nil: as registered.
+    public var configure: (@Sendable (FlashRequest) -> any OTAProfile)?
+    /// The plan for a file it is asked to send as it is whatever its format (`--smp-any-image`);
+    /// nil: the request does not ask that of it.
+    public var sendsAsIs: (@Sendable (FirmwareImage, FlashRequest) -> FlashPlan?)?
+    /// Runs once a flash of one device over this protocol activated its image, before the outcome
+    /// is reported (SMP's `--check-command`): the outcome to report; nil: nothing runs.
+    public var afterActivation: (@Sendable (AfterActivation) async -> Result<OTAResult, OTAError>)?
+    /// What a simulated device of its own runs after a flash, when that is worth a line.
+    public var describe: @Sendable (SimulatedDevice) -> String? = { _ in nil }
+    /// Checks a simulated device of its own after a flash: a line worth a note, or a failure.
+    public var check: @Sendable (SimulatedDevice) throws(CLIFailure) -> String? = { _ in nil }
+    /// How its simulated device keeps its state between runs (`--sim-state`); nil: it keeps none.
+    public var state: SimulatorStateKeeper?
+    /// Refuses a device version its simulated device cannot be with this slot size (options
+    /// named as given); nil: it takes any.
+    public var checkDeviceVersion: (@Sendable (_ version: Int, _ slotSize: Int, _ option: String, _ slotOption: String) throws(ValidationError) -> Void)?
+    /// What `otaflash info` reports of a device that exposes its service (`services`): the
+    /// `ota_*` fields of the info event, as key and value; nil: it reports nothing of its own.
+    public var info: (@Sendable (any GATTConnection, [GATTService]) async -> [(String, String?)]?)?
+    /// The ranges of its own numeric options, for the line that refuses a value that is not a
+    /// number at all (`Ranges.texts(whole:numbers:)`).
+    public var rangeTexts: [String: String] = [:]
+    /// Its own device commands (SMP's `otaflash image`, `reset`, `echo`), made for the command
+    /// line's `DeviceCommandContext`.
+    public var commands: @Sendable (any DeviceCommandContext.Type) -> [any ParsableCommand.Type] = { _ in [] }
+    /// An example of each event its own commands print (docs/EVENTS.md).
+    public var eventSamples: [EventSample] = []
+    /// Its throughput figures (`otaflash-bench`) and its fault soak (`otaflash-soak`).
+    public var bench: (any BenchStrategy)?
+    public var soak: (any SoakStrategy)?
+
+    public init(profile: any OTAProfile, loader: Loader?, takes: Set<String>, refuses: [String: String], servedOptions: Set<String>,
+                device: String, simulatedDevice: @escaping @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice,
+                served: @escaping @Sendable (ServeRequest) throws -> ServedDevice) {
+        self.profile = profile
+        self.loader = loader
+        self.takes = takes
+        self.refuses = refuses
+        self.servedOptions = servedOptions
+        self.device = device
+        self.simulatedDevice = simulatedDevice
+        self.served = served
+    }
+
+    public var name: String { profile.name }
+
+    /// Its profile as `request` configures it.
+    public func configured(_ request: FlashRequest) -> any OTAProfile { configure?(request) ?? profile }
+}
+
+/// A protocol's own options: `flash`'s and its simulated device's, in the groups (and under the
+/// titles) its help shows them in. The command line registers a protocol by holding its group
+/// (`@OptionGroup`), which names the protocol's value.
+public protocol ProtocolOptionGroup: ParsableArguments, Sendable {
+    /// The protocol these options are of.
+    static var commandLine: ProtocolCommandLine { get }
+    /// The options given, by name, for the refusal when the image goes over another protocol;
+    /// its simulated device's only `withSimulator`.
+    func given(withSimulator: Bool) -> [String]
+    /// The checks that need the protocol asked for (`--protocol`).
+    func check(protocolName: String) throws
+    /// The checks that also need the run: whether images are activated (`--no-activate`) and
+    /// whether several devices are flashed (a batch).
+    func check(protocolName: String, noActivate: Bool, batch: Bool) throws
+    /// The version an image is said to carry (`--image-version`), as given.
+    var imageVersionText: String? { get }
+}
+
+extension ProtocolOptionGroup {
+    public func check(protocolName: String) throws {}
+    public func check(protocolName: String, noActivate: Bool, batch: Bool) throws { try check(protocolName: protocolName) }
+    public var imageVersionText: String? { nil }
+}
+
+/// An `@OptionGroup` of a protocol's options, as a command holds it: the group's type (known
+/// before parsing) and, once parsed, its values.
+public protocol ProtocolOptionGroupHolder {
+    var groupType: any ProtocolOptionGroup.Type { get }
+    var group: any ProtocolOptionGroup { get }
+}
+
+extension OptionGroup: ProtocolOptionGroupHolder where Value: ProtocolOptionGroup {
+    public var groupType: any ProtocolOptionGroup.Type { Value.self }
+    public var group: any ProtocolOptionGroup { wrappedValue }
+}
+
+extension ParsableArguments {
+    /// The protocols whose options groups this type holds (`@OptionGroup`), in declaration order.
+    public static var protocolsHeld: [ProtocolCommandLine] {
+        Mirror(reflecting: Self()).children.compactMap { ($0.value as? any ProtocolOptionGroupHolder)?.groupType.commandLine }
+    }
+
+    /// The protocols' options groups these parsed options hold, in declaration order.
+    public var protocolGroups: [any ProtocolOptionGroup] {
+        Mirror(reflecting: self).children.compactMap { ($0.value as? any ProtocolOptionGroupHolder)?.group }
+    }
+}
+
+/// What `flash` asks of the loaders besides the path: the protocol asked for (or `auto`), the
+/// protocols registered (a loader resolves the name among them), and every protocol's own
+/// options (each protocol reads its own group).
+public struct FlashRequest: Sendable {
+    public var protocolName: String
+    public var registry: ProtocolRegistry
+    public var options: [any ProtocolOptionGroup]
+
+    public init(protocolName: String, registry: ProtocolRegistry, options: [any ProtocolOptionGroup] = []) {
+        self.protocolName = protocolName
+        self.registry = registry
+        self.options = options
+    }
+
+    /// The options group of type `Group`, when the command line has it.
+    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
+        options.lazy.compactMap { $0 as? Group }.first
+    }
+}
+
+/// What `flash` sends (`UpdatePlan`: one image, or a package's images in its order, and the
+/// protocol they go over), with what the command line says about it before any radio time.
+public struct FlashPlan {
+    public var update: UpdatePlan
+    /// What the user should know about the image before it is sent (an unsigned package…).
+    public var warnings: [String] = []
+    /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
+    /// package's SoftDevice (what the package's last image requires).
+    public var softDeviceAfterUpdate: UInt32?
+    /// The version the image carries (an MCUboot header's major.minor.revision), for
+    /// `--skip-if-version image`.
+    public var imageVersion: FirmwareVersion?
+
+    public init(update: UpdatePlan, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil, imageVersion: FirmwareVersion? = nil) {
+        self.update = update
+        self.warnings = warnings
+        self.softDeviceAfterUpdate = softDeviceAfterUpdate
+        self.imageVersion = imageVersion
+    }
+
+    public var parts: [UpdatePlan.Part] { update.parts }
+    public var firmware: FirmwareImage { update.firmware }
+    public var profile: any OTAProfile { update.profile }
+    public var size: Int { update.size }
+    public var crc32: UInt32 { update.crc32 }
+
+    /// "path: why; what to do", for a refusal of `path` the registry made.
+    public static func refusal(_ path: String, _ error: OTAError) -> String {
+        "\(path): \(error.message)" + (error.hint.map { "; \($0)" } ?? "")
+    }
+}
+
+/// What a protocol's `afterActivation` is given: the flash's result, the device it reached and
+/// how to reach it again, and the command line's options.
+public struct AfterActivation: Sendable {
+    public var result: OTAResult
+    /// What the device reported after the update (its firmware version).
+    public var after: DeviceSummary?
+    /// The profile the image went over (its settings: an image's hash).
+    public var profile: any OTAProfile
+    public var central: any GATTCentral
+    public var address: DeviceAddress
+    public var options: [any ProtocolOptionGroup]
+    public var connectTimeout: Duration
+    public var replyTimeout: Duration
+    /// Says a line to the user (a note event).
+    public var note: @Sendable (String) -> Void
+
+    public init(result: OTAResult, after: DeviceSummary?, profile: any OTAProfile, central: any GATTCentral, address: DeviceAddress,
+                options: [any ProtocolOptionGroup], connectTimeout: Duration, replyTimeout: Duration, note: @escaping @Sendable (String) -> Void) {
+        self.result = result
+        self.after = after
+        self.profile = profile
+        self.central = central
+        self.address = address
+        self.options = options
+        self.connectTimeout = connectTimeout
+        self.replyTimeout = replyTimeout
+        self.note = note
+    }
+
+    /// The options group of type `Group`, when the command line has it.
+    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
+        options.lazy.compactMap { $0 as? Group }.first
+    }
+}
+
+/// What the simulated device of `flash --simulator` is asked to be: the plan it receives, the
+/// device every protocol's simulator has (address, slot, link, faults), what the command line
+/// says of the native device, and every protocol's own options.
+public struct SimulatedDeviceRequest {
+    /// Nil: a device to look at (`scan`, `info`, `pair`), not to flash.
+    public var plan: FlashPlan?
+    public var config: SimulatedDeviceConfig
+    public var settings: SimulatedDeviceSettings
+    public var options: [any ProtocolOptionGroup]
+
+    public init(plan: FlashPlan?, config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings, options: [any ProtocolOptionGroup] = []) {
+        self.plan = plan
+        self.config = config
+        self.settings = settings
+        self.options = options
+    }
+
+    /// The options group of type `Group`, when the command line has it.
+    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
+        options.lazy.compactMap { $0 as? Group }.first
+    }
+}
+
+/// The simulated device's options that are not a protocol's own group (`--sim-no-ota-service`,
+/// `--sim-device-version`, `--sim-data-without-write-without-response`, `--sim-buttonless`).
+public struct SimulatedDeviceSettings: Sendable, Hashable {
+    /// False: the device does not expose its update service.
+    public var hasOTAService = true
+    /// The OTA protocol version a native device speaks.
+    public var deviceVersion = 1
+    /// The native data characteristic lacks write-without-response.
+    public var dataWithoutWriteWithoutResponse = false
+    /// A Secure DFU device that starts in its application with the buttonless service.
+    public var buttonless: SimulatedButtonless?
+
+    public init(hasOTAService: Bool = true, deviceVersion: Int = 1, dataWithoutWriteWithoutResponse: Bool = false,
+                buttonless: SimulatedButtonless? = nil) {
+        self.hasOTAService = hasOTAService
+        self.deviceVersion = deviceVersion
+        self.dataWithoutWriteWithoutResponse = dataWithoutWriteWithoutResponse
+        self.buttonless = buttonless
+    }
+}
+
+/// How `--sim-buttonless` starts the simulated Secure DFU device: in its application, with the
+/// buttonless service, and what it does when asked to enter its bootloader.
+public enum SimulatedButtonless: String, CaseIterable, ExpressibleByArgument, Sendable {
+    /// 8EC90003: it reboots into its bootloader at the address + 1.
+    case unbonded
+    /// 8EC90004: it enters its bootloader only for a bonded central.
+    case bonded
+    /// It answers Enter Bootloader with "operation failed".
+    case refusing
+    /// It accepts Enter Bootloader, resets, and its bootloader never comes up.
+    case lost
+
+    public static let help = "Start the simulated Secure DFU device in its application with the buttonless service: " + kinds
+
+    public static let kinds = "unbonded (8EC90003: it reboots into its bootloader at the address + 1), bonded (8EC90004: only for a bonded central), "
+        + "refusing (it answers Enter Bootloader with 'operation failed') or lost (its bootloader never comes up)."
+}
+
+/// Keeps a simulated device's state in a folder between runs (`--sim-state DIR`).
+public struct SimulatorStateKeeper: Sendable {
+    /// The device restored from `dir` (a fresh one when it holds no state).
+    public let load: @Sendable (_ dir: String, SimulatedDeviceConfig, SimulatedDeviceSettings) throws -> SimulatedDevice
+    /// Writes the device's state into `dir`.
+    public let save: @Sendable (SimulatedDevice, _ dir: String) throws -> Void
+
+    public init(load: @escaping @Sendable (_ dir: String, SimulatedDeviceConfig, SimulatedDeviceSettings) throws -> SimulatedDevice,
+                save: @escaping @Sendable (SimulatedDevice, _ dir: String) throws -> Void) {
+        self.load = load
+        self.save = save
+    }
+}
+
+/// What `otaflash simulate` asks its served device to be: its options as given (the former
+/// names already folded in), and the served adapter's address.
+public struct ServeRequest: Sendable {
+    public var name: String?
+    public var slotSize: Int
+    /// `--sim-firmware-version`, `--sim-app-version` or the former `--firmware-version`, as text.
+    public var firmwareVersion: String?
+    public var faults: FaultPlan
+    public var deviceVersion: Int
+    /// `--sim-public-key` (or the former `--public-key`, `publicKeyOption` says which).
+    public var publicKey: String?
+    public var publicKeyOption: String
+    public var softDeviceAfterUpdate: UInt32?
+    public var buttonless: SimulatedButtonless?
+    public var adapter: String?
+    /// The adapter's address, where a `--sim-buttonless` application answers.
+    public var address: DeviceAddress?
+    public var bufferSize: Int?
+    public var bufferCount: Int?
+    /// `--sim-smp-cbor` (or the former `--cbor`), as given.
+    public var replyEncoding: String?
+    /// `--sim-smp-key`: the PEM file of the key the served MCUboot checks signatures with.
+    public var signatureKey: String?
+    /// `--sim-smp-mode`, as given, and `--sim-smp-no-downgrade`.
+    public var bootMode: String?
+    public var noDowngrade = false
+
+    public init(name: String?, slotSize: Int, firmwareVersion: String?, faults: FaultPlan, deviceVersion: Int, publicKey: String?,
+                publicKeyOption: String, softDeviceAfterUpdate: UInt32?, buttonless: SimulatedButtonless?, adapter: String?,
+                address: DeviceAddress?, bufferSize: Int?, bufferCount: Int?, replyEncoding: String?) {
+        self.name = name
+        self.slotSize = slotSize
+        self.firmwareVersion = firmwareVersion
+        self.faults = faults
+        self.deviceVersion = deviceVersion
+        self.publicKey = publicKey
+        self.publicKeyOption = publicKeyOption
+        self.softDeviceAfterUpdate = softDeviceAfterUpdate
+        self.buttonless = buttonless
+        self.adapter = adapter
+        self.address = address
+        self.bufferSize = bufferSize
+        self.bufferCount = bufferCount
+        self.replyEncoding = replyEncoding
+    }
+}
+
+/// What `simulate` serves: the model, its name and starting version, and for a device whose
+/// bootloader answers at another address, that address and the bootloader's GATT table.
+public struct ServedDevice: Sendable {
+    public var model: any PeripheralModel
+    public var name: String
+    public var firmwareVersion: String
+    public var what: String
+    public var bootloaderAddress: DeviceAddress?
+    public var bootloaderServices: [OTADevice.PeripheralService]?
+
+    public init(model: any PeripheralModel, name: String, firmwareVersion: String, what: String,
+                bootloaderAddress: DeviceAddress? = nil, bootloaderServices: [OTADevice.PeripheralService]? = nil) {
+        self.model = model
+        self.name = name
+        self.firmwareVersion = firmwareVersion
+        self.what = what
+        self.bootloaderAddress = bootloaderAddress
+        self.bootloaderServices = bootloaderServices
+    }
+}

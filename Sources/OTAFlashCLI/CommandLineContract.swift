@@ -1,0 +1,89 @@
+import ArgumentParser
+import OTA
+import OTACommandLine
+import Simulator
+
+/// The exit codes (OTACommandLine's, not ArgumentParser's of the same name).
+public typealias ExitCode = OTACommandLine.ExitCode
+
+extension ProtocolCommandLine {
+    /// Every protocol the command line speaks, in order of preference: those `ProtocolOptions` holds.
+    public static let all: [ProtocolCommandLine] = ProtocolOptions.protocolsHeld
+
+    static func named(_ name: String) -> ProtocolCommandLine? { all.first { $0.name == name } }
+
+    /// The options some protocols take and others do not.
+    static let specificOptions: Set<String> = all.reduce(into: []) { $0.formUnion($1.takes) }
+
+    /// The protocols that take `option`, for the refusal.
+    static func owners(of option: String) -> [String] { all.filter { $0.takes.contains(option) }.map(\.name) }
+
+    /// The protocol whose simulated device starts in its application with `--sim-buttonless`.
+    static var buttonless: ProtocolCommandLine? { all.first { $0.servedOptions.contains("--sim-buttonless") } }
+}
+
+extension ProtocolRegistry {
+    /// Every protocol the command line speaks, in order of preference.
+    static let cli = ProtocolRegistry(ProtocolCommandLine.all.map(\.profile))
+
+    /// The same, each protocol configured as `request` asks (the native protocol's checkpoint
+    /// interval and image version).
+    static func cli(for request: FlashRequest) -> ProtocolRegistry {
+        ProtocolRegistry(ProtocolCommandLine.all.map { $0.configured(request) })
+    }
+}
+
+extension FlashPlan {
+    /// Loads `path` and picks its protocol with `request.protocolName` (`auto` or a registered
+    /// one) from what the file is: a format of a protocol's own goes to that protocol's loader, a
+    /// raw binary or HEX image to the protocol the registry resolves.
+    ///
+    /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
+    ///   that does not check out; `.incompatibleDevice` (exit 7) for a package the options say the
+    ///   device would refuse.
+    static func load(path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
+        let firmware: FirmwareImage
+        do {
+            firmware = try FirmwareImage.load(path: path, detecting: ProtocolCommandLine.all.compactMap(\.loader?.detector))
+        } catch {
+            // The content detector found a format of a protocol's own: its loader reads it.
+            guard let own = ProtocolCommandLine.all.compactMap(\.loader).first(where: { $0.format == error.format }) else {
+                throw CLIFailure(.imageFile, "\(error)")
+            }
+            return try own.load(path, request)
+        }
+        if let asIs = ProtocolCommandLine.named(request.protocolName)?.sendsAsIs?(firmware, request) { return asIs }
+        let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex
+        do {
+            let resolution = try ProtocolRegistry.cli(for: request).resolve(request.protocolName, format: format)
+            return FlashPlan(update: UpdatePlan(firmware: firmware, profile: resolution.profile, format: format, reason: resolution.reason))
+        } catch {
+            throw CLIFailure(.imageFile, refusal(path, error))
+        }
+    }
+}
+
+extension Flash {
+    /// What this command line asks of the loaders and the protocols.
+    var request: FlashRequest {
+        FlashRequest(protocolName: protocolName, registry: .cli, options: protocols.protocolGroups)
+    }
+}
+
+extension SimulatorOptions {
+    /// The simulated device `plan` goes to, with `config`'s address, link and faults: the one its
+    /// protocol registers (a device without the OTA service, `--sim-no-ota-service`, exposes none;
+    /// a `--sim-buttonless` device is a Secure DFU device whatever the image, which refuses it).
+    func device(for plan: FlashPlan, config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings? = nil,
+                options: [any ProtocolOptionGroup]) throws -> SimulatedDevice {
+        let request = SimulatedDeviceRequest(plan: plan, config: config, settings: settings ?? self.settings, options: options)
+        guard request.settings.hasOTAService else { return try device.lookedAtDevice(config, settings: request.settings) }
+        if request.settings.buttonless != nil, let buttonless = ProtocolCommandLine.buttonless {
+            return try buttonless.simulatedDevice(request)
+        }
+        guard let registration = ProtocolCommandLine.named(plan.profile.name) else {
+            throw CLIFailure(.internalError, "the \(plan.profile.name) protocol registers no simulated device; please report this")
+        }
+        return try registration.simulatedDevice(request)
+    }
+}
