@@ -659,11 +659,15 @@ public actor OTASession {
                        resumable: true)
     }
 
-    /// Writes a packet without response, through the transport's fast path when it has room.
+    /// Writes a packet without response, through the transport's fast path when it has room; to a
+    /// characteristic that takes no write commands, as a write request whose response it awaits
+    /// (Espressif's RECV_FW flags write only, and BlueZ sends write commands only where flagged).
     /// - Returns: why the link is gone, or nil when the packet went out.
     private func writeStreamed(_ packet: [UInt8], to target: GATTCharacteristic, on connection: any GATTConnection) async throws(OTAError) -> String? {
         do {
-            if try !connection.tryWriteWithoutResponse(packet, to: target) {
+            if !target.properties.contains(.writeWithoutResponse) {
+                try await connection.write(packet, to: target, type: .withResponse)
+            } else if try !connection.tryWriteWithoutResponse(packet, to: target) {
                 try await connection.write(packet, to: target, type: .withoutResponse)
             }
             return nil
@@ -683,7 +687,7 @@ public actor OTASession {
         }
         do {
             if write.withResponse { return try connection.submitWrite(write.bytes, to: target) }
-            try await connection.write(write.bytes, to: target, type: .withoutResponse)
+            try await connection.write(write.bytes, to: target, type: target.properties.contains(.writeWithoutResponse) ? .withoutResponse : .withResponse)
         } catch {
             if error.code != .notConnected { throw OTAError.from(error, device: device) }
         }

@@ -140,7 +140,8 @@ public final class SimulatedConnection: GATTConnection {
                     return .done
                 }
                 try l.requireUp(at: now)
-                return .wait(l.nextWakeTime(limit: nil))
+                // Notifications that came meanwhile wait in the inbox for the session's next event.
+                return .wait(l.nextWakeTime(limit: nil, eventsDueBy: now))
             }
         }
     }
@@ -330,9 +331,11 @@ struct Link {
 
     /// When something the central waits for can next happen: the next connection event if
     /// anything is queued, else the next inbox entry, else `limit`.
-    func nextWakeTime(limit: Duration?) -> Duration {
+    /// - Parameter due: for a wait that does not take events (a write's response): events in the
+    ///   inbox by then are left for `nextEvent`, and only a later one is a reason to wake.
+    func nextWakeTime(limit: Duration?, eventsDueBy due: Duration? = nil) -> Duration {
         var wake = limit ?? .seconds(1 << 40)
-        if inboxHead < inbox.count { wake = min(wake, inbox[inboxHead].time) }
+        if let next = inbox[inboxHead...].first(where: { entry in due.map { entry.time > $0 } ?? true }) { wake = min(wake, next.time) }
         if up, forwardHead < forward.count || reverseHead < reverse.count {
             wake = min(wake, nextSendTime)
         }

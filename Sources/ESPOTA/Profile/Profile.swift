@@ -13,9 +13,15 @@ public struct ESPOTAProfile: OTAProfile {
 
     /// Sectors un-ACKed at most (`ESPOTAEngine.window`).
     public let window: Int
+    /// Send sector packets as write commands though RECV_FW flags write only, as a central other
+    /// than BlueZ may (the device's host takes both write types on it); the bench's other column.
+    /// BlueZ sends write commands only to a characteristic flagged for them, so otaflash sends
+    /// write requests (false).
+    public let commandsToUnflaggedData: Bool
 
-    public init(window: Int = ESPOTAEngine.defaultWindow) {
+    public init(window: Int = ESPOTAEngine.defaultWindow, commandsToUnflaggedData: Bool = false) {
         self.window = window
+        self.commandsToUnflaggedData = commandsToUnflaggedData
     }
 
     public var name: String { Self.name }
@@ -49,18 +55,23 @@ public struct ESPOTAProfile: OTAProfile {
                     }
                     try await connection.setNotifications(true, for: c)
                 }
-                let dis = services.first { $0.uuid == DeviceInformationService.serviceUUID }
+                // The example's Bluedroid build serves a Device Information Service of its own, with a
+                // firmware revision; NimBLE's serves none. A Bluetooth stack may add one holding its
+                // PnP ID only (bluetoothd does), which says nothing of the host.
+                let revision = services.filter { $0.uuid == DeviceInformationService.serviceUUID }.flatMap(\.characteristics)
+                    .first { $0.uuid == DeviceInformationService.firmwareRevisionUUID }
                 var version: FirmwareVersion?
-                if let revision = dis?.characteristics.first(where: { $0.uuid == DeviceInformationService.firmwareRevisionUUID }),
-                   let bytes = try? await connection.read(revision) {
+                if let revision, let bytes = try? await connection.read(revision) {
                     version = FirmwareVersion(String(decoding: bytes, as: UTF8.self))
                 }
-                let host: ESPOTAHost = dis == nil ? .nimble : .bluedroid
+                let host: ESPOTAHost = revision == nil ? .nimble : .bluedroid
+                let writes = data.properties.contains(.writeWithoutResponse) || commandsToUnflaggedData ? "write commands" : "write requests"
                 let summary = DeviceSummary(protocolName: Self.name, firmwareVersion: version,
-                                            state: "ready (\(host == .nimble ? "NimBLE" : "Bluedroid") host, by its GATT table); one START per boot, no resume")
-                // Flagged write only, yet NimBLE (and Bluedroid) take write commands on RECV_FW: the
-                // host maps both write types to one permission. The session streams commands.
-                let stream = GATTCharacteristic(uuid: data.uuid, properties: data.properties.union(.writeWithoutResponse), id: data.id)
+                                            state: "ready (\(host == .nimble ? "NimBLE" : "Bluedroid") host, by its GATT table; sectors as \(writes)); one START per boot, no resume")
+                // RECV_FW flags write only: the session sends write requests, unless asked to send
+                // commands (the device's host takes both write types on it).
+                let stream = commandsToUnflaggedData
+                    ? GATTCharacteristic(uuid: data.uuid, properties: data.properties.union(.writeWithoutResponse), id: data.id) : data
                 return AttachedLink(characteristics: [.control: command, .data: stream], peer: ESPOTALink(host: host), summary: summary)
             }
         } catch {

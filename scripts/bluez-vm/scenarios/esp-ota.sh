@@ -10,11 +10,11 @@
 #      central's controller) once the peripheral holds ~40 % of the image: otaflash exits 6 with the
 #      line that says the device needs a reset, never STARTs again (one begin event at the
 #      peripheral), and nothing is booted (no activated event).
-# Sector packets go out as write commands to a characteristic flagged write + indicate: BlueZ's
-# WriteValue(type=command), which bluetoothd sends whatever the flags (AcquireWrite needs
-# write-without-response), and which the served device's bluetoothd takes (the ATT server checks
-# the attribute's write permission only). Run it with run.sh --gatt-channels 1: a sector's packets
-# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
+#   Each flash must also have taken the device for its host (NimBLE: no Device Information Service
+#   of its own; the peripheral's bluetoothd adds one with its PnP ID only).
+# Sector packets go out as write requests: RECV_FW flags write + indicate, and bluetoothd sends a
+# write command only to a characteristic flagged for one. Run it with run.sh --gatt-channels 1: a
+# sector's packets must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -69,6 +69,9 @@ if [[ $STEPS == *" flash "* ]]; then
 			fail "$tag: otaflash exited with $F_RC: ${F_DONE:-no done event}"
 		fi
 		grep -q '"protocol":"esp-ota"' "$RESULTS_DIR/$tag.stamped" || fail "$tag: otaflash did not pick esp-ota from the image"
+		want=$([ "${host%%:*}" = nimble ] && echo NimBLE || echo Bluedroid)
+		grep -q "\"state\":\"ready ($want host" "$RESULTS_DIR/$tag.stamped" ||
+			fail "$tag: otaflash did not take the device for $want: $(grep -m1 '"event":"device_info"' "$RESULTS_DIR/$tag.stamped" | cut -f2-)"
 		wait_for_line "$SIM_STAMPED" '"event":"activated"' 10 || fail "$tag: the peripheral did not restart into the image"
 		stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
 		[ -n "$stored" ] && cmp -s "$stored" "$IMAGE" || fail "$tag: the stored image ${stored:-(none)} differs from $(basename "$IMAGE")"
