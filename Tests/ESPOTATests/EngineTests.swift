@@ -31,6 +31,22 @@ import Testing
         }
     }
 
+    /// bluetoothd 5.66 drops a write command longer than 510 bytes without a word: at the largest
+    /// MTU, every packet (header and CRC included) stays within it, and each sector still arrives.
+    @Test(arguments: [23, 247, 512, 517]) func everyPacketFitsOneWriteBlueZSends(mtu: Int) {
+        var engine = started(mtu: mtu)
+        var lengths: [Int] = []
+        while true {
+            switch engine.nextStreamStep() {
+            case .data(let offset, let count): lengths.append(engine.dataPacket(offset: offset, count: count).count)
+            case .write(let write) where write.role == .data: lengths.append(write.bytes.count)
+            default:
+                #expect(!lengths.isEmpty && lengths.allSatisfy { $0 <= min(mtu - 3, ATTWriteLimit.maximumValue) }, "\(lengths.max() ?? 0) bytes at MTU \(mtu)")
+                return
+            }
+        }
+    }
+
     @Test func startCarriesTheLengthAndIsTheOnlyCommand() {
         var engine = ESPOTAEngine(image: FirmwareImage(bytes: Self.bytes), config: EngineConfig())
         let actions = engine.handle(.connected(ESPOTALink(host: .nimble), mtu: 23))

@@ -40,7 +40,7 @@ public struct ESPOTAEngine: TransferEngine {
     /// Sectors un-ACKed at most by default: the one being ACKed, and the next one's packets.
     public static let defaultWindow = 2
     /// Packets the device takes: ATT MTU − 3 for the write, − 3 for the sector header.
-    public static func packetData(mtu: Int) -> Int { max(0, mtu - 3 - ESPSectorPacket.headerSize) }
+    public static func packetData(mtu: Int) -> Int { max(0, ATTWriteLimit.value(mtu: mtu) - ESPSectorPacket.headerSize) }
 
     enum State: Sendable {
         case idle

@@ -13,15 +13,15 @@ public struct ESPOTAProfile: OTAProfile {
 
     /// Sectors un-ACKed at most (`ESPOTAEngine.window`).
     public let window: Int
-    /// Send sector packets as write commands though RECV_FW flags write only, as a central other
-    /// than BlueZ may (the device's host takes both write types on it); the bench's other column.
-    /// BlueZ sends write commands only to a characteristic flagged for them, so otaflash sends
-    /// write requests (false).
-    public let commandsToUnflaggedData: Bool
+    /// Send sector packets as write commands though RECV_FW flags write only (the default): both
+    /// hosts take them (the host maps both write types to one permission), bluetoothd sends them
+    /// (`WriteValue` with type command), and they are much faster. False: write requests, as the
+    /// characteristic flags them (the bench's other column).
+    public let writeCommands: Bool
 
-    public init(window: Int = ESPOTAEngine.defaultWindow, commandsToUnflaggedData: Bool = false) {
+    public init(window: Int = ESPOTAEngine.defaultWindow, writeCommands: Bool = true) {
         self.window = window
-        self.commandsToUnflaggedData = commandsToUnflaggedData
+        self.writeCommands = writeCommands
     }
 
     public var name: String { Self.name }
@@ -65,12 +65,12 @@ public struct ESPOTAProfile: OTAProfile {
                     version = FirmwareVersion(String(decoding: bytes, as: UTF8.self))
                 }
                 let host: ESPOTAHost = revision == nil ? .nimble : .bluedroid
-                let writes = data.properties.contains(.writeWithoutResponse) || commandsToUnflaggedData ? "write commands" : "write requests"
+                let writes = data.properties.contains(.writeWithoutResponse) || writeCommands ? "write commands" : "write requests"
                 let summary = DeviceSummary(protocolName: Self.name, firmwareVersion: version,
                                             state: "ready (\(host == .nimble ? "NimBLE" : "Bluedroid") host, by its GATT table; sectors as \(writes)); one START per boot, no resume")
-                // RECV_FW flags write only: the session sends write requests, unless asked to send
-                // commands (the device's host takes both write types on it).
-                let stream = commandsToUnflaggedData
+                // RECV_FW flags write only, yet the device's host takes write commands on it: the
+                // session streams commands (with `writeCommands` false, requests).
+                let stream = writeCommands
                     ? GATTCharacteristic(uuid: data.uuid, properties: data.properties.union(.writeWithoutResponse), id: data.id) : data
                 return AttachedLink(characteristics: [.control: command, .data: stream], peer: ESPOTALink(host: host), summary: summary)
             }

@@ -16,13 +16,13 @@ public struct ESPOTABench: BenchStrategy {
     }
 
     /// Goodput of one window through the real session against the example device model.
-    /// `commands`: sector packets as write commands (a central other than BlueZ), else as the
-    /// characteristic flags them (write requests, as otaflash sends them through BlueZ).
+    /// `commands`: sector packets as write commands (otaflash's default), else as the
+    /// characteristic flags them (write requests).
     static func goodput(_ link: LinkModel, image: [UInt8], host: ESPOTAHost, window: Int, commands: Bool) async throws -> Double {
         let model = ESPOTAPeripheral(config: .init(host: host, partitionSize: 4 << 20, flashTimePerSector: .milliseconds(12), verifyTime: .zero))
         let device = SimulatedDevice(SimulatedDeviceConfig(slotSize: 4 << 20, link: link), model: model)
         let session = OTASession(central: SimulatedCentral(devices: [device]), address: device.config.address,
-                                 image: FirmwareImage(bytes: image), profile: ESPOTAProfile(window: window, commandsToUnflaggedData: commands))
+                                 image: FirmwareImage(bytes: image), profile: ESPOTAProfile(window: window, writeCommands: commands))
         let result = try await session.run()
         guard device.model(as: ESPOTAPeripheral.self)?.activations == [image] else {
             throw BenchFailure("esp-ota run (window \(window)) did not boot the image")
@@ -41,7 +41,7 @@ public struct ESPOTABench: BenchStrategy {
         let image = ESPAppImage.build(body: (0..<imageSize).map { _ in UInt8.random(in: 0...255, using: &rng) })
         print("Espressif BLE OTA link efficiency: goodput / model capacity, \(image.count / 1024) KiB app image, virtual time from START to the restart, 12 ms flash per sector, no time for the image check")
         print("otaflash: the next sector before the ACK (2 un-ACKed); reference: one sector, then its ACK; bound: header share of each write command")
-        print("writes: requests (RECV_FW flags write only; BlueZ, so otaflash, sends requests) or commands (a central that sends them anyway)")
+        print("writes: commands (otaflash's default: both hosts take them on RECV_FW) or requests (as RECV_FW flags it)")
         print("host       MTU  PHY interval  writes    capacity kB/s  bound   otaflash  reference  otaflash÷reference")
         var rows: [[String: Any]] = []
         var minVsRef = Double.infinity
@@ -49,7 +49,7 @@ public struct ESPOTABench: BenchStrategy {
             for mtu in [23, 185, 517] {
                 for phy in LinkModel.PHY.allCases {
                     for ci in [7500, 30000] {
-                        for commands in [false, true] {
+                        for commands in [true, false] {
                             let link = LinkModel(mtu: mtu, phy: phy, connectionInterval: .microseconds(Int64(ci)))
                             let cap = link.capacityBytesPerSecond
                             let ours = try await goodput(link, image: image, host: host, window: ESPOTAEngine.defaultWindow, commands: commands) / cap

@@ -12,9 +12,12 @@
 #      peripheral), and nothing is booted (no activated event).
 #   Each flash must also have taken the device for its host (NimBLE: no Device Information Service
 #   of its own; the peripheral's bluetoothd adds one with its PnP ID only).
-# Sector packets go out as write requests: RECV_FW flags write + indicate, and bluetoothd sends a
-# write command only to a characteristic flagged for one. Run it with run.sh --gatt-channels 1: a
-# sector's packets must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
+# Sector packets go out as write commands to a characteristic flagged write + indicate: BlueZ's
+# WriteValue(type=command), which bluetoothd sends whatever the flags (AcquireWrite needs
+# write-without-response), and which the served device's bluetoothd takes (the ATT server checks
+# the attribute's write permission only); at most 510 bytes each, as bluetoothd 5.66 drops a
+# longer write command without a word. Run it with run.sh --gatt-channels 1: a sector's packets
+# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -29,14 +32,16 @@ step "otaflash: $OTAFLASH; central $CENTRAL_HCI, peripheral $PERIPHERAL_HCI $PER
 FIGS=()
 figure() { FIGS+=("$1"); }
 
-# start_esp TAG NAME: a fresh `simulate --protocol esp-ota --name NAME` (NAME chooses the host:
-# ESP-C919 is Bluedroid's) on the peripheral, stamped into $RESULTS_DIR/TAG.stamped; SIM_PID.
+# start_esp TAG NAME [ARGS...]: a fresh `simulate --protocol esp-ota --name NAME ARGS` (NAME
+# chooses the host: ESP-C919 is Bluedroid's) on the peripheral, stamped into
+# $RESULTS_DIR/TAG.stamped; SIM_PID.
 start_esp() {
 	local tag=$1 name=$2
+	shift 2
 	SIM_STAMPED=$RESULTS_DIR/$tag.stamped
 	SIM_STORE=$RESULTS_DIR/store-$tag
 	: >"$SIM_STAMPED"
-	"$OTAFLASH" simulate --adapter "$PERIPHERAL_HCI" --protocol esp-ota --name "$name" --store "$SIM_STORE" --json --verbose \
+	"$OTAFLASH" simulate --adapter "$PERIPHERAL_HCI" --protocol esp-ota --name "$name" --store "$SIM_STORE" --json --verbose "$@" \
 		> >(while IFS= read -r line; do printf '%s\t%s\n' "$EPOCHREALTIME" "$line"; done >"$SIM_STAMPED") \
 		2>"$RESULTS_DIR/$tag.stderr" &
 	SIM_PID=$!
@@ -88,7 +93,9 @@ fi
 
 # ------------------------------------------------------------------ 2. link dropped mid-transfer
 if [[ $STEPS == *" drop "* ]]; then
-	start_esp sim-drop nimble-ble-ota
+	# Its flash takes 100 ms per KiB more, so the transfer lasts seconds and the drop lands in it
+	# (the sample goes over in half a second otherwise).
+	start_esp sim-drop nimble-ble-ota --sim-slow-flash-ms 100
 	at=$((IMAGE_SIZE * 2 / 5))
 	flash drop &
 	flash_pid=$!
