@@ -215,10 +215,11 @@ struct DocsTests {
         let fm = FileManager.default
         try fm.createSymbolicLink(atPath: scratch.url.appendingPathComponent("firmware-samples").path,
                                   withDestinationPath: repositoryRoot.appendingPathComponent("firmware-samples").path)
-        // README's placeholders for the user's own files.
+        // README's placeholders for the user's own files (build/app.bin: what `idf.py build` writes).
+        try fm.createDirectory(at: scratch.url.appendingPathComponent("build"), withIntermediateDirectories: true)
         for (name, sample) in [("app.bin", "seeded-256k.bin"), ("app.hex", "seeded-256k.hex"),
                                ("app_dfu_package.zip", "nordic/blinky-app.zip"),
-                               ("app.signed.bin", "mcuboot/blinky-ec256-v1.3.0.bin")] {
+                               ("app.signed.bin", "mcuboot/blinky-ec256-v1.3.0.bin"), ("build/app.bin", "esp32/blink-esp32.bin")] {
             try fm.copyItem(atPath: samplePath(sample), toPath: scratch.url.appendingPathComponent(name).path)
         }
         _ = try scratch.file("line3.txt", "# line 3, station A\nC0:FF:EE:00:03:01\nC0:FF:EE:00:03:02\nC0:FF:EE:00:03:03\n")
