@@ -142,10 +142,22 @@ extension ParsableArguments {
     }
 }
 
+/// A request that carries every protocol's own options groups, each protocol reading its own.
+public protocol HoldsProtocolOptions {
+    var options: [any ProtocolOptionGroup] { get }
+}
+
+extension HoldsProtocolOptions {
+    /// The options group of type `Group`, when the command line has it.
+    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
+        options.lazy.compactMap { $0 as? Group }.first
+    }
+}
+
 /// What `flash` asks of the loaders besides the path: the protocol asked for (or `auto`), the
 /// protocols registered (a loader resolves the name among them), and every protocol's own
 /// options (each protocol reads its own group).
-public struct FlashRequest: Sendable {
+public struct FlashRequest: Sendable, HoldsProtocolOptions {
     public var protocolName: String
     public var registry: ProtocolRegistry
     public var options: [any ProtocolOptionGroup]
@@ -154,11 +166,6 @@ public struct FlashRequest: Sendable {
         self.protocolName = protocolName
         self.registry = registry
         self.options = options
-    }
-
-    /// The options group of type `Group`, when the command line has it.
-    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
-        options.lazy.compactMap { $0 as? Group }.first
     }
 }
 
@@ -196,7 +203,7 @@ public struct FlashPlan {
 
 /// What a protocol's `afterActivation` is given: the flash's result, the device it reached and
 /// how to reach it again, and the command line's options.
-public struct AfterActivation: Sendable {
+public struct AfterActivation: Sendable, HoldsProtocolOptions {
     public var result: OTAResult
     /// What the device reported after the update (its firmware version).
     public var after: DeviceSummary?
@@ -222,17 +229,12 @@ public struct AfterActivation: Sendable {
         self.replyTimeout = replyTimeout
         self.note = note
     }
-
-    /// The options group of type `Group`, when the command line has it.
-    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
-        options.lazy.compactMap { $0 as? Group }.first
-    }
 }
 
 /// What the simulated device of `flash --simulator` is asked to be: the plan it receives, the
 /// device every protocol's simulator has (address, slot, link, faults), what the command line
 /// says of the native device, and every protocol's own options.
-public struct SimulatedDeviceRequest {
+public struct SimulatedDeviceRequest: HoldsProtocolOptions {
     /// Nil: a device to look at (`scan`, `info`, `pair`), not to flash.
     public var plan: FlashPlan?
     public var config: SimulatedDeviceConfig
@@ -244,11 +246,6 @@ public struct SimulatedDeviceRequest {
         self.config = config
         self.settings = settings
         self.options = options
-    }
-
-    /// The options group of type `Group`, when the command line has it.
-    public func options<Group: ProtocolOptionGroup>(_: Group.Type) -> Group? {
-        options.lazy.compactMap { $0 as? Group }.first
     }
 }
 
