@@ -86,8 +86,14 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
             output.out((isFlashHelp ? Flash.shortened(message) : isSimulatorTopic ? SimulatorTopic.simulatorOnly(message) : message) + "\n")
             return ExitCode.success.rawValue
         }
-        var line = message.split(separator: "\n").first.map(String.init) ?? "invalid arguments"
+        let lines = message.split(separator: "\n").map(String.init)
+        var line = lines.first ?? "invalid arguments"
         if line.hasPrefix("Error: ") { line.removeFirst("Error: ".count) }
+        if line.hasSuffix("one of the following:") {
+            // ArgumentParser lists six values or more one a line ("  - value"): kept on the one line.
+            let values = lines.dropFirst().map { $0.trimmingCharacters(in: .whitespaces) }.prefix { $0.hasPrefix("- ") }.map { "'\($0.dropFirst(2))'" }
+            if !values.isEmpty { line = String(line.dropLast("the following:".count)) + values.joined(separator: ", ") + "." }
+        }
         line = Ranges.explain(line, more: ProtocolCommandLine.all.reduce(into: [:]) { $0.merge($1.rangeTexts) { a, _ in a } })
         // A script that asked for JSON gets its failure as JSON too.
         if arguments.prefix(while: { $0 != "--" }).contains("--json") {

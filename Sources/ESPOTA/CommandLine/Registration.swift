@@ -13,13 +13,14 @@ extension ProtocolCommandLine {
         var esp = ProtocolCommandLine(
             profile: ESPOTAProfile(), loader: Loader(detector: .espAppImage) { path, request throws(CLIFailure) in
                 do throws(OTAError) {
-                    let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: request.registry)
+                    let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: request.registry,
+                                                             chip: request.options(ESPOTAOptions.self)?.chip)
                     return FlashPlan(update: loaded.plan, warnings: loaded.warnings, imageVersion: loaded.version)
                 } catch {
                     throw CLIFailure(ExitCode(error.code), "\(error)")
                 }
             },
-            takes: ["--sim-firmware-version"],
+            takes: ["--sim-firmware-version", "--chip"],
             refuses: ["--checkpoint-interval": "an ESP32 ACKs each 4 KiB sector itself",
                       "--restart": "Espressif's BLE OTA cannot resume: every run sends the whole image",
                       "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
@@ -37,13 +38,22 @@ extension ProtocolCommandLine {
     }()
 }
 
-/// Espressif's BLE OTA takes no options of its own: the image and the device say everything.
+/// Espressif's BLE OTA's own option: the chip the devices are.
 public struct ESPOTAOptions: ProtocolOptionGroup {
+    @Option(name: .customLong("chip"), help: ArgumentHelp("esp-ota: the chip the devices are (\(ESPChip.knownNames.joined(separator: ", "))): an app image built for another is refused before any radio time (exit 7); the device would take it and not restart.", valueName: "chip"))
+    var chip: ESPChip?
+
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .espOTA }
 
-    public func given(withSimulator: Bool) -> [String] { [] }
+    public func given(withSimulator: Bool) -> [String] { chip != nil ? ["--chip"] : [] }
+}
+
+extension ESPChip: ExpressibleByArgument {
+    /// `esp32c3`, `ESP32-C3` or `esp32-c3`.
+    public init?(argument: String) { self.init(name: argument) }
+    public static var allValueStrings: [String] { knownNames }
 }
 
 /// What the command line needs of this protocol beyond its profile: the loader of ESP-IDF app
