@@ -467,17 +467,22 @@ extension BatchOutcome {
 }
 
 /// Wakes one waiter, or the next one to wait (a wake-up is kept until taken); every wait has a timeout.
+///
+/// The timeout is a dispatch timer, cancelled (and freed) as soon as a signal comes first: a
+/// cancelled `Task.sleep` keeps its timer queued until its deadline, and a shift's waits of up to
+/// an hour each then held memory for every device of that hour.
 final class Wakeup: Sendable {
     private struct State {
         var pending = false
         var waiter: CheckedContinuation<Void, Never>?
-        var timer: Task<Void, Never>?
+        var timer: (any DispatchSourceTimer)?
     }
 
     private let state = Mutex(State())
+    private static let timers = DispatchQueue(label: "otaflash.station.wakeup")
 
     func signal() {
-        let (waiter, timer) = state.withLock { s -> (CheckedContinuation<Void, Never>?, Task<Void, Never>?) in
+        let (waiter, timer) = state.withLock { s -> (CheckedContinuation<Void, Never>?, (any DispatchSourceTimer)?) in
             guard let waiter = s.waiter else {
                 s.pending = true
                 return (nil, nil)
@@ -498,10 +503,12 @@ final class Wakeup: Sendable {
                     return true
                 }
                 s.waiter = c
-                s.timer = Task { [weak self] in
-                    guard (try? await Task.sleep(for: timeout)) != nil else { return }
-                    self?.signal()
-                }
+                let timer = DispatchSource.makeTimerSource(queue: Self.timers)
+                let (seconds, attoseconds) = timeout.components
+                timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: seconds * 1_000_000_000 + attoseconds / 1_000_000_000)))
+                timer.setEventHandler { [weak self] in self?.signal() }
+                timer.resume()
+                s.timer = timer
                 return false
             }
             if ready { c.resume() }
