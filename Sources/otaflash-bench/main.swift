@@ -57,6 +57,13 @@ struct Options {
     }
 }
 
+// swift-argument-parser's generate-manual plugin (scripts/package) asks every executable of the
+// package that links ArgumentParser, as this one does through the protocol modules, for its help
+// as JSON; this program parses its own arguments, so it answers with its name and purpose.
+if CommandLine.arguments.dropFirst().first == "--experimental-dump-help" {
+    print(#"{"serializationVersion":0,"command":{"commandName":"otaflash-bench","abstract":"Throughput and CPU figures on the simulator's link model (docs/PERFORMANCE.md).","shouldDisplay":true}}"#)
+    exit(0)
+}
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 var rng = SeededGenerator(seed: 2024)
 let image = FirmwareImage(bytes: (0..<options.imageSize).map { _ in UInt8.random(in: 0...255, using: &rng) })

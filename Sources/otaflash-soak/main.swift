@@ -186,6 +186,13 @@ final class Counter: @unchecked Sendable {
     func increment() { value += 1 }
 }
 
+// swift-argument-parser's generate-manual plugin (scripts/package) asks every executable of the
+// package that links ArgumentParser, as this one does through the protocol modules, for its help
+// as JSON; this program parses its own arguments, so it answers with its name and purpose.
+if CommandLine.arguments.dropFirst().first == "--experimental-dump-help" {
+    print(#"{"serializationVersion":0,"command":{"commandName":"otaflash-soak","abstract":"Flashes the simulator under random, seeded faults and checks the invariants (docs/RELIABILITY.md).","shouldDisplay":true}}"#)
+    exit(0)
+}
 let options = Options(Array(CommandLine.arguments.dropFirst()))
 let strategy = options.strategy
 let settings = SoakSettings(deviceVersion: options.deviceVersion)
