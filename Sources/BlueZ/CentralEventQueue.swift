@@ -77,7 +77,7 @@ final class CentralEventQueue: Sendable {
                     continuation.resume(returning: immediate)
                     return
                 }
-                DispatchQueue.global().asyncAfter(deadline: .now() + dispatchInterval(timeout), execute: timer.item)
+                DispatchQueue.global().asyncAfter(deadline: .now() + timeout.dispatchInterval, execute: timer.item)
             }
         } onCancel: {
             expire(id)
@@ -158,7 +158,7 @@ final class Watched<Value: Sendable>: Sendable {
                     continuation.resume(returning: immediate)
                     return
                 }
-                DispatchQueue.global().asyncAfter(deadline: .now() + dispatchInterval(timeout), execute: timer.item)
+                DispatchQueue.global().asyncAfter(deadline: .now() + timeout.dispatchInterval, execute: timer.item)
             }
         } onCancel: {
             expire(id)
@@ -174,13 +174,6 @@ final class Watched<Value: Sendable>: Sendable {
         waiter.timer.item.cancel()
         waiter.continuation.resume(returning: false)
     }
-}
-
-func dispatchInterval(_ duration: Duration) -> DispatchTimeInterval {
-    let (s, atto) = duration.components
-    let nanos = s.multipliedReportingOverflow(by: 1_000_000_000)
-    if nanos.overflow || s > Int64(Int32.max) { return .never }
-    return .nanoseconds(Int(clamping: nanos.partialValue + atto / 1_000_000_000))
 }
 
 /// A one-shot timer's work item. `DispatchWorkItem.cancel()` is thread-safe, which is all that is

@@ -1,3 +1,4 @@
+import Dispatch
 import Synchronization
 
 /// Monotonic time as a transport sees it: real time for BlueZ, the link model's virtual time for
@@ -57,5 +58,13 @@ extension Duration {
     public var seconds: Double {
         let (s, atto) = components
         return Double(s) + Double(atto) / 1e18
+    }
+
+    /// The same span for a dispatch timer; `.never` past about 68 years.
+    public var dispatchInterval: DispatchTimeInterval {
+        let (s, atto) = components
+        let nanos = s.multipliedReportingOverflow(by: 1_000_000_000)
+        if nanos.overflow || s > Int64(Int32.max) { return .never }
+        return .nanoseconds(Int(clamping: nanos.partialValue + atto / 1_000_000_000))
     }
 }

@@ -661,11 +661,11 @@ public actor OTASession {
 
     /// Writes a packet without response, through the transport's fast path when it has room; to a
     /// characteristic that takes no write commands, as a write request whose response it awaits
-    /// (Espressif's RECV_FW flags write only, and BlueZ sends write commands only where flagged).
+    /// (a profile hands the session the characteristic as flagged: what it flags is what is sent).
     /// - Returns: why the link is gone, or nil when the packet went out.
     private func writeStreamed(_ packet: [UInt8], to target: GATTCharacteristic, on connection: any GATTConnection) async throws(OTAError) -> String? {
         do {
-            if !target.properties.contains(.writeWithoutResponse) {
+            if target.streamWriteType == .withResponse {
                 try await connection.write(packet, to: target, type: .withResponse)
             } else if try !connection.tryWriteWithoutResponse(packet, to: target) {
                 try await connection.write(packet, to: target, type: .withoutResponse)
@@ -687,7 +687,7 @@ public actor OTASession {
         }
         do {
             if write.withResponse { return try connection.submitWrite(write.bytes, to: target) }
-            try await connection.write(write.bytes, to: target, type: target.properties.contains(.writeWithoutResponse) ? .withoutResponse : .withResponse)
+            try await connection.write(write.bytes, to: target, type: target.streamWriteType)
         } catch {
             if error.code != .notConnected { throw OTAError.from(error, device: device) }
         }
@@ -816,4 +816,11 @@ public func withTimeout<T: Sendable>(_ limit: Duration, clock: any MonotonicCloc
     }
     guard let result else { throw GATTError(.timeout, "\(what) took longer than \(limit.seconds) s") }
     return try result.get()
+}
+
+extension GATTCharacteristic {
+    /// How an engine's write that wants no response goes out: a write command where the
+    /// characteristic is flagged for one, else a write request (strict in what is sent; a profile
+    /// that knows its device takes commands anyway says so by the flags it hands over, as ESP32's).
+    var streamWriteType: WriteType { properties.contains(.writeWithoutResponse) ? .withoutResponse : .withResponse }
 }

@@ -504,8 +504,7 @@ final class Wakeup: Sendable {
                 }
                 s.waiter = c
                 let timer = DispatchSource.makeTimerSource(queue: Self.timers)
-                let (seconds, attoseconds) = timeout.components
-                timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: seconds * 1_000_000_000 + attoseconds / 1_000_000_000)))
+                timer.schedule(deadline: .now() + timeout.dispatchInterval)
                 timer.setEventHandler { [weak self] in self?.signal() }
                 timer.resume()
                 s.timer = timer

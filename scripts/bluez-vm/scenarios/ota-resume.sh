@@ -59,16 +59,7 @@ stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR
 flash_pid=$!
 BG+=("$flash_pid")
 # The central's progress events carry "bytes" (sent so far).
-sent_so_far() { grep '"event":"progress"' "$f" 2>/dev/null | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
-deadline=$((SECONDS + 120))
-until [ "$(sent_so_far)" -ge "$DISCONNECT_AT" ] 2>/dev/null; do
-	kill -0 "$flash_pid" 2>/dev/null || break
-	((SECONDS < deadline)) || fail "the central did not reach $DISCONNECT_AT bytes within 120 s"
-	sleep 0.1
-done
-at=$(sent_so_far)
-out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
-step "outside disconnect at ${at:-?} bytes sent: btmgmt --index $CENTRAL_INDEX disconnect -t 1 $PERIPHERAL_ADDR: $(tr '\n' ' ' <<<"$out")"
+disconnect_at "$f" "$DISCONNECT_AT" "$flash_pid"
 rc=0
 wait "$flash_pid" || rc=$?
 check_flash outside "$f" "$rc" "$SIM_OUT"

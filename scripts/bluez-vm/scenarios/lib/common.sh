@@ -132,20 +132,22 @@ links_down() {
 	done
 }
 
-# disconnect_at STAMPED BYTES PID: once the peripheral stamped into STAMPED reports BYTES received
-# (its last progress event; 120 s at most, or until PID, the flash, ends), drops the link from the
-# central's controller (`btmgmt disconnect`) and says so. Sets DISCONNECT_GOT (bytes received then).
+# disconnect_at OUT BYTES PID [SECONDS]: once the last progress event in OUT (the peripheral's:
+# bytes received; or the flash's own output: bytes sent) reports BYTES (SECONDS at most, 120 by
+# default, or until PID, the flash, ends), drops the link from the central's controller
+# (`btmgmt disconnect`) and says so. Sets DISCONNECT_GOT (the bytes reported then).
 disconnect_at() {
-	local stamped=$1 at=$2 pid=$3 deadline=$((SECONDS + 120)) out
-	received() { grep '"event":"progress"' "$stamped" | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
-	until [ "$(received)" -ge "$at" ] 2>/dev/null; do
+	local out=$1 at=$2 pid=$3 secs=${4:-120} deadline reply
+	deadline=$((SECONDS + secs))
+	reported() { grep '"event":"progress"' "$out" 2>/dev/null | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
+	until [ "$(reported)" -ge "$at" ] 2>/dev/null; do
 		kill -0 "$pid" 2>/dev/null || break
-		((SECONDS < deadline)) || fail "the peripheral did not receive $at bytes within 120 s"
+		((SECONDS < deadline)) || fail "$(basename "$out") reported no progress to $at bytes within $secs s"
 		sleep 0.05
 	done
-	DISCONNECT_GOT=$(received)
-	out=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
-	step "outside disconnect at ${DISCONNECT_GOT:-?} bytes received: $(tr '\n' ' ' <<<"$out")"
+	DISCONNECT_GOT=$(reported)
+	reply=$(timeout 10 btmgmt --index "$CENTRAL_INDEX" disconnect -t 1 "$PERIPHERAL_ADDR" 2>&1) || true
+	step "outside disconnect at ${DISCONNECT_GOT:-?} bytes ($(basename "$out")): btmgmt --index $CENTRAL_INDEX disconnect -t 1 $PERIPHERAL_ADDR: $(tr '\n' ' ' <<<"$reply")"
 }
 
 # stop_sim PID [SIM_OUT]: SIGINT, then waits (15 s) for it to unregister and exit;
