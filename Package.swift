@@ -120,7 +120,8 @@ let package = Package(
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
-        .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport"]),
+        .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
+                                                        .product(name: "PostgresNIO", package: "postgres-nio")]),
         .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
     ],
     swiftLanguageModes: [.v6]

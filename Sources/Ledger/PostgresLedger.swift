@@ -45,7 +45,7 @@ public actor PostgresLedger: LedgerStore {
         // The server gives up a statement that waits longer than the client would (a lock held
         // by a stuck session), so nothing waits for an answer nobody reads.
         configuration.options.additionalStartupParameters = [
-            ("statement_timeout", "\(Int(queryTimeout.seconds * 1000))"),
+            ("statement_timeout", "\(Int(self.queryTimeout.seconds * 1000))"),
             ("application_name", target.applicationName),
         ]
         self.configuration = configuration
@@ -58,7 +58,7 @@ public actor PostgresLedger: LedgerStore {
             try await c.query("""
                 INSERT INTO stations (name, last_seen) VALUES (\(station), \(LedgerRecord.timestamp(Date())))
                 ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen
-                """, logger: Self.logger)
+                """, logger: Self.logger).drain()
         }
     }
 
@@ -183,7 +183,7 @@ public actor PostgresLedger: LedgerStore {
             try await c.query("""
                 UPDATE claims SET state = 'released', expires_at = \(unescaped: Self.now)
                 WHERE device = \(device.uppercased()) AND station = \(holder.station) AND run_id = \(holder.run) AND state = 'held'
-                """, logger: Self.logger)
+                """, logger: Self.logger).drain()
         }
     }
 
@@ -255,31 +255,48 @@ public actor PostgresLedger: LedgerStore {
 
     /// Applies the migrations this ledger lacks, in one transaction under an advisory lock, so
     /// stations that start together migrate once; refuses a ledger with a migration it does not know.
+    /// A ledger already at this schema is only read: stations that start together on it wait for no lock.
     private static func migrate(_ c: PostgresConnection, location: String) async throws {
-        try await c.query("BEGIN", logger: Self.logger)
-        do {
-            // pg_advisory_xact_lock: held until COMMIT or ROLLBACK; the key is otaflash's own.
-            try await c.query("SELECT pg_advisory_xact_lock(746102)", logger: Self.logger)
-            try await c.query("CREATE TABLE IF NOT EXISTS grdb_migrations (identifier text NOT NULL PRIMARY KEY)", logger: Self.logger)
-            let applied = Set(try await c.query("SELECT identifier FROM grdb_migrations", logger: Self.logger).collect()
-                .map { try $0.decode(String.self) })
-            let known = Set(Self.migrations.map(\.0))
-            if !applied.isSubset(of: known) {
+        func applied() async throws -> Set<String> {
+            Set(try await c.query("SELECT identifier FROM grdb_migrations", logger: Self.logger).collect().map { try $0.decode(String.self) })
+        }
+        func refuseNewer(_ applied: Set<String>) throws {
+            guard applied.isSubset(of: Set(Self.migrations.map(\.0))) else {
                 throw LedgerError(.newerSchema, "the PostgreSQL ledger \(location) was written by a newer otaflash (a schema newer than version \(Ledger.schemaVersion)); use that version, or another --ledger")
             }
-            for (name, statements) in Self.migrations where !applied.contains(name) {
-                for statement in statements { try await c.query(PostgresQuery(unsafeSQL: statement), logger: Self.logger) }
-                try await c.query("INSERT INTO grdb_migrations (identifier) VALUES (\(name))", logger: Self.logger)
+        }
+        let exists = try await c.query("SELECT to_regclass('grdb_migrations') IS NOT NULL", logger: Self.logger).collect()
+            .first?.decode(Bool.self) ?? false
+        if exists {
+            let now = try await applied()
+            try refuseNewer(now)
+            if now.count == Self.migrations.count { return }
+        }
+        try await c.query("BEGIN", logger: Self.logger).drain()
+        do {
+            // pg_advisory_xact_lock: held until COMMIT or ROLLBACK; the key is otaflash's own.
+            try await c.query("SELECT pg_advisory_xact_lock(746102)", logger: Self.logger).drain()
+            try await c.query("CREATE TABLE IF NOT EXISTS grdb_migrations (identifier text NOT NULL PRIMARY KEY)", logger: Self.logger).drain()
+            let done = try await applied()
+            try refuseNewer(done)
+            for (name, statements) in Self.migrations where !done.contains(name) {
+                for statement in statements { try await c.query(PostgresQuery(unsafeSQL: statement), logger: Self.logger).drain() }
+                try await c.query("INSERT INTO grdb_migrations (identifier) VALUES (\(name))", logger: Self.logger).drain()
             }
-            try await c.query("COMMIT", logger: Self.logger)
+            try await c.query("COMMIT", logger: Self.logger).drain()
         } catch {
             // A connection the deadline closed takes no statement (the server rolls back itself).
-            if !c.isClosed { _ = try? await c.query("ROLLBACK", logger: Self.logger) }
+            if !c.isClosed { _ = try? await c.query("ROLLBACK", logger: Self.logger).drain() }
             throw error
         }
     }
 
     // MARK: - Connection, deadlines, failures
+
+    /// How long this process waits for an answer: a little past the server's `statement_timeout`,
+    /// so a server that is there gives up first and says why (a lock another session holds); the
+    /// deadline ends the wait on one that is not.
+    nonisolated var clientDeadline: Duration { queryTimeout + min(queryTimeout, .seconds(1)) }
 
     /// Runs `body` on the connection (opened, and migrated, when there is none) within `queryTimeout`;
     /// a connection that times out or fails is closed, and the next operation opens another.
@@ -291,7 +308,7 @@ public actor PostgresLedger: LedgerStore {
         } catch {
             throw failure(error, doing: "connecting to")
         }
-        let limit = queryTimeout
+        let limit = clientDeadline
         do {
             return try await Self.bounded(c, by: limit) { try await body(c) }
         } catch is DeadlinePassed {
@@ -309,7 +326,7 @@ public actor PostgresLedger: LedgerStore {
         if let connection, !connection.isClosed { return connection }
         if let connecting { return try await connecting.value }
         let configuration = configuration
-        let queryLimit = queryTimeout
+        let queryLimit = clientDeadline
         let location = location
         let task = Task { () throws -> PostgresConnection in
             // PostgresNIO bounds the whole connect, TLS and authentication included, by
@@ -597,5 +614,14 @@ struct PostgresTarget {
         }
         let context = try NIOSSLContext(configuration: config)
         return sslmode == "prefer" ? .prefer(context) : .require(context)
+    }
+}
+
+extension PostgresRowSequence {
+    /// Reads the answer to its end. `query` returns once the server has described the rows: a
+    /// failure while the statement runs (a lock wait past `statement_timeout`) arrives with them,
+    /// and unread it would surface only as the next statement's "transaction is aborted".
+    func drain() async throws {
+        for try await _ in self {}
     }
 }

@@ -1,5 +1,7 @@
 import Foundation
 import Ledger
+import Logging
+import PostgresNIO
 import Testing
 import TestSupport
 
@@ -257,6 +259,71 @@ struct PostgresLedgerTests {
             }
             await ledger.close()
         }
+    }
+
+    /// Another session holding the schema's lock (a station migrating, under load)
+    /// while `body` runs; released at the end, or when `body` throws.
+    func whileTheSchemaLockIsHeld<T>(on url: String, _ body: () async throws -> T) async throws -> T {
+        let server = try Prerequisites.require(PostgresServer.shared, for: .postgres)
+        let name = try #require(URLComponents(string: url)?.path.split(separator: "/").last.map(String.init))
+        let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+        let holder = try await PostgresConnection.connect(
+            configuration: .init(host: "127.0.0.1", port: server.port, username: "otaflash", password: server.password, database: name, tls: .disable),
+            id: 1, logger: logger)
+        _ = try await holder.query("SELECT pg_advisory_lock(746102)", logger: logger).collect()
+        do {
+            let result = try await body()
+            try await holder.close()
+            return result
+        } catch {
+            try? await holder.close()
+            throw error
+        }
+    }
+
+    /// The server gives a statement as long as the URL's `statement_timeout`, not the default:
+    /// a station that waits 3 s for another's schema lock gets it (it used to be cancelled by the
+    /// server at the default, then fail with "current transaction is aborted").
+    @Test func theServerWaitsAsLongAsTheURLSays() async throws {
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("wait", statementTimeout: 60)
+        let ledger = try PostgresLedger(url: url, queryTimeout: .seconds(1))
+        #expect(ledger.queryTimeout == .seconds(60))
+        try await whileTheSchemaLockIsHeld(on: url) {
+            let waiting = Task { try await ledger.prepare(station: "st") }
+            try await Task.sleep(for: .seconds(3))
+            return waiting
+        }.value
+        #expect(try await ledger.claims().isEmpty)
+        await ledger.close()
+    }
+
+    /// A lock held past `statement_timeout` is named as a lock (exit 18, kind `locked`), from the
+    /// server's own answer, which comes before this process's deadline.
+    @Test func aLockHeldPastTheTimeoutIsNamed() async throws {
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("lock", statementTimeout: 2)
+        let ledger = try PostgresLedger(url: url)
+        try await whileTheSchemaLockIsHeld(on: url) {
+            do {
+                try await ledger.prepare(station: "st")
+                Issue.record("a held schema lock let the migration through")
+            } catch let error as LedgerError {
+                #expect(error.kind == .locked, "\(error)")
+                #expect(error.message.contains("waited over 2 s for another session's lock"), "\(error)")
+            }
+        }
+        await ledger.close()
+    }
+
+    /// A ledger already at this schema is only read: a station starting while another holds the
+    /// schema's lock does not wait for it.
+    @Test func aMigratedLedgerIsOpenedWithoutTheLock() async throws {
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("migrated", statementTimeout: 2)
+        let first = try PostgresLedger(url: url)
+        try await first.prepare(station: "st-a")
+        await first.close()
+        let second = try PostgresLedger(url: url)
+        try await whileTheSchemaLockIsHeld(on: url) { try await second.prepare(station: "st-b") }
+        await second.close()
     }
 
     @Test func aWrongPasswordIsRefusedAsAuthentication() async throws {
