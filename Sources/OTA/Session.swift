@@ -65,6 +65,16 @@ public struct TransferProgress: Sendable, Hashable {
     public var elapsed: Double
 
     public var fraction: Double { total == 0 ? 1 : Double(bytes) / Double(total) }
+
+    public init(device: String, bytes: Int, confirmed: Int, total: Int, rate: Double, eta: Double?, elapsed: Double) {
+        self.device = device
+        self.bytes = bytes
+        self.confirmed = confirmed
+        self.total = total
+        self.rate = rate
+        self.eta = eta
+        self.elapsed = elapsed
+    }
 }
 
 /// The outcome of a successful update.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import GATT
+import OTA
 import OTADevice
 import Simulator
 
@@ -31,6 +32,8 @@ public protocol CommandOutput: Sendable {
     func table(_ rows: [[String]])
     /// A line for people about the work (stderr in human mode).
     func note(_ text: String)
+    /// A transfer's progress for people: the bar `otaflash flash` draws on a terminal (human mode only).
+    func progress(_ progress: TransferProgress)
 }
 
 /// One example of an event a protocol's own commands print, for docs/EVENTS.md and the test that

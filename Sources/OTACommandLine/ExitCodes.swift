@@ -39,7 +39,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .internalError: "a bug in otaflash; please report it with the output of --verbose (among them: a simulated version 2 device's C device library answered differently from its Swift model)"
         case .usage: "invalid command line: unknown option, bad value, malformed device address"
         case .imageFile: "the image file cannot be used: missing, unreadable, not a regular file, empty, over 64 MiB, malformed Intel HEX, not an image (ELF, archive, …), a Nordic DFU package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format), or an MCUboot image that does not (magic, header, TLVs, hash, encrypted or non-bootable); the device refusing an SMP image's header or TLVs"
-        case .imageTooLarge: "the image does not fit the device's slot (a Secure DFU bootloader's bank or object size; an SMP device's slot, MCUmgr image error 30)"
+        case .imageTooLarge: "the image does not fit the device's slot (a Secure DFU bootloader's bank or object size; an SMP device's slot, MCUmgr image error 30; a file its file system cannot hold, `files put`)"
         case .deviceNotFound: "no device with that address was found within the scan timeout"
         case .connection: "connecting failed or the link was lost; run the same command again to resume"
         case .incompatibleDevice: "the device lacks the OTA service, a characteristic, or a property the protocol needs, or refuses the package: other hardware, another SoftDevice, a downgrade, a missing or untrusted signature (or --hw-version/--sd-req shows it would, before any radio time); an SMP device that refuses a downgrade (MCUmgr image error 27) or lacks an MCUmgr command"

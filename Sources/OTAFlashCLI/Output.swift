@@ -259,6 +259,8 @@ public final class EventPrinter: CommandOutput {
         FlashEvents.event(event).line
     }
 
+    public func progress(_ progress: TransferProgress) { bar(progress) }
+
     private func bar(_ p: TransferProgress) {
         guard mode == .human, bars, sink.isTerminal else { return }
         let width = 30

@@ -136,7 +136,7 @@ struct EventSchemaTests {
     let docs = EventDocs.shared
 
     @Test func theDocsDocumentEveryEventOfEveryCommand() {
-        #expect(Set(docs.sections.keys) == ["otaflash flash", "otaflash scan", "otaflash info", "otaflash pair and unpair", "otaflash simulate", "otaflash image", "otaflash station", "any command"])
+        #expect(Set(docs.sections.keys) == ["otaflash flash", "otaflash scan", "otaflash info", "otaflash pair and unpair", "otaflash simulate", "otaflash image", "otaflash files", "otaflash station", "any command"])
         let documented = docs.sections.flatMap { section, events in events.keys.map { "\(section)/\($0)" } }
         let coded = EventCatalog.examples.map { "\($0.section)/\(type(of: $0.event).name)" }
         #expect(Set(documented) == Set(coded))

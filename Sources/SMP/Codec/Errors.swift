@@ -226,6 +226,8 @@ public struct SMPDeviceError: Error, Hashable, Sendable, CustomStringConvertible
             general.description
         } else if let imageError {
             imageError.description
+        } else if let fileError {
+            fileError.description
         } else {
             "\(group.map(\.description) ?? "SMP") error \(rc)"
         }
@@ -234,7 +236,7 @@ public struct SMPDeviceError: Error, Hashable, Sendable, CustomStringConvertible
 
     /// The failure class a user acts on.
     public var otaCode: OTAError.Code {
-        general?.otaCode ?? imageError?.otaCode ?? .protocolError
+        general?.otaCode ?? imageError?.otaCode ?? fileError?.otaCode ?? .protocolError
     }
 
     /// The refusal as the error the CLI prints: `<device> refused <request>: <meaning>; <what to do>`.

@@ -11,6 +11,21 @@ public enum SMPFraming {
         return stride(from: 0, to: frame.count, by: size).map { frame[$0..<min($0 + size, frame.count)] }
     }
 
+    /// The most data bytes an upload request can carry so that its whole frame (header and
+    /// CBOR) is at most `frameLimit` bytes, given its body with `data` empty: the empty byte
+    /// string's head (0x40) is counted there, and a longer string's head grows by 0, 1, 2 or 4
+    /// bytes with its length (smpclient's request sizing, exact at the boundaries). 0 when even
+    /// an empty chunk does not fit.
+    public static func dataCapacity(emptyBody: CBOR, frameLimit: Int) -> Int {
+        let overhead = SMPHeader.size + emptyBody.encoded.count
+        let limit = min(frameLimit, SMPHeader.size + Int(UInt16.max))
+        let available = limit - overhead
+        guard available > 0 else { return 0 }
+        var size = available
+        while size > 0, size + CBOREncoder.headExtraBytes(UInt64(size)) > available { size -= 1 }
+        return size
+    }
+
     /// How many writes a frame of `frameSize` bytes takes.
     public static func writeCount(frameSize: Int, maxWrite: Int) -> Int {
         let size = max(1, maxWrite)

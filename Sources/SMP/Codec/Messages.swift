@@ -98,14 +98,7 @@ public struct SMPImageUpload: Hashable, Sendable {
     public func maxDataSize(frameLimit: Int) -> Int {
         var empty = self
         empty.data = []
-        // The empty byte string's head (0x40) is part of the overhead; a longer one adds its extra bytes.
-        let overhead = SMPHeader.size + empty.body.encoded.count
-        let limit = min(frameLimit, SMPHeader.size + Int(UInt16.max))
-        let available = limit - overhead
-        guard available > 0 else { return 0 }
-        var size = available
-        while size > 0, size + CBOREncoder.headExtraBytes(UInt64(size)) > available { size -= 1 }
-        return size
+        return SMPFraming.dataCapacity(emptyBody: empty.body, frameLimit: frameLimit)
     }
 }
 
@@ -131,9 +124,12 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
     case bootloaderInfo(query: String?)
     /// Image 6 read: `{}`.
     case imageSlotInfo
+    /// File management (group 8).
+    case file(SMPFileRequest)
 
     public var command: SMPCommand {
         switch self {
+        case .file(let f): f.command
         case .mcumgrParameters: .mcumgrParameters
         case .bootloaderInfo: .bootloaderInfo
         case .imageSlotInfo: .imageSlotInfo
@@ -148,6 +144,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
     public var operation: SMPOperation {
         switch self {
         case .mcumgrParameters, .imageStateRead, .bootloaderInfo, .imageSlotInfo: .read
+        case .file(let f): f.operation
         default: .write
         }
     }
@@ -162,6 +159,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case .imageUpload(let upload): upload.body
         case .imageErase(let slot): slot.map { ["slot": .unsigned(UInt64($0))] } ?? [:]
         case .bootloaderInfo(let query): query.map { ["query": .text($0)] } ?? [:]
+        case .file(let f): f.body
         }
     }
 
@@ -181,6 +179,10 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
             throw SMPWireError(.wrongDirection, "a \(h.operation) for \(SMPCommand(group: h.group, id: h.command)) where a request belongs")
         }
         let command = SMPCommand(group: h.group, id: h.command)
+        if h.group == .fs {
+            self = .file(try SMPFileRequest(decoding: frame))
+            return
+        }
         switch (command, h.operation) {
         case (.mcumgrParameters, .read):
             _ = try Fields(frame.body(), command)
@@ -225,6 +227,7 @@ public enum SMPRequest: Hashable, Sendable, CustomStringConvertible {
         case .imageErase(let slot): slot.map { "erase slot \($0)" } ?? "erase"
         case .bootloaderInfo(let query): query.map { "bootloader info read (\($0))" } ?? "bootloader info read"
         case .imageSlotInfo: "image slot info read"
+        case .file(let f): f.description
         }
     }
 }
@@ -369,6 +372,8 @@ public enum SMPResponse: Hashable, Sendable {
     case upload(SMPUploadStatus)
     case bootloaderInfo(SMPBootloaderInfo)
     case slotInfo(SMPSlotInfo)
+    /// A file management answer (group 8).
+    case file(SMPFileResponse)
     /// The server refused the request.
     case error(SMPDeviceError)
 
@@ -382,6 +387,7 @@ public enum SMPResponse: Hashable, Sendable {
         case .upload(let u): u.body
         case .bootloaderInfo(let b): b.body
         case .slotInfo(let i): i.body
+        case .file(let f): f.body
         case .error(let e): e.body(version: version)
         }
     }
@@ -405,6 +411,10 @@ public enum SMPResponse: Hashable, Sendable {
         let body = try frame.body()
         if let error = try SMPDeviceError(body: body) {
             self = .error(error)
+            return
+        }
+        if h.group == .fs {
+            self = .file(try SMPFileResponse(body: body, command: command, operation: h.operation))
             return
         }
         switch (command, h.operation) {

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import GATT
 import OTA
+import OTADevice
 import OTACommandLine
 import OTAWire
 import Simulator
@@ -13,7 +14,7 @@ extension ProtocolCommandLine {
     /// `otaflash image`, `reset` and `echo`, for the command line's context.
     static func smpCommands(_ context: any DeviceCommandContext.Type) -> [any ParsableCommand.Type] {
         func commands<Context: DeviceCommandContext>(_: Context.Type) -> [any ParsableCommand.Type] {
-            [ImageCommand<Context>.self, ResetCommand<Context>.self, EchoCommand<Context>.self]
+            [ImageCommand<Context>.self, ResetCommand<Context>.self, EchoCommand<Context>.self, FilesCommand<Context>.self]
         }
         return commands(context)
     }
@@ -25,7 +26,7 @@ extension ProtocolCommandLine {
                                                                 bootable: true, pending: false, confirmed: true, active: true, permanent: false)),
                 EventSample("otaflash image", ImageEvents.SlotInfo(device: device, image: 0, slot: 1, size: 483_328, uploadImageId: 0, maxImageSize: nil)),
                 EventSample("otaflash image", ImageEvents.Echo(device: device, text: "hello")),
-                EventSample("otaflash image", ImageEvents.Done())]
+                EventSample("otaflash image", ImageEvents.Done())] + fileEventSamples
     }()
 }
 
@@ -52,13 +53,16 @@ struct SMPCommandOptions<Context: DeviceCommandContext>: ParsableArguments {
 
     /// Connects, attaches to the SMP characteristic, runs `body` with the client, disconnects.
     /// With `--simulator`, the device is a Zephyr one with an SMP server, running a confirmed
-    /// image of `--sim-firmware-version`, answering in `--sim-smp-cbor`.
+    /// image of `--sim-firmware-version`, answering in `--sim-smp-cbor`, with `fileSystem`'s files
+    /// and `faults` (by default the simulated device's).
     /// - Throws: `CLIFailure` with the failure's exit code.
-    func withClient<T: Sendable>(_ body: (SMPClient, Duration) async throws(OTAError) -> T) async throws -> T {
+    func withClient<T: Sendable>(fileSystem: SMPFileSystem.Config = SMPFileSystem.Config(), faults: FaultPlan? = nil,
+                                 _ body: (SMPClient, Duration) async throws(OTAError) -> T) async throws -> T {
         let encoding = simulatorEncoding ?? .zephyr
         let (connection, address) = try await context.connect { config in
-            SMPPeripheral(config: SMPServer.Config(slotSize: config.slotSize, encoding: encoding),
-                          firmwareVersion: config.firmwareVersion, faults: config.faults, resetDelay: config.bootDelay)
+            var server = SMPServer.Config(slotSize: config.slotSize, encoding: encoding)
+            server.fileSystem = fileSystem
+            return SMPPeripheral(config: server, firmwareVersion: config.firmwareVersion, faults: faults ?? config.faults, resetDelay: config.bootDelay)
         }
         defer { Task { await connection.disconnect() } }
         do {

@@ -208,9 +208,11 @@ public struct SMPPeripheral: PeripheralModel {
         var frame = frame
         var chunk: SMPImageUpload?
         if case .imageUpload(let c)? = try? SMPRequest(decoding: frame) { chunk = c }
-        // Faults place an upload chunk at its offset; other requests take the rate faults only.
-        let offset = chunk.flatMap { Int(exactly: $0.offset) }
-        switch injector.packet(at: offset, count: chunk?.data.count ?? frame.payload.count) {
+        // Faults place an upload chunk (of an image or a file) and a file download request at
+        // their offsets; other requests take the rate faults only.
+        let file = chunk == nil ? Self.filePosition(frame, bufferSize: server.config.bufferSize) : nil
+        let offset = chunk.flatMap { Int(exactly: $0.offset) } ?? file?.offset
+        switch injector.packet(at: offset, count: chunk?.data.count ?? file?.count ?? frame.payload.count) {
         case .dropped:
             reports.append(.note("injected fault: \(frame.header) is dropped"))
             return []

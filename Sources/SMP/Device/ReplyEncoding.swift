@@ -115,6 +115,7 @@ extension SMPServer {
     /// and always by mcumgr, which has only the general codes.
     static func answered(_ error: SMPDeviceError, to request: SMPHeader, encoding: SMPReplyEncoding) -> SMPDeviceError {
         guard error.group != nil, encoding == .tinycbor || request.version == .v1 else { return error }
+        if let code = error.fileError { return .general(code.legacyCode, reason: error.reason) }
         guard let code = error.imageError else { return .general(.unknown, reason: error.reason) }
         guard encoding == .tinycbor else { return .general(legacyCode(code), reason: error.reason) }
         // mcumgr refuses an upload into a slot in use with ENOMEM (erasing it: EBADSTATE).
@@ -160,6 +161,8 @@ extension SMPServer {
             if let mode = info.mode { entries.append(.init(key: "mode", value: mode.rawValue < 0 ? .negative(UInt64(-1 - mode.rawValue)) : .unsigned(UInt64(mode.rawValue)))) }
             if info.noDowngrade { entries.append(.init(key: "no-downgrade", value: .bool(true))) }
             return .map(entries)
+        case .file(let answer):
+            return fileBody(answer, to: request, encoding: encoding)
         case .error(let error):
             return errorBody(error, encoding: encoding)
         }

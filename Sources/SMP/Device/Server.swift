@@ -84,6 +84,8 @@ public struct SMPServer: Sendable {
         public var rejectsMismatchedSlot = true
         /// Answer img_mgmt's slot info (`CONFIG_MCUMGR_GRP_IMG_SLOT_INFO`); mcumgr's server has none.
         public var reportsSlotInfo = true
+        /// fs_mgmt's file system (`SMPFileSystem`): its mount points, limits and files at power-on.
+        public var fileSystem = SMPFileSystem.Config()
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
@@ -163,6 +165,8 @@ public struct SMPServer: Sendable {
     /// does not verify with it is never swapped in. Nil: MCUboot checks the hash only
     /// (`CONFIG_BOOT_SIGNATURE_TYPE_NONE`).
     public var signatureKey: MCUbootImage.PublicKey?
+    /// fs_mgmt's files and transfer context (group 8).
+    public private(set) var files: SMPFileSystem
 
     /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
     ///   of version 1.0.0.
@@ -172,6 +176,7 @@ public struct SMPServer: Sendable {
                 signatureKey: MCUbootImage.PublicKey? = nil) {
         self.config = config
         self.signatureKey = signatureKey
+        files = SMPFileSystem(config.fileSystem)
         primary = SMPSlotImage(running ?? SMPSlotImage.build(major: 1, minor: 0, revision: 0, body: Array("otaflash factory image".utf8)))
         switch leftover {
         case .pending(let image):
@@ -258,6 +263,8 @@ public struct SMPServer: Sendable {
             // os_mgmt answers only `mode`; another query yields OS_MGMT_ERR_QUERY_YIELDS_NO_ANSWER.
             guard query == "mode" else { return .error(SMPDeviceError(group: .os, rc: 3)) }
             return .bootloaderInfo(SMPBootloaderInfo(mode: config.mode, noDowngrade: config.noDowngrade))
+        case .file(let request):
+            return files.handle(request, bufferSize: config.bufferSize)
         }
     }
 
@@ -396,6 +403,7 @@ public struct SMPServer: Sendable {
     public mutating func boot() -> BootOutcome {
         boots += 1
         upload = nil
+        files.rebooted()
         let outcome: BootOutcome
         switch (config.mode, swapType) {
         case (.directXIP, _), (.ramLoad, _):

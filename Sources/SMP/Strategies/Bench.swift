@@ -11,7 +11,8 @@ public struct SMPBench: BenchStrategy {
     public init() {}
 
     public var sections: [BenchSection] {
-        [BenchSection(flag: "--smp") { image in try await Self.grid(imageSize: image.size) }]
+        [BenchSection(flag: "--smp") { image in try await Self.grid(imageSize: image.size) },
+         BenchSection(flag: "--smp-files") { _ in try await Self.fileRates() }]
     }
 
     /// One SMP upload strategy: how many requests it keeps in flight and how large its frames are.
