@@ -82,7 +82,7 @@ import Testing
         (frame(.read, .imageState, 0), .notAMap),
         (frame(.write, .reset, "force"), .notAMap),
         (frame(.read, .imageUpload, [:]), .unsupportedCommand),
-        (frame(.write, SMPCommand(group: .fs, id: 0), [:]), .unsupportedCommand),
+        (frame(.write, SMPCommand(group: .shell, id: 0), [:]), .unsupportedCommand),
         (frame(.readResponse, .mcumgrParameters, [:]), .wrongDirection),
         (frame(.writeResponse, .echo, ["r": "x"]), .wrongDirection),
     ])

@@ -196,7 +196,7 @@ struct SMPServerTests {
         var server = SMPServer(config: SMPServer.Config(bufferSize: 2475, bufferCount: 3))
         #expect(server.handle(.mcumgrParameters) == .mcumgrParameters(SMPParameters(bufferSize: 2475, bufferCount: 3)))
         #expect(server.handle(.echo("hi")) == .echo("hi"))
-        let unknown = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .fs, sequence: 4, command: 0), body: [:])
+        let unknown = try SMPFrame(header: SMPHeader(operation: .write, length: 0, group: .shell, sequence: 4, command: 0), body: [:])
         #expect(server.handle(unknown).response == .error(.general(.notSupported)))
         let reset = try SMPRequest.reset().frame(sequence: 9)
         let answer = server.handle(reset)

@@ -119,10 +119,16 @@ struct FileCommandOptions<Context: DeviceCommandContext>: ParsableArguments {
         try await smp.withClient(fileSystem: simulated.config(), faults: simulated.disconnectAt.map { FaultPlan(disconnectAt: [$0]) }, body)
     }
 
-    /// A remote path: absolute, naming a file.
-    static func checkRemote(_ path: String) throws(ValidationError) {
-        guard path.hasPrefix("/"), !path.hasSuffix("/"), path.count > 1 else {
-            throw ValidationError("the device path must be absolute and name a file, e.g. /lfs/cert.pem, got '\(path)'")
+}
+
+/// A file's path on the device: absolute, naming a file.
+struct RemotePath: ParsableArguments {
+    @Argument(help: ArgumentHelp("The file's path on the device (absolute, e.g. /lfs/cert.pem).", valueName: "remote"))
+    var remote: String
+
+    func validate() throws {
+        guard remote.hasPrefix("/"), !remote.hasSuffix("/"), remote.count > 1 else {
+            throw ValidationError("the device path must be absolute and name a file, e.g. /lfs/cert.pem, got '\(remote)'")
         }
     }
 }
@@ -184,7 +190,7 @@ struct FilesCommand<Context: DeviceCommandContext>: AsyncParsableCommand {
 
 struct FilesPut<Context: DeviceCommandContext>: AsyncParsableCommand {
     static var configuration: CommandConfiguration {
-        CommandConfiguration(commandName: "put", abstract: "Upload a local file to a path on the device, then check it by the device's hash.")
+        CommandConfiguration(commandName: "put", abstract: "Upload a local file to a path on the device (replacing a file there), then check it by the device's hash.")
     }
 
     @OptionGroup var options: FileCommandOptions<Context>
@@ -192,17 +198,12 @@ struct FilesPut<Context: DeviceCommandContext>: AsyncParsableCommand {
     @Argument(help: ArgumentHelp("The local file to send.", valueName: "local"), completion: .file())
     var local: String
 
-    @Argument(help: ArgumentHelp("Where it goes on the device (an absolute path, e.g. /lfs/cert.pem); an existing file there is replaced.", valueName: "remote"))
-    var remote: String
-
-    func validate() throws {
-        try FileCommandOptions<Context>.checkRemote(remote)
-    }
+    @OptionGroup var path: RemotePath
 
     func run() async throws {
         try await options.smp.run { printer in
             let bytes = try Self.read(local)
-            let remote = remote
+            let remote = path.remote
             let (check, seconds, device) = try await options.withClient { (client, timeout) async throws(OTAError) in
                 var progress = FileProgress(printer: printer, client: client, path: remote)
                 try await client.putFile(bytes, to: remote, timeout: timeout) { progress.report($0, of: bytes.count) }
@@ -239,8 +240,7 @@ struct FilesGet<Context: DeviceCommandContext>: AsyncParsableCommand {
 
     @OptionGroup var options: FileCommandOptions<Context>
 
-    @Argument(help: ArgumentHelp("The file on the device (an absolute path, e.g. /lfs/config.json).", valueName: "remote"))
-    var remote: String
+    @OptionGroup var path: RemotePath
 
     @Argument(help: ArgumentHelp("Where to write it locally.", valueName: "local"), completion: .file())
     var local: String
@@ -249,7 +249,6 @@ struct FilesGet<Context: DeviceCommandContext>: AsyncParsableCommand {
     var force = false
 
     func validate() throws {
-        try FileCommandOptions<Context>.checkRemote(remote)
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: local, isDirectory: &isDirectory) {
             guard !isDirectory.boolValue else { throw ValidationError("\(local) is a directory; give the local file to write") }
@@ -263,7 +262,7 @@ struct FilesGet<Context: DeviceCommandContext>: AsyncParsableCommand {
 
     func run() async throws {
         try await options.smp.run { printer in
-            let remote = remote
+            let remote = path.remote
             let (bytes, seconds, device) = try await options.withClient { (client, timeout) async throws(OTAError) in
                 var progress = FileProgress(printer: printer, client: client, path: remote)
                 let bytes = try await client.getFile(remote, timeout: timeout) { progress.report($0, of: $1) }
@@ -306,19 +305,14 @@ struct FilesHash<Context: DeviceCommandContext>: AsyncParsableCommand {
 
     @OptionGroup var options: FileCommandOptions<Context>
 
-    @Argument(help: ArgumentHelp("The file on the device.", valueName: "remote"))
-    var remote: String
+    @OptionGroup var path: RemotePath
 
     @Option(name: .long, help: ArgumentHelp("sha256 or crc32 (default: the device's own, crc32 when it has it).", valueName: "sha256|crc32"))
     var type: FileHashChoice?
 
-    func validate() throws {
-        try FileCommandOptions<Context>.checkRemote(remote)
-    }
-
     func run() async throws {
         try await options.smp.run { printer in
-            let (remote, type) = (remote, type.map { SMPFileHashType(rawValue: $0.rawValue) })
+            let (remote, type) = (path.remote, type.map { SMPFileHashType(rawValue: $0.rawValue) })
             let (hash, device) = try await options.withClient { (client, timeout) async throws(OTAError) in
                 (try await client.fileHash(remote, type: type, timeout: timeout), client.device)
             }
@@ -336,16 +330,11 @@ struct FilesStat<Context: DeviceCommandContext>: AsyncParsableCommand {
 
     @OptionGroup var options: FileCommandOptions<Context>
 
-    @Argument(help: ArgumentHelp("The file on the device.", valueName: "remote"))
-    var remote: String
-
-    func validate() throws {
-        try FileCommandOptions<Context>.checkRemote(remote)
-    }
+    @OptionGroup var path: RemotePath
 
     func run() async throws {
         try await options.smp.run { printer in
-            let remote = remote
+            let remote = path.remote
             let (size, device) = try await options.withClient { (client, timeout) async throws(OTAError) in
                 (try await client.fileStatus(remote, timeout: timeout), client.device)
             }
