@@ -221,6 +221,24 @@ struct FileManagementTests {
         await connection.disconnect()
     }
 
+    /// Up to `buf_count` chunks in flight, never more: no frame is dropped for want of a buffer,
+    /// the file arrives whole, and sooner than with one in flight (smpclient's way).
+    @Test func aWindowedUploadKeepsToTheDevicesBuffersAndIsFasterThanOneInFlight() async throws {
+        let data = (0..<8000).map { UInt8(truncatingIfNeeded: $0 &* 5) }
+        var seconds: [Int: Double] = [:]
+        for window in [1, 4] {
+            let (client, device, connection) = try await Self.client(bufferSize: 384, mtu: 247)
+            let start = connection.clock.now
+            try await client.putFile(data, to: "/lfs/w", timeout: .seconds(2), window: window)
+            seconds[window] = (connection.clock.now - start).seconds
+            let model = try #require(device.model(as: SMPPeripheral.self))
+            #expect(model.server.files.files["/lfs/w"] == data)
+            #expect(model.droppedFrames == 0 && model.peakBuffers <= 4)
+            await connection.disconnect()
+        }
+        #expect(try #require(seconds[4]) < #require(seconds[1]) * 0.9, "\(seconds)")
+    }
+
     @Test func aDeviceWithoutSHA256IsCheckedByCRC32AndAChangedFileFailsTheCheck() async throws {
         let (client, _, connection) = try await Self.client(SMPFileSystem.Config(hashTypes: [.crc32], files: ["/lfs/a": [1, 2, 3]]))
         let check = try await client.verifyFile("/lfs/a", against: [1, 2, 3], timeout: .seconds(2))

@@ -34,6 +34,17 @@ public struct SMPClient: Sendable {
     /// - Throws: `OTAError`: `.timeout` when no answer came within `timeout`, `.connection` when the
     ///   link dropped, `.protocolError` for an answer otaflash cannot read.
     public func send(_ request: SMPRequest, sequence: UInt8 = 0, timeout: Duration) async throws(OTAError) -> SMPResponse {
+        try await write(request, sequence: sequence)
+        var reassembler = SMPReassembler()
+        guard let answer = try await answer(to: [sequence: request], reassembler: &reassembler, until: connection.clock.now + timeout) else {
+            throw OTAError(.timeout, "\(device) did not answer \(request) within \(timeout.seconds) s",
+                           hint: "check that the device runs an SMP server (MCUmgr) and is in range", resumable: true)
+        }
+        return answer.response
+    }
+
+    /// Writes `request` as one frame, in writes without response of at most ATT MTU − 3 bytes.
+    func write(_ request: SMPRequest, sequence: UInt8) async throws(OTAError) {
         let frame: SMPFrame
         let mtu: Int
         do {
@@ -53,14 +64,16 @@ public struct SMPClient: Sendable {
         } catch {
             throw OTAError.from(error, device: device)
         }
-        var reassembler = SMPReassembler()
-        let deadline = connection.clock.now + timeout
+    }
+
+    /// The next answer to one of `pending` (requests by sequence number; answers to others are
+    /// dropped), or nil when none came by `deadline`. A server notifies each answer on its own,
+    /// so what a notification completes after that answer is dropped with the others.
+    func answer(to pending: [UInt8: SMPRequest], reassembler: inout SMPReassembler,
+                until deadline: Duration) async throws(OTAError) -> (sequence: UInt8, response: SMPResponse)? {
         while true {
             let left = deadline - connection.clock.now
-            guard left > .zero, let event = await connection.nextEvent(timeout: left) else {
-                throw OTAError(.timeout, "\(device) did not answer \(request) within \(timeout.seconds) s",
-                               hint: "check that the device runs an SMP server (MCUmgr) and is in range", resumable: true)
-            }
+            guard left > .zero, let event = await connection.nextEvent(timeout: left) else { return nil }
             switch event {
             case .notification(let id, let value) where id == characteristic.id:
                 let frames: [SMPFrame]
@@ -69,15 +82,17 @@ public struct SMPClient: Sendable {
                 } catch {
                     throw OTAError(.protocolError, "\(device) sent an SMP answer otaflash cannot read: \(error)", cause: error)
                 }
-                for answer in frames where answer.header.sequence == sequence && answer.header.operation.isResponse {
+                for answer in frames where answer.header.operation.isResponse {
+                    guard let request = pending[answer.header.sequence] else { continue }
                     do {
-                        return try SMPResponse(decoding: answer)
+                        return (answer.header.sequence, try SMPResponse(decoding: answer))
                     } catch {
                         throw OTAError(.protocolError, "\(device) answered \(request) with a malformed SMP message: \(error)", cause: error)
                     }
                 }
             case .disconnected(let reason):
-                throw OTAError(.connection, "\(reason) while waiting for the answer to \(request)", resumable: true)
+                let what = pending.count == 1 ? "the answer to \(pending.values.first.map { "\($0)" } ?? "")" : "the answers to \(pending.count) requests"
+                throw OTAError(.connection, "\(reason) while waiting for \(what)", resumable: true)
             default:
                 continue
             }

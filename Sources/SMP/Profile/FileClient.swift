@@ -20,18 +20,19 @@ public struct SMPFileCheck: Sendable, Hashable {
 extension SMPClient {
     /// Requests sent again after a timeout before the transfer fails.
     static let fileRetries = 3
-    /// Offset refusals an upload goes on from before it fails.
+    /// Setbacks in a row (offset refusals, timeouts) an upload goes on from before it fails.
     static let fileResumes = 8
 
-    /// The largest request frame: the device's `buf_size`, or one ATT write (MTU − 3) for a
-    /// server without the MCUmgr parameters read (smpclient's fallback).
-    public func frameLimit(timeout: Duration) async throws(OTAError) -> Int {
+    /// The largest request frame and the requests kept in flight: the device's `buf_size` and
+    /// `buf_count`, or one ATT write (MTU − 3) and one request for a server without the MCUmgr
+    /// parameters read (smpclient's fallback).
+    public func uploadLimits(timeout: Duration) async throws(OTAError) -> (frame: Int, window: Int) {
         var sequence: UInt8 = 0
         if case .mcumgrParameters(let p) = try await retried(.mcumgrParameters, sequence: &sequence, timeout: timeout), p.bufferSize > 0 {
-            return Int(p.bufferSize)
+            return (Int(p.bufferSize), max(1, Int(p.bufferCount)))
         }
         do {
-            return ATTWriteLimit.value(mtu: try await connection.mtu())
+            return (ATTWriteLimit.value(mtu: try await connection.mtu()), 1)
         } catch {
             throw OTAError.from(error, device: device)
         }
@@ -39,54 +40,109 @@ extension SMPClient {
 
     /// Writes `bytes` to `path` on the device, reporting the device's offset after each chunk.
     ///
+    /// The first chunk goes alone (it opens and empties the file); then up to `window` chunks
+    /// are in flight (at most the device's `buf_count`: Zephyr handles them in order, each at
+    /// the file's end), as the image upload keeps its window; `window` 1 is smpclient's
+    /// `upload_file`. An answer that is not the chunk's end, an OFFSET_NOT_VALID refusal or a
+    /// timeout drains the window, reads the file's length on the device (fs 1) and goes on from
+    /// there.
+    ///
     /// - Throws: `OTAError`: the device's refusal (`fileRefusal`), `.timeout` after the retries,
     ///   `.connection` when the link drops, `.protocolError` for an answer that makes no sense.
-    public func putFile(_ bytes: [UInt8], to path: String, timeout: Duration,
+    public func putFile(_ bytes: [UInt8], to path: String, timeout: Duration, window: Int = .max,
                         progress: (Int) -> Void = { _ in }) async throws(OTAError) {
-        let limit = try await frameLimit(timeout: timeout)
-        var offset = 0
-        var restarts = 0
-        var stalls = 0
+        let limits = try await uploadLimits(timeout: timeout)
+        let window = max(1, min(window, limits.window))
         var sequence: UInt8 = 1
-        while true {
+        var offset = 0
+        var setbacks = 0
+        func chunk(at offset: Int) throws(OTAError) -> SMPFileUpload {
             var chunk = SMPFileUpload(name: path, offset: UInt64(offset), data: [], length: offset == 0 ? UInt64(bytes.count) : nil)
-            let capacity = chunk.maxDataSize(frameLimit: limit)
+            let capacity = chunk.maxDataSize(frameLimit: limits.frame)
             guard capacity > 0 || bytes.isEmpty else {
-                throw OTAError(.incompatibleDevice, "the path \(path) (\(path.utf8.count) bytes) leaves no room for data in \(device)'s \(limit)-byte SMP buffer",
+                throw OTAError(.incompatibleDevice, "the path \(path) (\(path.utf8.count) bytes) leaves no room for data in \(device)'s \(limits.frame)-byte SMP buffer",
                                hint: "use a shorter path, or raise CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE on the device")
             }
             chunk.data = Array(bytes[offset..<min(bytes.count, offset + capacity)])
-            let answer: SMPResponse
-            if offset == 0 {
-                answer = try await firstChunk(chunk, sequence: &sequence, timeout: timeout)
-            } else {
-                answer = try await fileCall(.upload(chunk), path: path, sequence: &sequence, timeout: timeout)
+            return chunk
+        }
+        /// After a setback: the file's end on the device, where the upload goes on (from 0 when
+        /// it is past this file's end).
+        func resume() async throws(OTAError) -> Int {
+            setbacks += 1
+            guard setbacks <= Self.fileResumes else {
+                throw OTAError(.protocolError, "\(device) keeps refusing the upload of \(path) at \(offset) (\(setbacks - 1) times)", resumable: true)
             }
-            switch answer {
-            case .file(.uploaded(let off)):
-                guard off <= UInt64(bytes.count), off >= UInt64(offset) || offset == 0 else {
-                    throw OTAError(.protocolError, "\(device) answered the upload of \(path) at \(offset) with offset \(off), outside the \(bytes.count)-byte file")
+            let end = try await fileStatus(path, timeout: timeout)
+            return end <= bytes.count ? end : 0
+        }
+
+        while offset < bytes.count || offset == 0 {
+            if offset == 0 {
+                let first = try chunk(at: 0)
+                switch try await firstChunk(first, sequence: &sequence, timeout: timeout) {
+                case .file(.uploaded(let off)) where off == UInt64(first.data.count):
+                    offset = Int(off)
+                    setbacks = 0
+                    progress(offset)
+                    if bytes.count == offset { return }
+                case .error(let e) where e.fileError == .offsetNotValid:
+                    offset = try await resume()
+                case .error(let e):
+                    throw fileRefusal(e, path: path, request: "the upload of \(path)")
+                case let answer:
+                    throw OTAError(.protocolError, "\(device) answered the first chunk of \(path) with \(answer)")
                 }
-                stalls = Int(off) == offset && !chunk.data.isEmpty ? stalls + 1 : 0
-                guard stalls < Self.fileRetries else {
-                    throw OTAError(.protocolError, "\(device) takes no data of \(path) at offset \(offset)", resumable: true)
+                continue
+            }
+            // The window: requests by sequence number, oldest first, with where each ends.
+            var pending: [UInt8: SMPRequest] = [:]
+            var order: [(sequence: UInt8, end: Int)] = []
+            var next = offset
+            var reassembler = SMPReassembler()
+            var setback = false
+            while offset < bytes.count {
+                while !setback, order.count < window, next < bytes.count {
+                    let c = try chunk(at: next)
+                    try await write(.file(.upload(c)), sequence: sequence)
+                    pending[sequence] = .file(.upload(c))
+                    order.append((sequence, next + c.data.count))
+                    next += c.data.count
+                    sequence &+= 1
                 }
-                offset = Int(off)
+                guard !order.isEmpty else { break }
+                guard let (answered, answer) = try await self.answer(to: pending, reassembler: &reassembler, until: connection.clock.now + timeout) else {
+                    // Lost requests or answers: what is in flight may or may not be written.
+                    setback = true
+                    break
+                }
+                pending[answered] = nil
+                let expected = order.first { $0.sequence == answered }?.end
+                order.removeAll { $0.sequence == answered }
+                switch answer {
+                case .file(.uploaded(let off)) where !setback && Int(off) == expected:
+                    offset = Int(off)
+                    setbacks = 0
+                    progress(offset)
+                case .file(.uploaded):
+                    setback = true
+                case .error(let e) where e.fileError == .offsetNotValid:
+                    setback = true
+                case .error(let e):
+                    throw fileRefusal(e, path: path, request: "the upload of \(path)")
+                default:
+                    throw OTAError(.protocolError, "\(device) answered the upload of \(path) with \(answer)")
+                }
+                if setback, order.isEmpty { break }
+            }
+            if setback {
+                // Drain what is still in flight, then go on from the device's file end.
+                while !order.isEmpty, let (answered, _) = try await self.answer(to: pending, reassembler: &reassembler, until: connection.clock.now + timeout) {
+                    pending[answered] = nil
+                    order.removeAll { $0.sequence == answered }
+                }
+                offset = try await resume()
                 progress(offset)
-                if offset == bytes.count { return }
-            case .error(let e) where e.fileError == .offsetNotValid && restarts < Self.fileResumes:
-                // The device's file is not where this upload stands (a chunk it took whose
-                // answer was lost, or another writer) and it dropped the upload: go on from the
-                // file's end on the device when that is within this file (the hash check at the
-                // end catches another writer), else start over.
-                restarts += 1
-                let end = try await fileStatus(path, timeout: timeout)
-                offset = end <= bytes.count ? end : 0
-                progress(offset)
-            case .error(let e):
-                throw fileRefusal(e, path: path, request: "the upload of \(path)")
-            default:
-                throw OTAError(.protocolError, "\(device) answered the upload of \(path) with \(answer)")
             }
         }
     }
