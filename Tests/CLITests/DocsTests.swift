@@ -28,7 +28,7 @@ struct DocsTests {
         var testDescription: String { "README.md:\(line): otaflash \(arguments.joined(separator: " "))" }
 
         /// The commands that reach a device (or the simulator, with `--simulator`).
-        static let deviceCommands: Set<String> = ["flash", "scan", "info", "pair", "unpair", "image", "reset", "echo", "simulate", "station"]
+        static let deviceCommands: Set<String> = ["flash", "scan", "info", "pair", "unpair", "image", "reset", "echo", "files", "simulate", "station"]
         static let deviceFreeOptions: Set<String> = ["--version", "--help", "-h", "--generate-completion-script"]
 
         /// Whether the command reaches a device: a device command, or flash (the default command)
