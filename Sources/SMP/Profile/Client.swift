@@ -66,8 +66,8 @@ public struct SMPClient: Sendable {
         }
     }
 
-    /// The next answer to one of `pending` (requests by sequence number; answers to others are
-    /// dropped), or nil when none came by `deadline`. A server notifies each answer on its own,
+    /// The next answer to one of `pending` (requests by sequence number, the answer of the same
+    /// group, command and operation; others are dropped), or nil when none came by `deadline`. A server notifies each answer on its own,
     /// so what a notification completes after that answer is dropped with the others.
     func answer(to pending: [UInt8: SMPRequest], reassembler: inout SMPReassembler,
                 until deadline: Duration) async throws(OTAError) -> (sequence: UInt8, response: SMPResponse)? {
@@ -83,7 +83,11 @@ public struct SMPClient: Sendable {
                     throw OTAError(.protocolError, "\(device) sent an SMP answer otaflash cannot read: \(error)", cause: error)
                 }
                 for answer in frames where answer.header.operation.isResponse {
-                    guard let request = pending[answer.header.sequence] else { continue }
+                    // An answer of another command is a late one to an earlier request that
+                    // reused the sequence number.
+                    guard let request = pending[answer.header.sequence], answer.header.group == request.command.group,
+                          answer.header.command == request.command.id,
+                          answer.header.operation == (request.operation == .read ? .readResponse : .writeResponse) else { continue }
                     do {
                         return (answer.header.sequence, try SMPResponse(decoding: answer))
                     } catch {
