@@ -309,7 +309,7 @@ final class StationRun: @unchecked Sendable {
         let central: any GATTCentral
         let clock: any MonotonicClock
         if let member = sighting.member {
-            let fault: BatchCLIOptions.SimFault? = switch member.fault {
+            let fault: SimulatedDeviceFault.Mode? = switch member.fault {
             case .gone?: .gone
             case .noOTAService?: .noOTAService
             case .smallSlot?: .smallSlot

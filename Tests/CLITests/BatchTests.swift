@@ -84,8 +84,10 @@ struct BatchTests {
     @Test(arguments: [
         (["--count", "0"], "--count"),
         (["--parallel", "0"], "--parallel"),
-        (["--sim-device-fault", "x:gone"], "--sim-device-fault"),
-        (["--skip-if-version", "one"], "--skip-if-version"),
+        (["--sim-device-fault", "x:gone"], "--sim-device-fault <N:mode>': expected N:no-ota-service, N:small-slot or N:gone, with N 1"),
+        (["--sim-device-fault", "1001:gone"], "--sim-device-fault <N:mode>': expected N:no-ota-service"),
+        (["--sim-device-fault", "2:melted"], "--sim-device-fault <N:mode>': expected N:no-ota-service"),
+        (["--skip-if-version", "one"], "--skip-if-version <version|image>': expected a version like 1.2.3, or 'image'"),
     ])
     func badBatchOptionsAreUsageErrors(extra: [String], names: String) async {
         let run = await otaflash(simulator + extra + [samplePath("seeded-4k.bin")])
