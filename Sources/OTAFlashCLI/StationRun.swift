@@ -332,7 +332,7 @@ final class StationRun: @unchecked Sendable {
             central = radio
             clock = SystemClock()
         }
-        let runner = BatchRunner(plan: plan.update, options: settings.options, clock: clock, logger: flash.output.logger("otaflash.station"))
+        let runner = BatchRunner(plan: plan.update, options: settings.options, logger: flash.output.logger("otaflash.station"))
         let target = BatchTarget(address: address, adapter: sighting.adapter, central: central,
                                  credentials: flash.pairing.answers.credentials(for: address, file: settings.passkeys))
         let book = book
