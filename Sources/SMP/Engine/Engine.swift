@@ -621,6 +621,8 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func verified(_ states: SMPImageStates) -> [TransferAction] {
+        // The freshest list: the marks that follow check the other images of the update in it.
+        self.states = states
         let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
         guard let hash = settings.imageHash else {
             // The server checked the SHA-256; mark what it reports for the slot it wrote.
@@ -673,8 +675,14 @@ public struct SMPEngine: TransferEngine {
         while marking < settings.companions.count {
             let companion = settings.companions[marking]
             marking += 1
-            let runs = states?.images.contains { ($0.image ?? 0) == companion.imageNumber && $0.hash == companion.imageHash && $0.active } ?? false
-            if !runs { return send(.imageStateWrite(hash: companion.imageHash, confirm: confirm), as: { .activating($0) }) }
+            let slots = (states?.images ?? []).filter { ($0.image ?? 0) == companion.imageNumber && $0.hash == companion.imageHash }
+            if slots.contains(where: \.active) { continue }
+            guard states == nil || !slots.isEmpty else {
+                // MCUboot refused it at a reset (and erased it) before this image was marked.
+                return fail(OTAError(.verifyFailed, "the \(companion.label)'s image \(companion.version) is no longer on the device (MCUboot refused it at a reset and erased it); the \(settings.label)'s image was not marked, so nothing runs half updated",
+                                     hint: "run the same command again: it uploads every image anew"), in: .activating)
+            }
+            return send(.imageStateWrite(hash: companion.imageHash, confirm: confirm), as: { .activating($0) })
         }
         marking = settings.companions.count + 1
         return send(.imageStateWrite(hash: hash, confirm: confirm), as: { .activating($0) })
