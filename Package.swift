@@ -73,7 +73,7 @@ let package = Package(
         // (CommandLine/), each in its own folder.
         .target(name: "SMP", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"), "ZIPFoundation",
         ]),
         // Espressif's BLE OTA (esp-iot-solution's ble_ota component) with ESP-IDF app images: wire
         // codec, image checks, the central's engine and the device's model, its command line
@@ -120,7 +120,7 @@ let package = Package(
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "Native", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
-            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
