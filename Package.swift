@@ -41,7 +41,10 @@ let package = Package(
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // The protocol-neutral core of the central: images, the profile and engine contracts, the
         // session and its reconnect supervisor, batches, the journal, pairing, errors.
-        .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")]),
+        .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")],
+                // The session's per-packet loop is generic over the engine, which a protocol module
+                // defines: serialized bodies let each protocol's module specialize it (docs/PERFORMANCE.md).
+                swiftSettings: [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]),
         // In-process simulated peripheral: link model, virtual clock, fault injection. Hosts any
         // protocol's device model. Also the contract of the soak and bench strategies
         // (Strategies.swift), whose trials hand a session its profile (OTA).
@@ -70,7 +73,7 @@ let package = Package(
         // (CommandLine/), each in its own folder.
         .target(name: "SMP", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"), "ZIPFoundation",
         ]),
         // Espressif's BLE OTA (esp-iot-solution's ble_ota component) with ESP-IDF app images: wire
         // codec, image checks, the central's engine and the device's model, its command line
@@ -117,7 +120,7 @@ let package = Package(
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "Native", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
         .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
-            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", .product(name: "Crypto", package: "swift-crypto"),
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),

@@ -293,10 +293,11 @@ public actor PostgresLedger: LedgerStore {
 
     // MARK: - Connection, deadlines, failures
 
-    /// How long this process waits for an answer: a little past the server's `statement_timeout`,
-    /// so a server that is there gives up first and says why (a lock another session holds); the
-    /// deadline ends the wait on one that is not.
-    nonisolated var clientDeadline: Duration { queryTimeout + min(queryTimeout, .seconds(1)) }
+    /// How long this process waits for an operation's answers: twice the server's
+    /// `statement_timeout`, so a server that is there gives up first and says why (a lock another
+    /// session holds), even when its answers queue behind a loaded host's other work; the deadline
+    /// ends the wait on a server that is not there.
+    nonisolated var clientDeadline: Duration { queryTimeout * 2 }
 
     /// Runs `body` on the connection (opened, and migrated, when there is none) within `queryTimeout`;
     /// a connection that times out or fails is closed, and the next operation opens another.

@@ -127,14 +127,11 @@ public struct BatchOutcome: Sendable {
 public struct BatchRunner: Sendable {
     public let plan: UpdatePlan
     public let options: BatchOptions
-    public let clock: any MonotonicClock
     public let logger: Logger
 
-    public init(plan: UpdatePlan, options: BatchOptions, clock: any MonotonicClock = SystemClock(),
-                logger: Logger = Logger(label: "otaflash.batch")) {
+    public init(plan: UpdatePlan, options: BatchOptions, logger: Logger = Logger(label: "otaflash.batch")) {
         self.plan = plan
         self.options = options
-        self.clock = clock
         self.logger = logger
     }
 
@@ -184,8 +181,9 @@ public struct BatchRunner: Sendable {
         }
     }
 
+    /// The device's time is its link's (virtual on a simulated line).
     private func flash(_ target: BatchTarget, events: @escaping @Sendable (DeviceUpdater.Event) -> Void) async -> BatchOutcome {
-        let started = clock.now
+        let started = target.central.clock.now
         var pairing = options.pairing
         if let credentials = target.credentials { pairing.credentials = credentials }
         var updater = DeviceUpdater(plan: plan, registry: options.registry, protocolName: options.protocolName, config: options.config,
@@ -216,7 +214,7 @@ public struct BatchRunner: Sendable {
             case .success(let result):
                 before = result.firmwareBefore
                 return BatchOutcome(result, updateModeAddress: progress.entry?.address.description, adapter: target.adapter,
-                                    attempts: attempt, seconds: (clock.now - started).seconds, firmwareAfter: outcome.after?.firmwareVersion)
+                                    attempts: attempt, seconds: (target.central.clock.now - started).seconds, firmwareAfter: outcome.after?.firmwareVersion)
             case .failure(let failure):
                 error = failure
             }
@@ -229,7 +227,7 @@ public struct BatchRunner: Sendable {
         let error = lastError ?? OTAError(.interrupted, "stopped before \(target.address) was flashed", resumable: true)
         return BatchOutcome(device: target.address.description, updateModeAddress: progress.entry?.address.description,
                             adapter: target.adapter, result: .failed(error), attempts: attempt,
-                            seconds: (clock.now - started).seconds, firmwareBefore: before, firmwareAfter: nil)
+                            seconds: (target.central.clock.now - started).seconds, firmwareBefore: before, firmwareAfter: nil)
     }
 }
 

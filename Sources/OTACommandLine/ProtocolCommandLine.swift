@@ -328,6 +328,8 @@ public struct ServeRequest: Sendable {
     /// `--sim-smp-mode`, as given, and `--sim-smp-no-downgrade`.
     public var bootMode: String?
     public var noDowngrade = false
+    /// `--sim-smp-network-core`: a second image pair (an nRF5340's network core).
+    public var networkCore = false
 
     public init(name: String?, slotSize: Int, firmwareVersion: String?, faults: FaultPlan, deviceVersion: Int, publicKey: String?,
                 publicKeyOption: String, softDeviceAfterUpdate: UInt32?, buttonless: SimulatedButtonless?, adapter: String?,

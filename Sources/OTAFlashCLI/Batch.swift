@@ -46,13 +46,13 @@ public struct BatchCLIOptions: ParsableArguments {
     public var logDir: String?
 
     @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone; 'image' for the version an MCUboot image's header carries (an SMP device reports what its active slot runs).", valueName: "version|image"))
-    public var skipIfVersion: String?
+    var skipIfVersion: SkipVersion?
 
     @Option(name: .long, help: ArgumentHelp("Append a CSV row per device to this file as each device ends (docs/EVENTS.md, \"The report\"); a new file gets a header.", valueName: "file"), completion: .file(extensions: ["csv"]))
     public var report: String?
 
     @Option(name: .customLong("sim-device-fault"), help: ArgumentHelp("Make simulated device N (1-based) fail: N:no-ota-service, N:small-slot or N:gone (its link drops and it never comes back). Repeatable.", valueName: "N:mode"))
-    public var simDeviceFault: [String] = []
+    var simDeviceFault: [SimulatedDeviceFault] = []
 
     public init() {}
 
@@ -63,23 +63,6 @@ public struct BatchCLIOptions: ParsableArguments {
         try Ranges.scanWindow.check(scanWindow)
         try Ranges.minRSSI.check(minRSSI)
         try Ranges.count.check(count)
-        if let skipIfVersion, skipIfVersion != Self.imageOwnVersion, FirmwareVersion(skipIfVersion) == nil {
-            throw ValidationError("--skip-if-version must look like 1.2.3, or be '\(Self.imageOwnVersion)' (the version in an MCUboot image's header), got '\(skipIfVersion)'")
-        }
-        for spec in simDeviceFault where Self.parseFault(spec) == nil {
-            throw ValidationError("--sim-device-fault takes N:no-ota-service, N:small-slot or N:gone with N \(Ranges.simDevice.text), got '\(spec)'")
-        }
-    }
-
-    /// `--skip-if-version image`: the version the image carries (an MCUboot header's).
-    static let imageOwnVersion = "image"
-
-    enum SimFault: String { case noOTAService = "no-ota-service", smallSlot = "small-slot", gone }
-
-    static func parseFault(_ spec: String) -> (Int, SimFault)? {
-        let parts = spec.split(separator: ":", maxSplits: 1).map(String.init)
-        guard parts.count == 2, let n = Int(parts[0]), Ranges.simDevice.range.contains(n), let mode = SimFault(rawValue: parts[1]) else { return nil }
-        return (n, mode)
     }
 
     /// True when these options ask for more than one device.
@@ -181,8 +164,7 @@ extension Flash {
     /// virtual clock serves one session at a time): a native device, or for a Nordic package a
     /// Secure DFU bootloader (with --sim-buttonless, an application that moves into it).
     private func simulatedTargets(_ addresses: [DeviceAddress], plan: FlashPlan) throws -> [BatchTarget] {
-        var faults: [Int: BatchCLIOptions.SimFault] = [:]
-        for spec in batch.simDeviceFault { if let (n, mode) = BatchCLIOptions.parseFault(spec) { faults[n] = mode } }
+        let faults = Dictionary(batch.simDeviceFault.map { ($0.device, $0.mode) }) { _, last in last }
         return try addresses.enumerated().map { i, address in
             let device = try simulatedDevice(address, number: i + 1, fault: faults[i + 1], plan: plan)
             let central = SimulatedCentral(devices: [device], clock: target.simulator.clock)
@@ -191,7 +173,7 @@ extension Flash {
     }
 
     /// Simulated device number `number` (1-based) of a batch or a station's population, with `fault`.
-    func simulatedDevice(_ address: DeviceAddress, number: Int, fault: BatchCLIOptions.SimFault?, plan: FlashPlan) throws -> SimulatedDevice {
+    func simulatedDevice(_ address: DeviceAddress, number: Int, fault: SimulatedDeviceFault.Mode?, plan: FlashPlan) throws -> SimulatedDevice {
         var config = target.simulator.deviceConfig(address: address)
         var settings = target.simulator.settings
         config.name = "otaflash-sim-\(number)"

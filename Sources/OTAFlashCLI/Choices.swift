@@ -3,6 +3,7 @@ import BlueZ
 import GATT
 import OTA
 import OTACommandLine
+import OTAWire
 import Simulator
 
 // Every option that takes one of a fixed set of values has a type here (or a conformance): the
@@ -48,6 +49,53 @@ struct ServedProtocol: ExpressibleByArgument, Hashable, Sendable, CustomStringCo
     static var defaultCompletionKind: CompletionKind { .list(allValueStrings) }
     var defaultValueDescription: String { name }
     var description: String { name }
+}
+
+/// `--skip-if-version`: a firmware version, or `image` for the version an MCUboot image's header carries.
+enum SkipVersion: ExpressibleByArgument, Hashable, Sendable {
+    case version(FirmwareVersion)
+    case imageOwn
+
+    init?(argument: String) {
+        if argument == "image" {
+            self = .imageOwn
+        } else if let version = FirmwareVersion(argument) {
+            self = .version(version)
+        } else {
+            return nil
+        }
+    }
+
+    /// What the line that refuses another value says is expected.
+    static let expected = "a version like 1.2.3, or 'image' (the version in an MCUboot image's header)"
+}
+
+/// `--sim-device-fault N:mode`: simulated device N (1-based) of a batch fails in that way.
+struct SimulatedDeviceFault: ExpressibleByArgument, Hashable, Sendable {
+    enum Mode: String, CaseIterable, Sendable {
+        /// It does not expose the protocol's service.
+        case noOTAService = "no-ota-service"
+        /// Its slot is smaller than the image.
+        case smallSlot = "small-slot"
+        /// Its link drops and it never comes back.
+        case gone
+    }
+
+    let device: Int
+    let mode: Mode
+
+    init?(argument: String) {
+        let parts = argument.split(separator: ":", maxSplits: 1).map(String.init)
+        guard parts.count == 2, let device = Int(parts[0]), Ranges.simDevice.range.contains(device),
+              let mode = Mode(rawValue: parts[1]) else { return nil }
+        self.device = device
+        self.mode = mode
+    }
+
+    static var expected: String {
+        let modes = Mode.allCases.map { "N:" + $0.rawValue }
+        return modes.dropLast().joined(separator: ", ") + " or " + modes[modes.count - 1] + ", with N " + Ranges.simDevice.text
+    }
 }
 
 /// `--sim-security` (flash, pair) and `simulate --sim-security`: what the device requires of the link.

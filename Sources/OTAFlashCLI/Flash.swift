@@ -419,7 +419,7 @@ extension Flash {
     /// The engine's settings for `plan`: `--skip-if-version image` takes the version the image carries.
     func engineConfig(for plan: FlashPlan) throws -> EngineConfig {
         var config = engineConfig
-        if batch.skipIfVersion == BatchCLIOptions.imageOwnVersion {
+        if batch.skipIfVersion == .imageOwn {
             guard let version = plan.imageVersion else {
                 throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (only an MCUboot image does); give the version, e.g. --skip-if-version 1.2.3")
             }
@@ -432,6 +432,6 @@ extension Flash {
         EngineConfig(activate: !noActivate, restart: restart,
                      replyTimeout: Ranges.replyTimeout.duration(replyTimeout), verifyTimeout: Ranges.verifyTimeout.duration(verifyTimeout),
                      activateTimeout: Ranges.activateTimeout.duration(activateTimeout),
-                     skipIfVersion: batch.skipIfVersion.flatMap(FirmwareVersion.init))
+                     skipIfVersion: batch.skipIfVersion.flatMap { if case .version(let v) = $0 { v } else { nil } })
     }
 }

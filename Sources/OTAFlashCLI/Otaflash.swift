@@ -94,7 +94,7 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
             let values = lines.dropFirst().map { $0.trimmingCharacters(in: .whitespaces) }.prefix { $0.hasPrefix("- ") }.map { "'\($0.dropFirst(2))'" }
             if !values.isEmpty { line = String(line.dropLast("the following:".count)) + values.joined(separator: ", ") + "." }
         }
-        line = Ranges.explain(line, more: ProtocolCommandLine.all.reduce(into: [:]) { $0.merge($1.rangeTexts) { a, _ in a } })
+        line = Ranges.explain(line, more: ProtocolCommandLine.all.reduce(into: Otaflash.choiceTexts) { $0.merge($1.rangeTexts) { a, _ in a } })
         // A script that asked for JSON gets its failure as JSON too.
         if arguments.prefix(while: { $0 != "--" }).contains("--json") {
             output.out(UsageErrorEvent(message: line).line + "\n")
@@ -106,6 +106,9 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
 }
 
 extension Otaflash {
+    /// What the refusal line of an option whose values have a shape (not a list) says is expected.
+    static let choiceTexts = ["--skip-if-version": SkipVersion.expected, "--sim-device-fault": SimulatedDeviceFault.expected]
+
     /// The subcommands' names, as `otaflash help <name>` takes them.
     static var commandNames: [String] {
         configuration.subcommands.filter { $0.configuration.shouldDisplay }.map { $0._commandName } + ["help"]

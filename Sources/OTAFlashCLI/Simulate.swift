@@ -113,6 +113,9 @@ struct Simulate: AsyncParsableCommand {
     @Flag(name: .customLong("sim-smp-no-downgrade"), help: "smp: MCUboot prevents downgrades (it does not boot an image older than the running one), and its bootloader info says no-downgrade.")
     var smpNoDowngrade = false
 
+    @Flag(name: .customLong("sim-smp-network-core"), help: "smp: the device is an nRF5340 with two images; image 1, its network core, takes its update at the application core's reset (skipped when the application core's image was marked first, as MCUboot does).")
+    var smpNetworkCore = false
+
     @Option(name: .customLong("sim-smp-key"), help: ArgumentHelp("smp: MCUboot checks each image's signature with this key (PEM, ECDSA P-256 or Ed25519, as imgtool writes it) before it swaps the image in; without it the hash only.", valueName: "pem"), completion: .file(extensions: ["pem"]))
     var smpKey: String?
 
@@ -197,7 +200,7 @@ struct Simulate: AsyncParsableCommand {
             ("--sim-smp-buf-size", bufferSizeOption != nil), ("--buf-size", formerNames.bufferSize != nil),
             ("--sim-smp-buf-count", bufferCountOption != nil), ("--buf-count", formerNames.bufferCount != nil),
             ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil), ("--sim-smp-key", smpKey != nil),
-            ("--sim-smp-mode", smpMode != nil), ("--sim-smp-no-downgrade", smpNoDowngrade),
+            ("--sim-smp-mode", smpMode != nil), ("--sim-smp-no-downgrade", smpNoDowngrade), ("--sim-smp-network-core", smpNetworkCore),
             ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
             ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
         ]
@@ -365,6 +368,7 @@ struct Simulate: AsyncParsableCommand {
         request.signatureKey = smpKey
         request.bootMode = smpMode?.rawValue
         request.noDowngrade = smpNoDowngrade
+        request.networkCore = smpNetworkCore
         return try registration.served(request)
     }
 

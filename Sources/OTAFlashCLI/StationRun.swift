@@ -309,7 +309,7 @@ final class StationRun: @unchecked Sendable {
         let central: any GATTCentral
         let clock: any MonotonicClock
         if let member = sighting.member {
-            let fault: BatchCLIOptions.SimFault? = switch member.fault {
+            let fault: SimulatedDeviceFault.Mode? = switch member.fault {
             case .gone?: .gone
             case .noOTAService?: .noOTAService
             case .smallSlot?: .smallSlot
@@ -332,7 +332,7 @@ final class StationRun: @unchecked Sendable {
             central = radio
             clock = SystemClock()
         }
-        let runner = BatchRunner(plan: plan.update, options: settings.options, clock: clock, logger: flash.output.logger("otaflash.station"))
+        let runner = BatchRunner(plan: plan.update, options: settings.options, logger: flash.output.logger("otaflash.station"))
         let target = BatchTarget(address: address, adapter: sighting.adapter, central: central,
                                  credentials: flash.pairing.answers.credentials(for: address, file: settings.passkeys))
         let book = book

@@ -20,6 +20,21 @@ struct BatchTests {
         #expect(events.filter { $0["event"] as? String == "progress" }.allSatisfy { $0["device"] is String })
     }
 
+    /// The table's time is the device's link time, as the throughput beside it: on the virtual
+    /// clock a device takes seconds, not the 0.0 s of the wall clock it used to show.
+    @Test func theTableTimesEachDeviceOnItsLinksClock() async throws {
+        let run = await otaflash(simulator + ["--count", "2", samplePath("seeded-256k.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let rows = run.stdout.split(separator: "\n").filter { $0.hasPrefix("C0:FF:EE:") }
+        #expect(rows.count == 2, "\(run.stdout)")
+        for row in rows {
+            let columns = row.split(separator: " ", omittingEmptySubsequences: true)
+            let seconds = try #require(columns.firstIndex(of: "s").map { Double(columns[$0 - 1]) } ?? nil, "\(row)")
+            // 256 KiB at the link model's rate, then the device's CRC and activation: over a second.
+            #expect(seconds > 1, "\(row)")
+        }
+    }
+
     @Test func aMixedBatchReportsEachFailureFinishesTheOthersAndExits14() async throws {
         let run = await otaflash(simulator + ["--count", "5", "--json", "--retries", "0",
                                               "--sim-device-fault", "2:no-ota-service", "--sim-device-fault", "3:small-slot",
@@ -84,8 +99,10 @@ struct BatchTests {
     @Test(arguments: [
         (["--count", "0"], "--count"),
         (["--parallel", "0"], "--parallel"),
-        (["--sim-device-fault", "x:gone"], "--sim-device-fault"),
-        (["--skip-if-version", "one"], "--skip-if-version"),
+        (["--sim-device-fault", "x:gone"], "--sim-device-fault <N:mode>': expected N:no-ota-service, N:small-slot or N:gone, with N 1"),
+        (["--sim-device-fault", "1001:gone"], "--sim-device-fault <N:mode>': expected N:no-ota-service"),
+        (["--sim-device-fault", "2:melted"], "--sim-device-fault <N:mode>': expected N:no-ota-service"),
+        (["--skip-if-version", "one"], "--skip-if-version <version|image>': expected a version like 1.2.3, or 'image'"),
     ])
     func badBatchOptionsAreUsageErrors(extra: [String], names: String) async {
         let run = await otaflash(simulator + extra + [samplePath("seeded-4k.bin")])

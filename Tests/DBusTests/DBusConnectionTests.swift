@@ -191,7 +191,9 @@ struct DBusConnectionTests {
             // The server did get the call: the client gave up on a reply, not on sending.
             _ = try await next(held.arrived)
             held.release()
-            #expect(elapsed >= .milliseconds(150) && elapsed < .milliseconds(2500), "\(elapsed)")
+            // Under the 25 s that libdbus waits by default: the call's own 200 ms ended it (a loaded
+            // host's thread queue may add seconds, so no tighter bound).
+            #expect(elapsed >= .milliseconds(150) && elapsed < .seconds(20), "\(elapsed)")
             // The connection still works afterwards.
             let echo = try await client.call(
                 destination: serviceName, path: "/com/example/test", interface: testInterface,

@@ -300,7 +300,7 @@ struct PostgresLedgerTests {
     /// A lock held past `statement_timeout` is named as a lock (exit 18, kind `locked`), from the
     /// server's own answer, which comes before this process's deadline.
     @Test func aLockHeldPastTheTimeoutIsNamed() async throws {
-        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("lock", statementTimeout: 2)
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("lock", statementTimeout: 3)
         let ledger = try PostgresLedger(url: url)
         try await whileTheSchemaLockIsHeld(on: url) {
             do {
@@ -308,16 +308,16 @@ struct PostgresLedgerTests {
                 Issue.record("a held schema lock let the migration through")
             } catch let error as LedgerError {
                 #expect(error.kind == .locked, "\(error)")
-                #expect(error.message.contains("waited over 2 s for another session's lock"), "\(error)")
+                #expect(error.message.contains("waited over 3 s for another session's lock"), "\(error)")
             }
         }
         await ledger.close()
     }
 
     /// A ledger already at this schema is only read: a station starting while another holds the
-    /// schema's lock does not wait for it.
+    /// schema's lock does not wait for it (one that did would fail when the lock's 30 s are up).
     @Test func aMigratedLedgerIsOpenedWithoutTheLock() async throws {
-        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("migrated", statementTimeout: 2)
+        let url = try Prerequisites.require(PostgresServer.shared, for: .postgres).database("migrated", statementTimeout: 30)
         let first = try PostgresLedger(url: url)
         try await first.prepare(station: "st-a")
         await first.close()

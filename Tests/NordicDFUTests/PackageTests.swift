@@ -365,6 +365,13 @@ struct NordicPackageDetectionTests {
         #expect(ImageFormat.detect(head: head, tail: tail).kind == .zip)
     }
 
+    /// nRF Connect SDK's dfu_application.zip also has manifest.json, but MCUboot images and no
+    /// init packets: it is left to the SMP detector.
+    @Test func aZipWithAManifestButNoInitPacketIsNotAPackage() throws {
+        let zip = [UInt8](try makeZip([("manifest.json", Array(#"{"files":[]}"#.utf8)), ("app_update.bin", [1, 2])]))
+        #expect(ImageFormat.detect(zip, using: [.nordicDFUPackage]).kind == .zip)
+    }
+
     @Test func aZipWithoutAManifestIsNotAPackage() throws {
         let zip = [UInt8](try makeZip([("app.bin", [1, 2]), ("app.dat", [3])]))
         #expect(ImageFormat.detect(zip, using: [.nordicDFUPackage]).kind == .zip)
@@ -373,7 +380,7 @@ struct NordicPackageDetectionTests {
     @Test func theImageLoaderRefusesAPackageNamingWhereItGoes() throws {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-detect-\(UUID().uuidString).zip").path
         defer { try? FileManager.default.removeItem(atPath: path) }
-        try makeZip([("manifest.json", Self.manifest), ("app.bin", [1])]).write(to: URL(fileURLWithPath: path))
+        try makeZip([("manifest.json", Self.manifest), ("app.bin", [1]), ("app.dat", [2])]).write(to: URL(fileURLWithPath: path))
         #expect {
             try FirmwareImage.load(path: path, detecting: [.nordicDFUPackage])
         } throws: { error in

@@ -7,11 +7,13 @@ extension ImageFormat.Kind {
 
 extension ImageFormat.Detector {
     /// A zip archive (local header or end-of-central-directory magic) that lists `manifest.json`
-    /// at its root.
+    /// at its root and an init packet (`.dat`): every image of a Secure DFU package has one, and
+    /// nRF Connect SDK's `dfu_application.zip` (MCUboot images, also with `manifest.json`) has none.
     public static let nordicDFUPackage = ImageFormat.Detector(kind: .nordicDFUPackage, detect: { head, tail in
         guard starts(head, [0x50, 0x4B, 0x03, 0x04]) || starts(head, [0x50, 0x4B, 0x05, 0x06]) else { return nil }
         let names = ImageFormat.zipEntryNames(head: head, tail: tail)
-        guard names.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }) else { return nil }
+        guard names.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }),
+              names.contains(where: { $0.lowercased().hasSuffix(".dat") }) else { return nil }
         return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names)
     }, refusal: { format, _ in
         "is \(format.description), not a single image; it goes over Nordic Secure DFU (`otaflash flash` sends it with `--protocol nordic-dfu` or `auto`; in code, `DFUPackage.load`)"

@@ -25,6 +25,9 @@ public struct SMPFlashOptions: ParsableArguments, Sendable {
     @Option(name: .customLong("check-command"), help: ArgumentHelp("With --confirm-after-check (one device): a shell command (/bin/sh -c) run once the new image answers, with OTAFLASH_DEVICE and OTAFLASH_VERSION set; the image is confirmed only when it exits 0 within --check-timeout.", valueName: "command"))
     var checkCommand: String?
 
+    @Option(name: .customLong("image"), help: ArgumentHelp("SMP, multi-image: one more MCUboot image for image number N (1: an nRF5340's network core), as N=FILE; repeat it for each. The command's image is image 0, the application core's; the images go as nRF Connect SDK's dfu_application.zip does.", valueName: "N=file"))
+    var images: [String] = []
+
     @Option(name: .customLong("check-timeout"), parsing: .unconditional, help: Ranges.checkTimeout.help("Seconds --check-command may run before it counts as failed and is stopped (default 60)", valueName: "seconds"))
     var checkTimeout: Double?
 
@@ -51,6 +54,29 @@ public struct SMPFlashOptions: ParsableArguments, Sendable {
         if checkTimeout != nil, checkCommand == nil {
             throw ValidationError("--check-timeout bounds --check-command; add --check-command")
         }
+        _ = try extraImages()
+    }
+
+    /// The images `--image N=FILE` adds, checked for their form, range and uniqueness.
+    func extraImages() throws -> [(number: UInt32, path: String)] {
+        var out: [(number: UInt32, path: String)] = []
+        let range = SMPPackage.imageNumbers
+        for text in images {
+            guard let pair = SMPPackage.imageArgument(text) else {
+                throw ValidationError("--image \(text) is not N=FILE; give an image number and an MCUboot image, e.g. --image 1=net_core_app_update.bin")
+            }
+            guard range.contains(pair.number) else {
+                throw ValidationError("--image \(text): image number \(pair.number) is outside \(range.lowerBound)–\(range.upperBound) (1: an nRF5340's network core)")
+            }
+            guard pair.number != 0 else {
+                throw ValidationError("--image \(text): image 0 is the command's own image (the application core's); give it as the image, and the others with --image")
+            }
+            guard !out.contains(where: { $0.number == pair.number }) else {
+                throw ValidationError("--image gives image \(pair.number) twice; give one file per image number")
+            }
+            out.append(pair)
+        }
+        return out
     }
 
     /// What `--confirm-after-check` cannot go with besides the SMP options: `--no-activate`
@@ -74,22 +100,24 @@ public struct SMPFlashOptions: ParsableArguments, Sendable {
         var checkCommand: String?
         var checkTimeout = 60.0
         var upgradeOnly = false
+        var extraImages: [(number: UInt32, path: String)] = []
     }
 
     func settings(noReset: Bool) -> Settings {
         Settings(confirm: confirm, reset: !noReset, window: window, anyImage: anyImage, confirmAfterCheck: confirmAfterCheck,
-                 checkCommand: checkCommand, checkTimeout: checkTimeout ?? 60, upgradeOnly: upgradeOnly)
+                 checkCommand: checkCommand, checkTimeout: checkTimeout ?? 60, upgradeOnly: upgradeOnly,
+                 extraImages: (try? extraImages()) ?? [])
     }
 
     /// The SMP options given, by name, for a refusal when the image does not go over SMP.
     public static let names: Set<String> = ["--confirm", "--no-reset", "--smp-any-image", "--smp-window", "--confirm-after-check", "--check-command",
-                                     "--check-timeout", "--upgrade-only"]
+                                     "--check-timeout", "--upgrade-only", "--image"]
 
     var given: [String] {
         [confirm ? "--confirm" : nil, noReset ? "--no-reset" : nil, anyImage ? "--smp-any-image" : nil,
          window != SMPEngine.defaultMaxWindow ? "--smp-window" : nil, confirmAfterCheck ? "--confirm-after-check" : nil,
          checkCommand != nil ? "--check-command" : nil, checkTimeout != nil ? "--check-timeout" : nil,
-         upgradeOnly ? "--upgrade-only" : nil].compactMap { $0 }
+         upgradeOnly ? "--upgrade-only" : nil, images.isEmpty ? nil : "--image"].compactMap { $0 }
     }
 }
 

@@ -11,11 +11,11 @@ extension ProtocolCommandLine {
     /// MCUboot's two slots as the simulated device.
     public static let smp: ProtocolCommandLine = {
         var smp = ProtocolCommandLine(
-            profile: SMPProfile(), loader: Loader(detector: .mcuboot, load: loadMCUboot),
+            profile: SMPProfile(), loader: Loader(detector: .smpFiles, load: loadMCUboot),
             takes: Set(["--restart", "--no-activate", "--sim-firmware-version"]).union(SMPFlashOptions.names).union(SimulatedSMPOptions.names),
             refuses: ["--checkpoint-interval": "an SMP device confirms each chunk itself", "--image-version": "an MCUboot image carries its own"],
             servedOptions: ["--sim-smp-buf-size", "--buf-size", "--sim-smp-buf-count", "--buf-count", "--sim-smp-cbor", "--cbor", "--sim-smp-key",
-                            "--sim-smp-mode", "--sim-smp-no-downgrade"],
+                            "--sim-smp-mode", "--sim-smp-no-downgrade", "--sim-smp-network-core"],
             device: "SMP server",
             simulatedDevice: { request in try SimulatedSMP.device(config: request.config, options: request.options(SMPOptions.self)?.simulated) },
             served: { request in
@@ -25,6 +25,7 @@ extension ProtocolCommandLine {
                                               bufferCount: request.bufferCount ?? SMPServer.Config().bufferCount, slotSize: request.slotSize,
                                               encoding: request.replyEncoding.flatMap(SMPReplyEncoding.init(argument:)) ?? .zephyr)
                 SimulatedBootMode.configure(&config, mode: request.bootMode.flatMap(SimulatedBootMode.init(argument:)), noDowngrade: request.noDowngrade)
+                config.networkCore = request.networkCore
                 let model = SMPPeripheral(config: config, firmwareVersion: version, signatureKey: key, faults: request.faults)
                 let server = model.server.config
                 return ServedDevice(model: model, name: request.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
@@ -56,6 +57,28 @@ extension ProtocolCommandLine {
         } catch {
             throw CLIFailure(.imageFile, FlashPlan.refusal(path, error))
         }
+        let options = request.options(SMPOptions.self)
+        let extra = options?.flash.settings(noReset: false).extraImages ?? []
+        let package: SMPPackage?
+        if isZip(path) {
+            guard extra.isEmpty else {
+                throw CLIFailure(.usage, "\(path) is a package that names its own images; drop --image (it adds images to one MCUboot image)")
+            }
+            do {
+                package = try SMPPackage.load(path: path)
+            } catch {
+                throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
+            }
+        } else if !extra.isEmpty {
+            do {
+                package = try SMPPackage.images([(0, path)] + extra, source: path)
+            } catch {
+                throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
+            }
+        } else {
+            package = nil
+        }
+        if let package { return multiImagePlan(package, options: options, reason: resolution.reason) }
         let image: MCUbootImage
         do {
             image = try MCUbootImage.load(path: path)
@@ -69,5 +92,35 @@ extension ProtocolCommandLine {
         return FlashPlan(update: UpdatePlan(parts: [UpdatePlan.Part(firmware: firmware, profile: SMPProfile(settings: settings), label: "image")],
                                             format: .mcuboot, reason: resolution.reason, contents: contents),
                          warnings: image.warnings, imageVersion: version)
+    }
+}
+
+extension ProtocolCommandLine {
+    /// Whether the file at `path` starts as a zip archive does (`SMPPackage`).
+    static func isZip(_ path: String) -> Bool {
+        guard let handle = FileHandle(forReadingAtPath: path) else { return false }
+        defer { try? handle.close() }
+        let head = (try? handle.read(upToCount: 2)) ?? Data()
+        return head == Data([0x50, 0x4B])
+    }
+
+    /// Several MCUboot images over SMP (`SMPMultiImageEngine`): in `SMPPackage.markingOrder`,
+    /// the application core's last, as one part whose bytes are every image's one after the other.
+    static func multiImagePlan(_ package: SMPPackage, options: SMPOptions?, reason: String) -> FlashPlan {
+        let order = package.markingOrder
+        let images = order.map { part in
+            SMPImagePlan(imageNumber: part.imageNumber, bytes: part.image.bytes, fileSHA256: part.image.sha256,
+                         imageHash: part.image.imageHash, version: SMPSlotImage(part.image.bytes).versionText)
+        }
+        let settings = SMPOptions.uploadSettings(options, fileSHA256: [], imageHash: nil)
+        let firmware = FirmwareImage(bytes: order.flatMap(\.image.bytes), source: package.source)
+        let listed = order.map { "\($0.label) \($0.image.version) (\($0.file))" }.joined(separator: ", then ")
+        let contents = "; \(order.count) MCUboot images, uploaded and marked in this order: \(listed); one reset"
+        let application = package.parts.first { $0.imageNumber == 0 }?.image.version
+        return FlashPlan(update: UpdatePlan(parts: [UpdatePlan.Part(firmware: firmware, profile: SMPMultiImageProfile(images: images, settings: settings),
+                                                                    label: "images")],
+                                            format: .mcuboot, reason: reason, contents: contents),
+                         warnings: package.parts.flatMap(\.image.warnings),
+                         imageVersion: application.map { FirmwareVersion(major: $0.major, minor: $0.minor, patch: $0.revision) })
     }
 }

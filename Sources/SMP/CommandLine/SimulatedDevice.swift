@@ -78,6 +78,9 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     @Flag(name: .customLong("sim-smp-no-downgrade"), help: "The simulated MCUboot prevents downgrades: it does not boot an image older than the running one (it erases it), and the bootloader info says no-downgrade.")
     var noDowngrade = false
 
+    @Flag(name: .customLong("sim-smp-network-core"), help: "The simulated SMP device is an nRF5340 with two images: image 1 is its network core, which takes its update at the application core's reset (and skips it when the application core's image was marked first, as MCUboot does).")
+    var networkCore = false
+
     @Flag(name: .customLong("sim-smp-crashing-image"), help: "The image the simulated MCUboot swaps in for test is broken: asked for an SMP echo it crashes and its watchdog resets the device, so MCUboot reverts it (see --confirm-after-check).")
     var crashingImage = false
 
@@ -97,7 +100,7 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     public static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
                                      "--sim-smp-downgrade-check", "--sim-smp-busy", "--sim-smp-refuse-upload", "--sim-smp-busy-above",
                                      "--sim-smp-no-params", "--sim-smp-cbor", "--sim-smp-key",
-                                     "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade"]
+                                     "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade", "--sim-smp-network-core"]
 
     var given: [String] {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
@@ -106,7 +109,7 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
          refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil,
          cbor != nil ? "--sim-smp-cbor" : nil, key != nil ? "--sim-smp-key" : nil,
          crashingImage ? "--sim-smp-crashing-image" : nil, mode != nil ? "--sim-smp-mode" : nil,
-         noDowngrade ? "--sim-smp-no-downgrade" : nil].compactMap { $0 }
+         noDowngrade ? "--sim-smp-no-downgrade" : nil, networkCore ? "--sim-smp-network-core" : nil].compactMap { $0 }
     }
 
     /// What slot 1 holds at the start.
@@ -118,6 +121,7 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
                          refusesDowngrade: downgradeCheck, busy: busy, busyAbove: busyAbove,
                          uploadRefusal: refuseUpload.map { ImageManagementError(rawValue: Int64($0)) }, encoding: cbor ?? .zephyr)
         config.testImageCrashes = crashingImage
+        config.networkCore = networkCore
         SimulatedBootMode.configure(&config, mode: mode, noDowngrade: noDowngrade)
         return config
     }

@@ -275,7 +275,21 @@ public struct SMPPeripheral: PeripheralModel {
 
     /// The device goes away at `at`, MCUboot runs, and it is back `bootDuration` later.
     private mutating func reboot(at: Duration, reason: String, injected: Bool = true, reports: inout [PeripheralReport]) -> [PeripheralTimed] {
-        switch server.boot() {
+        let outcome = server.boot()
+        if let core = server.network {
+            switch core.lastUpdate {
+            case .updated:
+                activations.append((core.running.bytes, core.running.versionText))
+                reports.append(.note("MCUboot handed image 1 to the network core: version \(core.running.versionText) runs there"))
+            case .skipped:
+                reports.append(.note("MCUboot skipped the network core's update: the application core's image was marked before it (NCSDK-34106); version \(core.running.versionText) runs on"))
+            case .refused(let why):
+                reports.append(.note("MCUboot refused the network core's image and erased it (\(why))"))
+            case .none:
+                break
+            }
+        }
+        switch outcome {
         case .swapped(let permanent):
             activations.append((server.primary.bytes, server.primary.versionText))
             reports.append(.activated(image: server.primary.bytes, version: server.primary.versionText))

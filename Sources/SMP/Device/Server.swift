@@ -86,6 +86,9 @@ public struct SMPServer: Sendable {
         public var reportsSlotInfo = true
         /// fs_mgmt's file system (`SMPFileSystem`): its mount points, limits and files at power-on.
         public var fileSystem = SMPFileSystem.Config()
+        /// A second image pair, image 1: an nRF5340's network core, updated at the application
+        /// core's reset (`SMPNetworkCore`).
+        public var networkCore = false
 
         public init(bufferSize: Int = 384, bufferCount: Int = 4, slotSize: Int = 512 * 1024,
                     checksImageHeader: Bool = true, reportsMatch: Bool = true, reportsParameters: Bool = true,
@@ -121,6 +124,8 @@ public struct SMPServer: Sendable {
 
     /// The upload in progress (img_mgmt's RAM state).
     public struct Upload: Sendable, Hashable {
+        /// The image number it goes to (its secondary slot).
+        public var image: UInt32 = 0
         public var sha: [UInt8]?
         public var length: Int
         public var offset: Int
@@ -157,7 +162,7 @@ public struct SMPServer: Sendable {
     public private(set) var lastBoot = BootOutcome.unchanged
     /// Every image marked for test or confirmed by a state write, oldest first: the bytes of the
     /// slot it named at that moment, and whether it was confirmed (for soaks and tests).
-    public private(set) var marks: [(bytes: [UInt8], confirm: Bool)] = []
+    public internal(set) var marks: [(bytes: [UInt8], confirm: Bool)] = []
     /// A fault: the byte of slot 1 at this image offset is stored with its lowest bit flipped when
     /// written (a flash fault; the file's SHA-256 and the slot's hash then differ). Fires once.
     public var flashBitFlipAt: Int?
@@ -167,6 +172,11 @@ public struct SMPServer: Sendable {
     public var signatureKey: MCUbootImage.PublicKey?
     /// fs_mgmt's files and transfer context (group 8).
     public private(set) var files: SMPFileSystem
+    /// Image 1, the network core, with `Config.networkCore`.
+    public internal(set) var network: SMPNetworkCore?
+    /// The image numbers marked by state writes since the last boot, oldest first (the order
+    /// rule, `SMPNetworkCore`).
+    public internal(set) var markOrder: [UInt32] = []
 
     /// - Parameter running: the image slot 0 holds, confirmed; by default a small MCUboot image
     ///   of version 1.0.0.
@@ -177,6 +187,7 @@ public struct SMPServer: Sendable {
         self.config = config
         self.signatureKey = signatureKey
         files = SMPFileSystem(config.fileSystem)
+        network = config.networkCore ? SMPNetworkCore() : nil
         primary = SMPSlotImage(running ?? SMPSlotImage.build(major: 1, minor: 0, revision: 0, body: Array("otaflash factory image".utf8)))
         switch leftover {
         case .pending(let image):
@@ -253,10 +264,16 @@ public struct SMPServer: Sendable {
             return erase(slot: slot ?? uploadSlot)
         case .imageSlotInfo:
             guard config.reportsSlotInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
-            // Both slots of image 0; the one not running takes an upload (`upload_image_id` 0).
-            return .slotInfo(SMPSlotInfo(images: [SMPSlotInfo.Image(image: 0, slots: (0...1).map { slot in
+            // Both slots of image 0; the one not running takes an upload (`upload_image_id` 0); and
+            // image 1's, whose second slot takes the network core's (`upload_image_id` 1).
+            var images = [SMPSlotInfo.Image(image: 0, slots: (0...1).map { slot in
                 SMPSlotInfo.Slot(slot: UInt32(slot), size: UInt64(config.slotSize), uploadImageID: UInt32(slot) == uploadSlot ? 0 : nil)
-            })]))
+            })]
+            if network != nil {
+                images.append(SMPSlotInfo.Image(image: 1, slots: [SMPSlotInfo.Slot(slot: 0, size: UInt64(config.slotSize)),
+                                                                   SMPSlotInfo.Slot(slot: 1, size: UInt64(config.slotSize), uploadImageID: 1)]))
+            }
+            return .slotInfo(SMPSlotInfo(images: images))
         case .bootloaderInfo(let query):
             guard config.reportsBootloaderInfo, config.encoding != .tinycbor else { return .error(.general(.notSupported)) }
             guard let query else { return .bootloaderInfo(SMPBootloaderInfo(bootloader: "MCUboot")) }
@@ -272,7 +289,7 @@ public struct SMPServer: Sendable {
     public var states: SMPImageStates {
         var slots = [slotState(primary, slot: activeSlot, running: true)]
         if let secondary { slots.append(slotState(secondary, slot: uploadSlot, running: false)) }
-        return SMPImageStates(images: slots.sorted { $0.slot < $1.slot })
+        return SMPImageStates(images: slots.sorted { $0.slot < $1.slot } + (network?.states ?? []))
     }
 
     private func slotState(_ image: SMPSlotImage, slot: UInt32, running: Bool) -> SMPImageSlot {
@@ -293,6 +310,7 @@ public struct SMPServer: Sendable {
     private mutating func stateWrite(hash: [UInt8]?, confirm: Bool) -> SMPResponse {
         // Direct-XIP without revert and RAM load have no state write (img_mgmt's handler is NULL).
         if config.mode == .directXIP || config.mode == .ramLoad { return .error(.general(.notSupported)) }
+        if let hash, imageNumber(ofHash: hash) == 1 { return networkStateWrite(hash: hash, confirm: confirm) }
         guard let hash else {
             guard confirm else { return .error(.general(.invalidValue)) }
             confirmed = true
@@ -313,11 +331,19 @@ public struct SMPServer: Sendable {
         guard confirmed else { return .error(.general(.badState)) }
         pending = true
         permanent = confirm
+        markOrder.append(0)
         marks.append((secondary.bytes, confirm))
         return .imageStates(states)
     }
 
     private mutating func erase(slot: UInt32) -> SMPResponse {
+        if slot == 3, network != nil {
+            // Image 1's second slot (img_mgmt numbers image N's slots 2N and 2N + 1).
+            guard network?.pending == false else { return .error(.image(.noFreeSlot)) }
+            network?.eraseSecondary()
+            if upload?.image == 1 { upload = nil }
+            return .empty
+        }
         guard slot == 0 || slot == 1 else { return .error(.image(.invalidSlot)) }
         guard slot == uploadSlot, !secondaryInUse else { return .error(.image(.noFreeSlot)) }
         secondaryBytes = []
@@ -327,7 +353,8 @@ public struct SMPServer: Sendable {
     }
 
     private mutating func receive(_ chunk: SMPImageUpload) -> SMPResponse {
-        guard (chunk.image ?? 0) == 0 else { return .error(.general(.invalidValue)) }
+        let image = chunk.image ?? 0
+        guard image == 0 || (image == 1 && network != nil) else { return .error(.general(.invalidValue)) }
         if config.busy { return .error(.general(.busy)) }
         guard chunk.offset == 0 else { return continueUpload(chunk) }
         if let refusal = config.uploadRefusal { return .error(.image(refusal)) }
@@ -338,28 +365,32 @@ public struct SMPServer: Sendable {
         guard let length = chunk.length.flatMap({ Int(exactly: $0) }) else { return .error(.image(.invalidLength)) }
         if config.checksImageHeader, !SMPSlotImage.hasMagic(chunk.data) { return .error(.image(.invalidImageHeaderMagic)) }
         if let sha = chunk.sha, sha.count > 32 { return .error(.image(.invalidHash)) }
-        if let upload, let sha = chunk.sha, !sha.isEmpty, upload.sha == sha, upload.length == length {
+        if let upload, let sha = chunk.sha, !sha.isEmpty, upload.sha == sha, upload.length == length, upload.image == image {
             // The same file as the unfinished upload: say where it stands, write nothing.
             return .upload(SMPUploadStatus(offset: UInt64(upload.offset)))
         }
-        guard !secondaryInUse else { return .error(.image(.noFreeSlot)) }
+        guard image == 1 ? network?.pending == false : !secondaryInUse else { return .error(.image(.noFreeSlot)) }
         // Zephyr compares `len` with the slot; mcumgr fails to erase that much (EUNKNOWN either
         // way to an SMP v1 request, `reply(_:to:)`).
         guard length <= config.slotSize else { return .error(.image(.imageTooLarge)) }
-        if config.mode.runsInPlace, config.rejectsMismatchedSlot, chunk.data.count >= 32,
+        if image == 0, config.mode.runsInPlace, config.rejectsMismatchedSlot, chunk.data.count >= 32,
            let fixed = SMPSlotImage.fixedAddress(header: chunk.data),
            fixed != Self.slotAddresses[Int(uploadSlot)] {
             // The image runs only at its load address, and this slot is elsewhere.
             return .error(.image(.invalidFlashAddress))
         }
         if chunk.upgrade == true || config.refusesDowngrade, chunk.data.count >= 32,
-           !SMPSlotImage.headerVersion(chunk.data, isNewerThan: primary) {
+           !SMPSlotImage.headerVersion(chunk.data, isNewerThan: image == 1 ? network?.running ?? primary : primary) {
             return .error(.image(.currentVersionIsNewer))
         }
         // A new upload: slot 1 is erased and written from the start.
-        upload = Upload(sha: chunk.sha, length: length, offset: 0)
-        secondaryBytes = []
-        secondaryComplete = false
+        upload = Upload(image: image, sha: chunk.sha, length: length, offset: 0)
+        if image == 1 {
+            network?.eraseSecondary()
+        } else {
+            secondaryBytes = []
+            secondaryComplete = false
+        }
         return write(chunk.data)
     }
 
@@ -379,7 +410,7 @@ public struct SMPServer: Sendable {
             data[flip - upload.offset] ^= 0x01
             flashBitFlipAt = nil
         }
-        secondaryBytes += data
+        if upload.image == 1 { network?.secondaryBytes += data } else { secondaryBytes += data }
         upload.offset += data.count
         guard upload.offset == upload.length else {
             self.upload = upload
@@ -387,10 +418,17 @@ public struct SMPServer: Sendable {
         }
         // Done: slot 1 holds the file; img_mgmt forgets the upload.
         self.upload = nil
-        secondaryComplete = true
+        let written: [UInt8]
+        if upload.image == 1 {
+            network?.secondaryComplete = true
+            written = network?.secondaryBytes ?? []
+        } else {
+            secondaryComplete = true
+            written = secondaryBytes
+        }
         var match: Bool?
         if config.answersMatch, let sha = upload.sha, !sha.isEmpty {
-            match = Array(SHA256.hash(data: secondaryBytes)) == sha
+            match = Array(SHA256.hash(data: written)) == sha
         }
         return .upload(SMPUploadStatus(offset: UInt64(upload.offset), match: match))
     }
@@ -404,6 +442,8 @@ public struct SMPServer: Sendable {
         boots += 1
         upload = nil
         files.rebooted()
+        bootNetworkCore()
+        markOrder = []
         let outcome: BootOutcome
         switch (config.mode, swapType) {
         case (.directXIP, _), (.ramLoad, _):
@@ -459,10 +499,13 @@ public struct SMPServer: Sendable {
     /// Why MCUboot would not boot slot 1's image (`bootutil_img_validate`): a header or TLV area it
     /// cannot read, a hash TLV that does not match, a non-bootable flag, or, with a key, a missing
     /// signature, a key hash of another key, or a signature that does not verify. Nil: it boots.
-    func invalidSecondary() -> String? {
+    func invalidSecondary() -> String? { invalidImage(secondaryBytes, slot: "slot 1") }
+
+    /// Why MCUboot would not boot `bytes` (a slot's, named `slot`); nil: it boots.
+    func invalidImage(_ bytes: [UInt8], slot: String) -> String? {
         let image: MCUbootImage
         do {
-            image = try MCUbootImage(bytes: secondaryBytes, source: "slot 1")
+            image = try MCUbootImage(bytes: bytes, source: slot)
         } catch {
             return error.description
         }

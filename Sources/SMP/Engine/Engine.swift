@@ -56,6 +56,12 @@ public struct SMPUploadSettings: Sendable, Hashable {
     /// The upload's `upgrade` flag: the device refuses an image not newer than the one it runs
     /// (IMG_MGMT_ERR_CURRENT_VERSION_IS_NEWER) before it erases anything.
     public var upgrade: Bool
+    /// Upload and verify only: another image of the same update marks it and resets the device
+    /// (`SMPMultiImageEngine`, every image but the last).
+    public var uploadOnly = false
+    /// The other images of the same update, already uploaded: marked, in this order, before this
+    /// image, and checked to run after the reset (`SMPMultiImageEngine`, the last image).
+    public var companions: [SMPCompanion] = []
 
     public init(imageNumber: UInt32 = 0, fileSHA256: [UInt8], imageHash: [UInt8]?, confirm: Bool = false, reset: Bool = true,
                 maxWindow: Int = SMPEngine.defaultMaxWindow, maxFrame: Int? = nil, probeFrames: Bool = true,
@@ -195,6 +201,8 @@ public struct SMPEngine: TransferEngine {
     private var states: SMPImageStates?
     /// The version the device reverts to when the checked image is not confirmed.
     private var revertTo: String?
+    /// The state writes of the marking so far: companions marked (1…count), then this image (count + 1).
+    private var marking = 0
     /// MCUboot's mode, from the first connection that reported it.
     public private(set) var bootloader: SMPBootloaderInfo?
 
@@ -394,7 +402,9 @@ public struct SMPEngine: TransferEngine {
         sent = 0
         if config.restart, stats.connections == 1 {
             // The server resumes an upload of the same file: erase its slot to start over.
-            return send(.imageErase(slot: nil), as: { .erasing($0) })
+            // img_mgmt numbers image N's slots 2N and 2N + 1; nil is image 0's upload slot.
+            let slot = settings.imageNumber == 0 ? nil : settings.imageNumber * 2 + 1
+            return send(.imageErase(slot: slot), as: { .erasing($0) })
         }
         state = .opening(nil)
         return sendChunk(at: 0)
@@ -532,6 +542,10 @@ public struct SMPEngine: TransferEngine {
             let built = header?.fixedAddress.map { " (load address 0x\(String($0, radix: 16)))" } ?? ""
             return OTAError(general.code, "the device refused the upload: invalid flash address (25): in \(mode) mode an image runs only at the address it was built for, and this one\(built) is not built for slot \(target), the slot not running, where the upload goes; give the image built for slot \(target) (nRF Connect SDK's direct-XIP build makes one for each slot)", cause: e)
         }
+        if settings.imageNumber != 0, acked == 0, e.general == .invalidValue, case .opening = state {
+            // img_mgmt refuses an image number past CONFIG_MCUMGR_GRP_IMG_UPDATABLE_IMAGE_NUMBER so.
+            return OTAError(.incompatibleDevice, "the device refused the upload to image \(settings.imageNumber) with invalid value (3): it has no \(settings.label) (its MCUboot updates fewer images); give only the images it has, or build it with CONFIG_UPDATEABLE_IMAGE_NUMBER=\(settings.imageNumber + 1)", cause: e)
+        }
         if e.imageError == .currentVersionIsNewer, let active {
             return OTAError(general.code, "the device refused the upload: current version is newer (27): it runs \(active.version), the same as or newer than this image, and refuses a downgrade; upload an image with a higher version (imgtool sign --version)", cause: e)
         }
@@ -607,6 +621,8 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func verified(_ states: SMPImageStates) -> [TransferAction] {
+        // The freshest list: the marks that follow check the other images of the update in it.
+        self.states = states
         let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
         guard let hash = settings.imageHash else {
             // The server checked the SHA-256; mark what it reports for the slot it wrote.
@@ -627,7 +643,7 @@ public struct SMPEngine: TransferEngine {
     }
 
     private mutating func markOrFinish() -> [TransferAction] {
-        guard config.activate else {
+        guard config.activate, !settings.uploadOnly else {
             state = .done
             return [.finished]
         }
@@ -647,16 +663,46 @@ public struct SMPEngine: TransferEngine {
             // what it holds: a corrupted upload looks intact until MCUboot checks it at the reset.
             notes.append("the device did not check the uploaded file's SHA-256 (its answer has no 'match', as an mcumgr server's), and the slot's hash it reports is read from the image: only MCUboot's check at the reset can find a corrupted upload; check that the new version runs afterwards (otaflash image list)")
         }
-        // With a hash, confirm marks the uploaded image (without one it would confirm the running image).
-        return send(.imageStateWrite(hash: hash, confirm: settings.confirm && !settings.confirmAfterCheck), as: { .activating($0) })
+        marking = 0
+        return markNext(ownHash: hash)
+    }
+
+    /// Marks the next image: the companions first, in order (each but one the device already
+    /// runs), then this one. With a hash, confirm marks the uploaded image (without one it would
+    /// confirm the running image).
+    private mutating func markNext(ownHash hash: [UInt8]) -> [TransferAction] {
+        let confirm = settings.confirm && !settings.confirmAfterCheck
+        while marking < settings.companions.count {
+            let companion = settings.companions[marking]
+            marking += 1
+            let slots = (states?.images ?? []).filter { ($0.image ?? 0) == companion.imageNumber && $0.hash == companion.imageHash }
+            if slots.contains(where: \.active) { continue }
+            guard states == nil || !slots.isEmpty else {
+                // MCUboot refused it at a reset (and erased it) before this image was marked.
+                return fail(OTAError(.verifyFailed, "the \(companion.label)'s image \(companion.version) is no longer on the device (MCUboot refused it at a reset and erased it); the \(settings.label)'s image was not marked, so nothing runs half updated",
+                                     hint: "run the same command again: it uploads every image anew"), in: .activating)
+            }
+            return send(.imageStateWrite(hash: companion.imageHash, confirm: confirm), as: { .activating($0) })
+        }
+        marking = settings.companions.count + 1
+        return send(.imageStateWrite(hash: hash, confirm: confirm), as: { .activating($0) })
+    }
+
+    /// The image (number and hash) the state write in flight marks.
+    private var markedNow: (number: UInt32, hash: [UInt8]?) {
+        guard marking > 0, marking <= settings.companions.count else { return (settings.imageNumber, markHash) }
+        let companion = settings.companions[marking - 1]
+        return (companion.imageNumber, companion.imageHash)
     }
 
     private mutating func marked(_ states: SMPImageStates?) -> [TransferAction] {
-        if let states, let hash = markHash,
-           let slot = states.images.first(where: { ($0.image ?? 0) == settings.imageNumber && $0.hash == hash }),
+        let now = markedNow
+        if let states, let hash = now.hash,
+           let slot = states.images.first(where: { ($0.image ?? 0) == now.number && $0.hash == hash }),
            !(slot.pending || slot.confirmed || slot.active) {
             return fail(OTAError(.protocolError, "the device accepted marking the image but lists it neither pending nor confirmed"))
         }
+        if marking <= settings.companions.count, let hash = markHash { return markNext(ownHash: hash) }
         guard settings.reset else {
             state = .done
             return [.finished]
@@ -682,6 +728,15 @@ public struct SMPEngine: TransferEngine {
         let slots = states.images.filter { ($0.image ?? 0) == settings.imageNumber }
         let running = slots.first(where: \.active)
         if running?.hash == hash {
+            if let stale = settings.companions.first(where: { companion in
+                !states.images.contains { ($0.image ?? 0) == companion.imageNumber && $0.hash == companion.imageHash && $0.active }
+            }) {
+                return fail(companionNotRunning(stale, states))
+            }
+            if !settings.companions.isEmpty {
+                let all = settings.companions.map { "\($0.label) \($0.version)" } + ["\(settings.label) \(running?.version ?? "")"]
+                notes.append("after the reset every image runs its new version: " + all.joined(separator: ", "))
+            }
             guard settings.confirmAfterCheck else {
                 state = .done
                 return [.finished]
@@ -698,6 +753,16 @@ public struct SMPEngine: TransferEngine {
         return startOver(because: what, OTAError(.verifyFailed, "\(what)\(againSaid)",
                                                  hint: "run the same command again: it uploads the file anew; if MCUboot refuses it again, check the image's signature key and the device's flash",
                                                  resumable: true))
+    }
+
+    /// After the reset this image runs, but `companion` (marked before it) does not: MCUboot
+    /// skipped or refused its update.
+    private func companionNotRunning(_ companion: SMPCompanion, _ states: SMPImageStates) -> OTAError {
+        let slots = states.images.filter { ($0.image ?? 0) == companion.imageNumber }
+        let runs = slots.first(where: \.active).map { "still runs \($0.version)" } ?? "lists no running image"
+        let held = slots.contains { $0.hash == companion.imageHash } ? "; the new image is still in its slot" : ""
+        return OTAError(.verifyFailed, "after the reset the \(settings.label) runs its new image, but the \(companion.label) \(runs), not \(companion.version): MCUboot did not take its update\(held)",
+                        hint: "check each image with otaflash image list; run the same command again to upload and mark it anew (the network core's image is marked before the application's)")
     }
 
     // MARK: Bootloader modes

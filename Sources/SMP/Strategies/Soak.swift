@@ -1,3 +1,4 @@
+import Crypto
 import GATT
 import OTA
 import OTADevice
@@ -48,6 +49,14 @@ public struct SMPSoak: SoakStrategy {
 
     static func modeName(_ mode: SMPBootloaderMode?) -> String { mode.map { "\($0)" } ?? "not reported" }
 
+    /// Whether a run updates a two-image device (an nRF5340: the application core's image and the
+    /// network core's, `SMPMultiImageEngine`), one run in four (from its own generator), in the
+    /// modes nRF Connect SDK builds that with (not direct-XIP).
+    static func multiImage(seed: UInt64, mode: SMPBootloaderMode?) -> Bool {
+        var rng = SeededGenerator(seed: seed ^ 0x5340_0001)
+        return rng.next() % 4 == 0 && mode?.runsInPlace != true
+    }
+
     /// The session's bound, with the first upload request's longer wait (a server erases its slot
     /// before answering it) in place of the reply timeout on each try.
     public func bound(_ settings: SoakSettings) -> Duration {
@@ -80,28 +89,39 @@ public struct SMPSoak: SoakStrategy {
             config.mode = mode
             config.reportsBootloaderInfo = true
         }
+        let multi = Self.multiImage(seed: seed, mode: mode)
+        config.networkCore = multi
+        var netRNG = SeededGenerator(seed: seed ^ 0x4E37)
+        let network = multi ? SMPSlotImage.build(major: 3, minor: UInt8(netRNG.next() % 200), revision: 1,
+                                                 body: (0..<max(1, scenario.size / 2)).map { _ in UInt8(truncatingIfNeeded: netRNG.next()) }) : []
         let model = SMPPeripheral(config: config, firmwareVersion: deviceConfig.firmwareVersion, faults: scenario.faults,
                                   resetDelay: deviceConfig.bootDelay)
         let device = SimulatedDevice(deviceConfig, model: model)
         let settings = SMPUploadSettings(fileSHA256: image.sha256, imageHash: image.imageHash, confirm: confirm, confirmAfterCheck: afterCheck)
+        let sent = multi ? [bytes, network] : [bytes]
+        let plans = [(UInt32(1), network), (UInt32(0), bytes)].map { number, image in
+            SMPImagePlan(imageNumber: number, bytes: image, fileSHA256: Array(SHA256.hash(data: image)), imageHash: SMPSlotImage(image).hash,
+                         version: SMPSlotImage(image).versionText)
+        }
+        let profile: any OTAProfile = multi ? SMPMultiImageProfile(images: plans, settings: settings) : SMPProfile(settings: settings)
         // Direct-XIP has no state write: nothing is marked; MCUboot boots the highest version.
         let marksNothing = mode == .directXIP
         // The window: every buffer holding a request of the most data one takes (the smallest
         // offset encodes shortest; the first request, with `len` and `sha`, takes less).
         let window = buffers.count * Self.requestData(bufferSize: buffers.size)
-        return SoakTrial(device: device, image: FirmwareImage(bytes: bytes), profile: SMPProfile(settings: settings),
-                         detail: "buffers \(buffers.count)×\(buffers.size), \(encoding) answers, MCUboot \(Self.modeName(mode))\(afterCheck ? ", confirm after check" : "")",
-                         group: "\(encoding)/\(Self.modeName(mode))\(afterCheck ? "/check" : "")",
+        return SoakTrial(device: device, image: FirmwareImage(bytes: multi ? network + bytes : bytes), profile: profile,
+                         detail: "buffers \(buffers.count)×\(buffers.size), \(encoding) answers, MCUboot \(Self.modeName(mode))\(multi ? ", two images" : "")\(afterCheck ? ", confirm after check" : "")",
+                         group: "\(encoding)/\(Self.modeName(mode))\(multi ? "/multi" : "")\(afterCheck ? "/check" : "")",
                          resendLimit: window, resendLimitName: "window") { result in
             var verdict = SoakVerdict()
             let peripheral = device.model(as: SMPPeripheral.self)
             let marks = peripheral?.server.marks ?? []
             let activations = peripheral?.activations ?? []
-            if peripheral?.server.config.answersMatch != false, marks.contains(where: { $0.bytes != bytes }) {
+            if peripheral?.server.config.answersMatch != false, marks.contains(where: { !sent.contains($0.bytes) }) {
                 verdict.violate("marked an image that differs from the one sent")
                 verdict.mismatchedActivation = true
             }
-            if activations.contains(where: { $0.image != bytes }) {
+            if activations.contains(where: { !sent.contains($0.image) }) {
                 verdict.violate("MCUboot swapped in an image that differs from the one sent")
                 verdict.mismatchedActivation = true
             }
@@ -114,8 +134,18 @@ public struct SMPSoak: SoakStrategy {
                 // its check the image is marked for test, then confirmed.
                 let asked = afterCheck ? marks.first?.confirm == false && marks.last?.confirm == true && peripheral?.server.confirmed == true
                     : marksNothing ? marks.isEmpty : !marks.isEmpty && !marks.contains(where: { $0.confirm != confirm })
-                if !asked || activations.count != 1 {
+                if !asked || activations.count != sent.count {
                     verdict.violate("reported ok with \(marks.count) marks and \(activations.count) swaps")
+                }
+                if multi {
+                    // Both cores run the images sent, and the network core's was marked first.
+                    let server = peripheral?.server
+                    if server?.primary.bytes != bytes || server?.network?.running.bytes != network {
+                        verdict.violate("reported ok with a core not running the image sent")
+                    }
+                    if !marksNothing, marks.first?.bytes != network {
+                        verdict.violate("marked the application core's image before the network core's")
+                    }
                 }
             case .failure:
                 // A check that failed after the image booted for test leaves it to revert: the run
@@ -139,10 +169,12 @@ public struct SMPSoak: SoakStrategy {
             return "\(Self.modeName(mode)) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok)"
         }
         let checked = records.filter { ($0.group ?? "").hasSuffix("/check") }
+        let multi = records.filter { ($0.group ?? "").contains("/multi") }
         return [
             "server answers: " + encodings.joined(separator: ", "),
             "MCUboot modes: " + modes.joined(separator: ", "),
             "confirm after check: \(checked.count) runs (\(checked.filter { $0.outcome == "ok" }.count) ok, confirmed after the check; \(checked.filter { $0.outcome == "checkFailed" }.count) checkFailed); confirmed before the image ran: \(records.filter { $0.violation == "confirmed the image before it ran and passed its check" }.count)",
+            "two images (nRF5340: network core marked first, one reset, both cores checked after it): \(multi.count) runs (\(multi.filter { $0.outcome == "ok" }.count) ok, \(multi.filter { $0.violation != nil }.count) violations)",
             "marks and swaps (marks checked where the server answers match): \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)",
         ]
     }

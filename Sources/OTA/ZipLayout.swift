@@ -5,9 +5,9 @@
 /// Layout from APPNOTE.TXT 4.3: local headers (`PK\3\4`, 30 bytes + name + extra, then the data),
 /// the central directory (`PK\1\2`, 46 bytes + name + extra + comment per entry) and the end of
 /// central directory record (`PK\5\6`, 22 bytes + comment). ZIP64 is refused: packages are small.
-enum ZipLayout {
+public enum ZipLayout {
     /// Nil when the layout is sound; otherwise what is wrong, for the error line.
-    static func problem(in bytes: [UInt8]) -> String? {
+    public static func problem(in bytes: [UInt8]) -> String? {
         let n = bytes.count
         func u16(_ i: Int) -> Int { Int(bytes[i]) | Int(bytes[i + 1]) << 8 }
         func u32(_ i: Int) -> Int { u16(i) | u16(i + 2) << 16 }
@@ -20,7 +20,7 @@ enum ZipLayout {
         while eocd >= 0, !signature(eocd, 5, 6) { eocd -= 1 }
         guard eocd >= 0 else { return "it has no zip end-of-directory record" }
         guard eocd + 22 + u16(eocd + 20) == n else { return "its zip end-of-directory record is damaged" }
-        guard !signature(eocd - 20, 6, 7) else { return "it is a ZIP64 archive, which DFU packages never are" }
+        guard !signature(eocd - 20, 6, 7) else { return "it is a ZIP64 archive, which firmware packages never are" }
         let entries = u16(eocd + 10)
         let directorySize = u32(eocd + 12)
         let directoryStart = u32(eocd + 16)
@@ -37,7 +37,7 @@ enum ZipLayout {
             let uncompressed = u32(p + 24)
             let local = u32(p + 42)
             guard compressed != 0xFFFF_FFFF, uncompressed != 0xFFFF_FFFF, local != 0xFFFF_FFFF else {
-                return "it is a ZIP64 archive, which DFU packages never are"
+                return "it is a ZIP64 archive, which firmware packages never are"
             }
             p += 46 + u16(p + 28) + u16(p + 30) + u16(p + 32)
             guard p <= directoryEnd else { return "its zip directory is damaged" }
@@ -55,7 +55,7 @@ enum ZipLayout {
 
     /// True when two entry names name the same file, ignoring leading "./" (`zip` strips it, other
     /// archivers keep what they were given; APPNOTE.TXT 4.4.17 forbids only a leading "/").
-    static func samePath(_ a: String, _ b: String) -> Bool {
+    public static func samePath(_ a: String, _ b: String) -> Bool {
         func trimmed(_ s: String) -> Substring {
             var s = Substring(s)
             while s.hasPrefix("./") { s = s.dropFirst(2) }
