@@ -13,7 +13,12 @@
 #   5. for each other encoding of the server's answers (`simulate --cbor tinycbor|definite|indefinite`;
 #      steps 1-4 run the default, Zephyr's zcbor: indefinite-length maps in its field order), a fresh
 #      peripheral: `otaflash image list` lists the running slot, and otaflash updates it with
-#      firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin (done/ok, version 1.3.0 after it).
+#      firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin (done/ok, version 1.3.0 after it);
+#   6. multi: an nRF5340 (`simulate --sim-smp-network-core`) takes
+#      firmware-samples/nrf5340/dfu_application.zip: done/ok, and otaflash's note that every core
+#      runs its new image (network core 1.2.3.4, application core 1.3.0);
+#   7. files: `otaflash files put` of a 20 KiB file to /lfs/cfg.bin (checked by the device's
+#      sha256), `files hash`, `files get` back: the same bytes.
 # Rates are the image over the transfer as the peripheral saw it (its first upload chunk's begin
 # event to its verified event, host clock), the same measure for both tools; wall times include
 # each tool's start and connect. FIGURES lines and $RESULTS_DIR/figures.json carry them and the
@@ -24,7 +29,7 @@
 # option). Run it with run.sh --gatt-channels 1: SMP frames span several write commands, which
 # must arrive in order (README.md, --gatt-channels).
 # $SMP_SIM_ARGS: extra options for every simulate (e.g. "--buf-size 2475 --buf-count 4");
-# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume encodings"; $SMPMGR_TIMEOUT: smpmgr's
+# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume encodings multi files"; $SMPMGR_TIMEOUT: smpmgr's
 # --timeout (default 30 s: it bounds the scan, connect and service discovery together).
 set -euo pipefail
 # shellcheck source=lib/common.sh
@@ -36,7 +41,7 @@ IMAGE=$PROJECT_DIR/firmware-samples/mcuboot-large/seeded96k-ed25519-v2.0.0.bin
 IMAGE_SIZE=$(stat -c %s "$IMAGE")
 IMAGE_VERSION=2.0.0
 SMPMGR_TIMEOUT=${SMPMGR_TIMEOUT:-30}
-STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume encodings} "
+STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume encodings multi files} "
 read -r -a SIM_ARGS <<<"${SMP_SIM_ARGS:-}"
 : "${CENTRAL_INDEX:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
@@ -302,6 +307,46 @@ if [[ $STEPS == *" encodings "* ]]; then
 			'{encodings: {($e): {image_list_seconds: $l, slot0: $s, update_wall_seconds: $w}}}')"
 		stop_smp
 	done
+fi
+
+# ------------------------------------------------------------------ 6. multi
+if [[ $STEPS == *" multi "* ]]; then
+	start_smp sim-multi --sim-smp-network-core
+	otaflash_smp multi "$PROJECT_DIR/firmware-samples/nrf5340/dfu_application.zip"
+	check_done multi 1.3.0
+	grep -qF 'every image runs its new version: network core (image 1) 1.2.3.4, application core (image 0) 1.3.0' "$RESULTS_DIR/multi.stamped" ||
+		fail "multi: no note that both cores run their new images in multi.stamped"
+	step "FIGURES multi: dfu_application.zip (network core, then application core, one reset) in $F_WALL s"
+	figure "$(jq -nc --argjson w "$F_WALL" '{multi: {wall_seconds: $w}}')"
+	stop_smp
+fi
+
+# ------------------------------------------------------------------ 7. files
+if [[ $STEPS == *" files "* ]]; then
+	start_smp sim-files
+	local_file=$RESULTS_DIR/cfg.bin
+	head -c 20480 /dev/urandom >"$local_file"
+	rm -f "$RESULTS_DIR/cfg-back.bin"
+	t0=$EPOCHREALTIME
+	rc=0
+	stamped "$RESULTS_DIR/files-put.stamped" 120 "$OTAFLASH" files put --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --json \
+		"$local_file" /lfs/cfg.bin || rc=$?
+	put_wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+	[ "$rc" -eq 0 ] || fail "files put exited with $rc: $(tail -n 2 "$RESULTS_DIR/files-put.stamped.stderr" 2>/dev/null || true)"
+	rc=0
+	stamped "$RESULTS_DIR/files-hash.stamped" 60 "$OTAFLASH" files hash --type sha256 --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --json \
+		/lfs/cfg.bin || rc=$?
+	[ "$rc" -eq 0 ] || fail "files hash exited with $rc"
+	want=$(sha256sum "$local_file" | cut -d' ' -f1)
+	grep -qF "$want" "$RESULTS_DIR/files-hash.stamped" || fail "files hash: the device's sha256 is not $want"
+	rc=0
+	stamped "$RESULTS_DIR/files-get.stamped" 120 "$OTAFLASH" files get --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" --json \
+		/lfs/cfg.bin "$RESULTS_DIR/cfg-back.bin" || rc=$?
+	[ "$rc" -eq 0 ] || fail "files get exited with $rc"
+	cmp -s "$local_file" "$RESULTS_DIR/cfg-back.bin" || fail "files get: the bytes read back differ from those put"
+	step "FIGURES files: put 20 KiB in $put_wall s wall (start, connect, upload, sha256 check); hash and get back match"
+	figure "$(jq -nc --argjson w "$put_wall" '{files: {put_wall_seconds: $w, bytes: 20480}}')"
+	stop_smp
 fi
 
 printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg img "$(basename "$IMAGE")" \
