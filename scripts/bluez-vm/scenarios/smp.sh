@@ -18,7 +18,9 @@
 #      firmware-samples/nrf5340/dfu_application.zip: done/ok, and otaflash's note that every core
 #      runs its new image (network core 1.2.3.4, application core 1.3.0);
 #   7. files: `otaflash files put` of a 20 KiB file to /lfs/cfg.bin (checked by the device's
-#      sha256), `files hash`, `files get` back: the same bytes.
+#      sha256), `files hash`, `files get` back: the same bytes;
+#   8. modes: MCUboot in overwrite-only and in direct-XIP mode (`simulate --sim-smp-mode`):
+#      otaflash reads the mode, says what it means, and the device runs 1.3.0 after it.
 # Rates are the image over the transfer as the peripheral saw it (its first upload chunk's begin
 # event to its verified event, host clock), the same measure for both tools; wall times include
 # each tool's start and connect. FIGURES lines and $RESULTS_DIR/figures.json carry them and the
@@ -29,7 +31,7 @@
 # option). Run it with run.sh --gatt-channels 1: SMP frames span several write commands, which
 # must arrive in order (README.md, --gatt-channels).
 # $SMP_SIM_ARGS: extra options for every simulate (e.g. "--buf-size 2475 --buf-count 4");
-# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume encodings multi files"; $SMPMGR_TIMEOUT: smpmgr's
+# $SMP_STEPS: the steps to run, default "probe smpmgr otaflash resume encodings multi files modes"; $SMPMGR_TIMEOUT: smpmgr's
 # --timeout (default 30 s: it bounds the scan, connect and service discovery together).
 set -euo pipefail
 # shellcheck source=lib/common.sh
@@ -41,7 +43,7 @@ IMAGE=$PROJECT_DIR/firmware-samples/mcuboot-large/seeded96k-ed25519-v2.0.0.bin
 IMAGE_SIZE=$(stat -c %s "$IMAGE")
 IMAGE_VERSION=2.0.0
 SMPMGR_TIMEOUT=${SMPMGR_TIMEOUT:-30}
-STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume encodings multi files} "
+STEPS=" ${SMP_STEPS:-probe smpmgr otaflash resume encodings multi files modes} "
 read -r -a SIM_ARGS <<<"${SMP_SIM_ARGS:-}"
 : "${CENTRAL_INDEX:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
@@ -347,6 +349,23 @@ if [[ $STEPS == *" files "* ]]; then
 	step "FIGURES files: put 20 KiB in $put_wall s wall (start, connect, upload, sha256 check); hash and get back match"
 	figure "$(jq -nc --argjson w "$put_wall" '{files: {put_wall_seconds: $w, bytes: 20480}}')"
 	stop_smp
+fi
+
+# ------------------------------------------------------------------ 8. modes
+if [[ $STEPS == *" modes "* ]]; then
+	for mode in overwrite direct-xip; do
+		start_smp "sim-$mode" --sim-smp-mode "$mode"
+		otaflash_smp "$mode" "$PROJECT_DIR/firmware-samples/mcuboot/blinky-ec256-v1.3.0.bin"
+		check_done "$mode" 1.3.0
+		case $mode in
+		overwrite) said='runs in overwrite-only mode' ;;
+		*) said='runs in direct-XIP mode: the image goes to slot 1' ;;
+		esac
+		grep -qF "$said" "$RESULTS_DIR/$mode.stamped" || fail "$mode: otaflash did not say the device $said"
+		step "FIGURES mode $mode: update in $F_WALL s"
+		figure "$(jq -nc --arg m "$mode" --argjson w "$F_WALL" '{modes: {($m): {wall_seconds: $w}}}')"
+		stop_smp
+	done
 fi
 
 printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg img "$(basename "$IMAGE")" \
