@@ -41,7 +41,8 @@ let package = Package(
         .target(name: "OTADevice", dependencies: ["OTAWire", "GATT"]),
         // The protocol-neutral core of the central: images, the profile and engine contracts, the
         // session and its reconnect supervisor, batches, the journal, pairing, errors.
-        .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log")],
+        .target(name: "OTA", dependencies: ["GATT", "OTAWire", .product(name: "Logging", package: "swift-log"),
+                                    .product(name: "ZIPFoundation", package: "ZIPFoundation")],
                 // The session's per-packet loop is generic over the engine, which a protocol module
                 // defines: serialized bodies let each protocol's module specialize it (docs/PERFORMANCE.md).
                 swiftSettings: [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]),

@@ -98,36 +98,24 @@ public struct DFUPackage: Sendable {
             throw DFUPackageError(.corruptArchive, source, "is not a readable zip archive; regenerate it with nrfutil pkg generate")
         }
         func read(_ name: String, limit: Int) throws(DFUPackageError) -> [UInt8] {
-            // Zip tools differ on a leading "./" in entry names, and so may a manifest's names.
-            guard let entry = archive[name] ?? archive.first(where: { ZipLayout.samePath($0.path, name) }) else {
+            switch ZipLayout.read(name, from: archive, limit: limit) {
+            case .success(let bytes):
+                return bytes
+            case .failure(.missing):
                 throw DFUPackageError(.missingFile, source, "the manifest names \(name), which the archive lacks; regenerate the package with nrfutil pkg generate")
-            }
-            guard entry.type == .file else { throw DFUPackageError(.missingFile, source, "\(name) is not a file in the archive") }
-            guard entry.uncompressedSize <= UInt64(limit) else {
-                throw DFUPackageError(.tooLarge, source, "\(name) is \(entry.uncompressedSize) bytes, over the limit of \(limit)")
-            }
-            var out: [UInt8] = []
-            out.reserveCapacity(Int(entry.uncompressedSize))
-            let crc: UInt32
-            do {
-                // ZIPFoundation returns the CRC-32 of what it extracted; comparing it is the caller's job.
-                crc = try archive.extract(entry, skipCRC32: false) { chunk in
-                    // The header's size can lie: stop at the limit whatever it says.
-                    guard out.count + chunk.count <= limit else { throw SizeLimitExceeded() }
-                    out += chunk
-                }
-            } catch is SizeLimitExceeded {
+            case .failure(.notAFile):
+                throw DFUPackageError(.missingFile, source, "\(name) is not a file in the archive")
+            case .failure(.overLimit(let declared?)):
+                throw DFUPackageError(.tooLarge, source, "\(name) is \(declared) bytes, over the limit of \(limit)")
+            case .failure(.overLimit(nil)):
                 throw DFUPackageError(.tooLarge, source, "\(name) inflates past the limit of \(limit) bytes")
-            } catch {
+            case .failure(.unreadable(let error)):
                 throw DFUPackageError(.corruptArchive, source, "\(name) cannot be extracted (\(error)); the archive is damaged, regenerate or download it again")
+            case .failure(.sizeMismatch(let read, let header)):
+                throw DFUPackageError(.corruptArchive, source, "\(name) holds \(read) bytes, its header says \(header); the archive is damaged")
+            case .failure(.crcMismatch(let read, let header)):
+                throw DFUPackageError(.corruptArchive, source, "\(name) fails the archive's CRC-32 check (0x\(hex2(read)), the archive says 0x\(hex2(header))); the archive is damaged, download or regenerate it")
             }
-            guard out.count == Int(entry.uncompressedSize) else {
-                throw DFUPackageError(.corruptArchive, source, "\(name) holds \(out.count) bytes, its header says \(entry.uncompressedSize); the archive is damaged")
-            }
-            guard crc == entry.checksum else {
-                throw DFUPackageError(.corruptArchive, source, "\(name) fails the archive's CRC-32 check (0x\(hex2(crc)), the archive says 0x\(hex2(entry.checksum))); the archive is damaged, download or regenerate it")
-            }
-            return out
         }
 
         let manifest = try Self.parseManifest(read("manifest.json", limit: Self.maximumManifestSize), source: source)
@@ -160,7 +148,6 @@ public struct DFUPackage: Sendable {
         self.warnings = warnings
     }
 
-    private struct SizeLimitExceeded: Error {}
 
     private struct ManifestEntry {
         let bin: String

@@ -218,29 +218,20 @@ public struct SMPPackage: Sendable {
         return entries
     }
 
-    private struct SizeLimitExceeded: Error {}
-
     /// An entry's bytes, checked against the archive's sizes and CRC-32, at most `limit`.
     static func read(_ name: String, from archive: Archive, source: String, limit: Int) throws(MCUbootImageError) -> [UInt8] {
-        guard let entry = archive[name] ?? archive.first(where: { ZipLayout.samePath($0.path, name) }), entry.type == .file else {
+        switch ZipLayout.read(name, from: archive, limit: limit) {
+        case .success(let bytes):
+            return bytes
+        case .failure(.missing), .failure(.notAFile):
             throw MCUbootImageError(.badPackage, source, "the manifest names \(name), which the archive lacks; \(regenerate)")
-        }
-        var out: [UInt8] = []
-        let crc: UInt32
-        do {
-            crc = try archive.extract(entry, skipCRC32: false) { chunk in
-                guard out.count + chunk.count <= limit else { throw SizeLimitExceeded() }
-                out += chunk
-            }
-        } catch is SizeLimitExceeded {
+        case .failure(.overLimit):
             throw MCUbootImageError(.badPackage, source, "\(name) holds more than \(limit >> 10) KiB, over the limit")
-        } catch {
+        case .failure(.unreadable(let error)):
             throw MCUbootImageError(.badPackage, source, "\(name) cannot be extracted (\(error)); the archive is damaged, \(regenerate)")
-        }
-        guard out.count == Int(entry.uncompressedSize), crc == entry.checksum else {
+        case .failure(.sizeMismatch), .failure(.crcMismatch):
             throw MCUbootImageError(.badPackage, source, "\(name) fails the archive's size or CRC-32 check; the archive is damaged, \(regenerate)")
         }
-        return out
     }
 
     // MARK: Images one by one
