@@ -1,5 +1,6 @@
 import GATT
 import OTA
+import Synchronization
 
 /// One SMP request at a time over a connected device's SMP characteristic: what the profile
 /// reads when it attaches, and what the `image`, `reset` and `echo` commands send. The upload
@@ -9,11 +10,19 @@ public struct SMPClient: Sendable {
     public let characteristic: GATTCharacteristic
     /// The device's name in messages.
     public let device: String
+    /// The notifications towards the next answer, kept across requests for as long as the
+    /// connection: the tail of an answer that came after its request timed out completes that
+    /// answer (then dropped as a late one), and is never read as the start of the next.
+    private let incoming = Incoming()
 
     public init(connection: any GATTConnection, characteristic: GATTCharacteristic, device: String) {
         self.connection = connection
         self.characteristic = characteristic
         self.device = device
+    }
+
+    private final class Incoming: Sendable {
+        let frames = Mutex(SMPReassembler())
     }
 
     /// Finds the SMP service and characteristic, checks their properties and turns notifications on.
@@ -35,8 +44,7 @@ public struct SMPClient: Sendable {
     ///   link dropped, `.protocolError` for an answer otaflash cannot read.
     public func send(_ request: SMPRequest, sequence: UInt8 = 0, timeout: Duration) async throws(OTAError) -> SMPResponse {
         try await write(request, sequence: sequence)
-        var reassembler = SMPReassembler()
-        guard let answer = try await answer(to: [sequence: request], reassembler: &reassembler, until: connection.clock.now + timeout) else {
+        guard let answer = try await answer(to: [sequence: request], until: connection.clock.now + timeout) else {
             throw OTAError(.timeout, "\(device) did not answer \(request) within \(timeout.seconds) s",
                            hint: "check that the device runs an SMP server (MCUmgr) and is in range", resumable: true)
         }
@@ -69,8 +77,7 @@ public struct SMPClient: Sendable {
     /// The next answer to one of `pending` (requests by sequence number, the answer of the same
     /// group, command and operation; others are dropped), or nil when none came by `deadline`. A server notifies each answer on its own,
     /// so what a notification completes after that answer is dropped with the others.
-    func answer(to pending: [UInt8: SMPRequest], reassembler: inout SMPReassembler,
-                until deadline: Duration) async throws(OTAError) -> (sequence: UInt8, response: SMPResponse)? {
+    func answer(to pending: [UInt8: SMPRequest], until deadline: Duration) async throws(OTAError) -> (sequence: UInt8, response: SMPResponse)? {
         while true {
             let left = deadline - connection.clock.now
             guard left > .zero, let event = await connection.nextEvent(timeout: left) else { return nil }
@@ -78,7 +85,7 @@ public struct SMPClient: Sendable {
             case .notification(let id, let value) where id == characteristic.id:
                 let frames: [SMPFrame]
                 do {
-                    frames = try reassembler.append(value)
+                    frames = try incoming.frames.withLock { reassembler throws(SMPWireError) in try reassembler.append(value) }
                 } catch {
                     throw OTAError(.protocolError, "\(device) sent an SMP answer otaflash cannot read: \(error)", cause: error)
                 }

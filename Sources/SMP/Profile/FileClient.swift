@@ -99,7 +99,6 @@ extension SMPClient {
             var pending: [UInt8: SMPRequest] = [:]
             var order: [(sequence: UInt8, end: Int)] = []
             var next = offset
-            var reassembler = SMPReassembler()
             var setback = false
             while offset < bytes.count {
                 while !setback, order.count < window, next < bytes.count {
@@ -111,7 +110,7 @@ extension SMPClient {
                     sequence &+= 1
                 }
                 guard !order.isEmpty else { break }
-                guard let (answered, answer) = try await self.answer(to: pending, reassembler: &reassembler, until: connection.clock.now + timeout) else {
+                guard let (answered, answer) = try await self.answer(to: pending, until: connection.clock.now + timeout) else {
                     // Lost requests or answers: what is in flight may or may not be written.
                     setback = true
                     break
@@ -137,7 +136,7 @@ extension SMPClient {
             }
             if setback {
                 // Drain what is still in flight, then go on from the device's file end.
-                while !order.isEmpty, let (answered, _) = try await self.answer(to: pending, reassembler: &reassembler, until: connection.clock.now + timeout) {
+                while !order.isEmpty, let (answered, _) = try await self.answer(to: pending, until: connection.clock.now + timeout) {
                     pending[answered] = nil
                     order.removeAll { $0.sequence == answered }
                 }
