@@ -253,3 +253,12 @@ public enum OutputPaths {
         return ns.localizedDescription
     }
 }
+
+/// ArgumentParser's refusal of a value outside `Choice`'s, for an option taken as text (a hidden
+/// former name: ArgumentParser names the values of a hidden option's type in no refusal).
+public func checkChoice<Choice: ExpressibleByArgument>(_ text: String?, _: Choice.Type, option: String) throws {
+    guard let text, Choice(argument: text) == nil else { return }
+    let values = Choice.allValueStrings.map { "'\($0)'" }
+    throw ValidationError("The value '\(text)' is invalid for '\(option)'. Please provide one of "
+                          + values.dropLast().joined(separator: ", ") + " or " + (values.last ?? "") + ".")
+}

@@ -35,14 +35,14 @@ public struct ProtocolCommandLine: Sendable {
     public let takes: Set<String>
     /// Why it does not take an option some other protocol takes, where that is worth a word.
     public let refuses: [String: String]
-    /// `otaflash simulate`'s device options that are this protocol's own.
-    public let servedOptions: Set<String>
     /// What its simulated device is, for the line that refuses another protocol's options.
     public let device: String
-    /// The device `flash --simulator` sends a plan of this protocol to.
+    /// The device `flash --simulator` sends a plan of this protocol to. The device
+    /// `otaflash simulate` serves is its `ServedOptionGroup`'s.
     public let simulatedDevice: @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice
-    /// The device `otaflash simulate --protocol <name>` serves.
-    public let served: @Sendable (ServeRequest) throws -> ServedDevice
+    /// The option that starts its simulated device in its application, whose bootloader then
+    /// answers at the address + 1 (Secure DFU's `--sim-buttonless`); nil: it has no such start.
+    public var applicationFirst: String?
     /// Its profile as a request configures it; nil: as registered.
     public var configure: (@Sendable (FlashRequest) -> any OTAProfile)?
     /// The plan for a file it is asked to send as it is whatever its format (`--smp-any-image`);
@@ -75,17 +75,14 @@ public struct ProtocolCommandLine: Sendable {
     public var bench: (any BenchStrategy)?
     public var soak: (any SoakStrategy)?
 
-    public init(profile: any OTAProfile, loader: Loader?, takes: Set<String>, refuses: [String: String], servedOptions: Set<String>,
-                device: String, simulatedDevice: @escaping @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice,
-                served: @escaping @Sendable (ServeRequest) throws -> ServedDevice) {
+    public init(profile: any OTAProfile, loader: Loader?, takes: Set<String>, refuses: [String: String],
+                device: String, simulatedDevice: @escaping @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice) {
         self.profile = profile
         self.loader = loader
         self.takes = takes
         self.refuses = refuses
-        self.servedOptions = servedOptions
         self.device = device
         self.simulatedDevice = simulatedDevice
-        self.served = served
     }
 
     public var name: String { profile.name }
@@ -302,52 +299,66 @@ public struct SimulatorStateKeeper: Sendable {
     }
 }
 
-/// What `otaflash simulate` asks its served device to be: its options as given (the former
-/// names already folded in), and the served adapter's address.
+/// What `otaflash simulate` asks of the served device besides its protocol's own options: the
+/// options every device takes (the former names already folded in), and the served adapter.
 public struct ServeRequest: Sendable {
     public var name: String?
     public var slotSize: Int
-    /// `--sim-firmware-version`, `--sim-app-version` or the former `--firmware-version`, as text.
+    /// `--sim-firmware-version` or the former `--firmware-version`, as text.
     public var firmwareVersion: String?
     public var faults: FaultPlan
-    public var deviceVersion: Int
-    /// `--sim-public-key` (or the former `--public-key`, `publicKeyOption` says which).
-    public var publicKey: String?
-    public var publicKeyOption: String
-    public var softDeviceAfterUpdate: UInt32?
-    public var buttonless: SimulatedButtonless?
     public var adapter: String?
-    /// The adapter's address, where a `--sim-buttonless` application answers.
+    /// The adapter's address, where a device that starts in its application answers.
     public var address: DeviceAddress?
-    public var bufferSize: Int?
-    public var bufferCount: Int?
-    /// `--sim-smp-cbor` (or the former `--cbor`), as given.
-    public var replyEncoding: String?
-    /// `--sim-smp-key`: the PEM file of the key the served MCUboot checks signatures with.
-    public var signatureKey: String?
-    /// `--sim-smp-mode`, as given, and `--sim-smp-no-downgrade`.
-    public var bootMode: String?
-    public var noDowngrade = false
-    /// `--sim-smp-network-core`: a second image pair (an nRF5340's network core).
-    public var networkCore = false
 
-    public init(name: String?, slotSize: Int, firmwareVersion: String?, faults: FaultPlan, deviceVersion: Int, publicKey: String?,
-                publicKeyOption: String, softDeviceAfterUpdate: UInt32?, buttonless: SimulatedButtonless?, adapter: String?,
-                address: DeviceAddress?, bufferSize: Int?, bufferCount: Int?, replyEncoding: String?) {
+    public init(name: String? = nil, slotSize: Int, firmwareVersion: String? = nil, faults: FaultPlan = .none,
+                adapter: String? = nil, address: DeviceAddress? = nil) {
         self.name = name
         self.slotSize = slotSize
         self.firmwareVersion = firmwareVersion
         self.faults = faults
-        self.deviceVersion = deviceVersion
-        self.publicKey = publicKey
-        self.publicKeyOption = publicKeyOption
-        self.softDeviceAfterUpdate = softDeviceAfterUpdate
-        self.buttonless = buttonless
         self.adapter = adapter
         self.address = address
-        self.bufferSize = bufferSize
-        self.bufferCount = bufferCount
-        self.replyEncoding = replyEncoding
+    }
+}
+
+/// A protocol's own options for the device `otaflash simulate` serves, in the group (and under
+/// the title) its help shows them in. `simulate` holds one group per protocol (OTAFlashCLI's
+/// Protocols.swift); the group of the protocol served makes the device.
+public protocol ServedOptionGroup: ParsableArguments, Sendable {
+    /// The protocol these options are of.
+    static var commandLine: ProtocolCommandLine { get }
+    /// The options given, by name (a former name as given), for the line that refuses them when
+    /// another protocol is served.
+    var given: [String] { get }
+    /// Whether the device starts in its application, whose bootloader answers at the address + 1
+    /// (`ProtocolCommandLine.applicationFirst` given).
+    var startsInApplication: Bool { get }
+    /// The checks that need the options every device takes (the slot size given with
+    /// `slotOption`, the former `--firmware-version` as text).
+    func check(_ request: ServeRequest, slotOption: String) throws
+    /// The device these options and `request` describe.
+    func served(_ request: ServeRequest) throws -> ServedDevice
+}
+
+extension ServedOptionGroup {
+    public var startsInApplication: Bool { false }
+    public func check(_ request: ServeRequest, slotOption: String) throws {}
+}
+
+/// An `@OptionGroup` of a protocol's served-device options, as `simulate` holds it.
+public protocol ServedOptionGroupHolder {
+    var served: any ServedOptionGroup { get }
+}
+
+extension OptionGroup: ServedOptionGroupHolder where Value: ServedOptionGroup {
+    public var served: any ServedOptionGroup { wrappedValue }
+}
+
+extension ParsableArguments {
+    /// The served-device options groups these parsed options hold, in declaration order.
+    public var servedGroups: [any ServedOptionGroup] {
+        Mirror(reflecting: self).children.compactMap { ($0.value as? any ServedOptionGroupHolder)?.served }
     }
 }
 

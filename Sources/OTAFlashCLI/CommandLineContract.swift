@@ -19,7 +19,7 @@ extension ProtocolCommandLine {
     static func owners(of option: String) -> [String] { all.filter { $0.takes.contains(option) }.map(\.name) }
 
     /// The protocol whose simulated device starts in its application with `--sim-buttonless`.
-    static var buttonless: ProtocolCommandLine? { all.first { $0.servedOptions.contains("--sim-buttonless") } }
+    static var buttonless: ProtocolCommandLine? { all.first { $0.applicationFirst != nil } }
 }
 
 extension ProtocolRegistry {

@@ -5,9 +5,9 @@ import NordicDFU
 import OTACommandLine
 import SMP
 
-// The one file of the command line that names a protocol. A protocol registers with one line:
-// its options group, whose type names the protocol's value (`ProtocolOptionGroup.commandLine`).
-// Adding a protocol: docs/ARCHITECTURE.md.
+// The one file of the command line that names a protocol. A protocol registers with one line in
+// each list: its options group for `flash` and its served-device group for `simulate`, whose
+// types name the protocol's value (`commandLine`). Adding a protocol: docs/ARCHITECTURE.md.
 
 /// Every protocol the command line speaks, by its options group, in order of preference
 /// (`--protocol auto` picks the first that fits; the first is `simulate`'s default and the device
@@ -21,8 +21,11 @@ public struct ProtocolOptions: ParsableArguments {
     public init() {}
 }
 
-/// `simulate --sim-smp-cbor`: how the served SMP server encodes its answers.
-typealias ServedReplyEncoding = SMPReplyEncoding
-
-/// `simulate --sim-smp-mode`: the served MCUboot's mode.
-typealias ServedBootMode = SimulatedBootMode
+/// The device `otaflash simulate` serves, one group per protocol: the group of `--protocol`
+/// makes it, another's options given are refused.
+struct ServedProtocolOptions: ParsableArguments {
+    @OptionGroup(title: "Native OTA device") var native: NativeServedOptions
+    @OptionGroup(title: "Secure DFU device") var nordicDFU: NordicDFUServedOptions
+    @OptionGroup(title: "SMP device") var smp: SMPServedOptions
+    @OptionGroup var espOTA: ESPOTAServedOptions
+}

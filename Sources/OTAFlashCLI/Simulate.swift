@@ -74,9 +74,6 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --sim-buttonless's application; otaflash-smp for smp).")
     var name: String?
 
-    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp("nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter. " + SimulatedButtonless.kinds, valueName: "kind"))
-    var buttonlessKind: SimulatedButtonless?
-
     @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --sim-buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"), completion: .adapters)
     var bootloaderAdapter: String?
 
@@ -86,41 +83,8 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds (default 1048576)", valueName: "bytes"))
     var slotSizeOption: Int?
 
-    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("native, smp: the firmware version the device runs before an update (default 1.0.0).", valueName: "version"))
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("native, smp, esp-ota: the firmware version the device runs before an update (default 1.0.0).", valueName: "version"))
     var firmwareVersionOption: String?
-
-    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: Ranges.simAppVersion.help("nordic-dfu: the version of the application the bootloader holds; a lower application fw_version is a downgrade (default 0)", valueName: "n"))
-    var applicationVersionOption: Int?
-
-    @Option(name: .customLong("sim-public-key"), help: ArgumentHelp("nordic-dfu: check init packet signatures with this ECDSA P-256 public key (PEM); without it any signature passes.", valueName: "pem"), completion: .file(extensions: ["pem"]))
-    var publicKeyOption: String?
-
-    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
-    var softDeviceAfterUpdate: FWID?
-
-    @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("smp: the largest SMP frame the server takes (its buf_size; Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_SIZE; default 384)", valueName: "bytes"))
-    var bufferSizeOption: Int?
-
-    @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("smp: how many SMP frames the server holds at once (its buf_count; CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT; default 4)", valueName: "n"))
-    var bufferCountOption: Int?
-
-    @Option(name: .customLong("sim-smp-cbor"), help: ServedReplyEncoding.help)
-    var cborOption: ServedReplyEncoding?
-
-    @Option(name: .customLong("sim-smp-mode"), help: ServedBootMode.help)
-    var smpMode: ServedBootMode?
-
-    @Flag(name: .customLong("sim-smp-no-downgrade"), help: "smp: MCUboot prevents downgrades (it does not boot an image older than the running one), and its bootloader info says no-downgrade.")
-    var smpNoDowngrade = false
-
-    @Flag(name: .customLong("sim-smp-network-core"), help: "smp: the device is an nRF5340 with two images; image 1, its network core, takes its update at the application core's reset (skipped when the application core's image was marked first, as MCUboot does).")
-    var smpNetworkCore = false
-
-    @Option(name: .customLong("sim-smp-key"), help: ArgumentHelp("smp: MCUboot checks each image's signature with this key (PEM, ECDSA P-256 or Ed25519, as imgtool writes it) before it swaps the image in; without it the hash only.", valueName: "pem"), completion: .file(extensions: ["pem"]))
-    var smpKey: String?
-
-    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
-    var deviceVersionOption: Int?
 
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)
     var store: String?
@@ -130,6 +94,8 @@ struct Simulate: AsyncParsableCommand {
 
     @Option(name: .customLong("sim-passkey"), parsing: .unconditional, help: Ranges.simPasskey.help("With --sim-security authenticate: the passkey the device expects a central to enter", valueName: "n"))
     var passkeyOption: Int?
+
+    @OptionGroup var devices: ServedProtocolOptions
 
     @OptionGroup(title: "Faults")
     var faults: FaultOptions
@@ -141,40 +107,32 @@ struct Simulate: AsyncParsableCommand {
 
     var protocolName: String { served.name }
     var slotSize: Int { slotSizeOption ?? formerNames.slotSize ?? 1 << 20 }
-    var publicKey: String? { publicKeyOption ?? formerNames.publicKey }
-    var bufferSize: Int? { bufferSizeOption ?? formerNames.bufferSize }
-    var bufferCount: Int? { bufferCountOption ?? formerNames.bufferCount }
-    var cbor: ServedReplyEncoding? { cborOption ?? formerNames.cbor }
-    var deviceVersion: Int { deviceVersionOption ?? formerNames.deviceVersion ?? 1 }
+    var slotOption: String { formerNames.slotSize != nil ? "--slot-size" : "--sim-slot-size" }
     var security: LinkSecurity { securityOption ?? formerNames.security ?? .none }
     var passkey: Int? { passkeyOption ?? formerNames.passkey }
-    var buttonless: SimulatedButtonless? { buttonlessKind ?? (formerNames.buttonless ? .unbonded : nil) }
+    /// `--sim-firmware-version` or the former `--firmware-version`, as text.
+    var firmwareVersion: String? { firmwareVersionOption ?? formerNames.firmwareVersion }
 
-    /// The version the served device runs before an update, as text: `--sim-firmware-version`
-    /// (native, smp), `--sim-app-version` (nordic-dfu), or the former `--firmware-version` (either).
-    var firmwareVersion: String? {
-        firmwareVersionOption ?? applicationVersionOption.map { "\($0)" } ?? formerNames.firmwareVersion
+    /// The served protocol's own options, which make the device.
+    var device: (any ServedOptionGroup)? { devices.servedGroups.first { type(of: $0).commandLine.name == protocolName } }
+    /// Whether the device starts in its application, its bootloader on `--bootloader-adapter`.
+    var startsInApplication: Bool { device?.startsInApplication ?? false }
+
+    /// What every served device takes, for the protocol's group; `address` once it is known.
+    func request(address: DeviceAddress? = nil) -> ServeRequest {
+        ServeRequest(name: name, slotSize: slotSize, firmwareVersion: firmwareVersion, faults: faults.plan, adapter: adapter, address: address)
     }
 
     mutating func validate() throws {
         try formerNames.check(against: self)
         try Ranges.simSlotSize.check(slotSizeOption)
         try Ranges.simPasskey.check(passkeyOption)
-        try Ranges.simAppVersion.check(applicationVersionOption)
         if passkey != nil, security != .authenticate {
             throw ValidationError("\(formerNames.passkey != nil ? "--passkey" : "--sim-passkey") is what an authenticated pairing expects; add --sim-security authenticate")
         }
-        try Ranges.simDeviceVersion.check(deviceVersionOption)
-        try SimulatedDeviceOptions.checkVersion2(deviceVersion, slotSize: slotSize,
-                                                 option: formerNames.deviceVersion != nil ? "--device-version" : "--sim-device-version",
-                                                 slotOption: formerNames.slotSize != nil ? "--slot-size" : "--sim-slot-size")
-        try Ranges.smpBufferSize.check(bufferSizeOption)
-        try Ranges.smpBufferCount.check(bufferCountOption)
         try refuseOptionsOfOtherProtocols()
-        if let firmwareVersionOption, FirmwareVersion(firmwareVersionOption) == nil {
-            throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersionOption)'")
-        }
-        try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
+        try checkFirmwareVersion()
+        try device?.check(request(), slotOption: slotOption)
         if let name {
             guard !name.isEmpty, name.utf8.count <= 29 else { throw ValidationError("--name must be 1–29 bytes, got '\(name)'") }
         }
@@ -183,61 +141,66 @@ struct Simulate: AsyncParsableCommand {
                 throw ValidationError("\(option) must look like hci0, got '\(given)'")
             }
         }
-        try Self.checkButtonless(buttonless != nil, protocol: protocolName, adapter: adapter, bootloaderAdapter: bootloaderAdapter)
+        try Self.checkApplicationFirst(startsInApplication, adapter: adapter, bootloaderAdapter: bootloaderAdapter)
         if let applicationAddress {
-            guard buttonless != nil else { throw ValidationError("--address is where a --sim-buttonless device's application answers; add --sim-buttonless unbonded") }
+            guard startsInApplication else {
+                throw ValidationError("--address is where a \(Self.applicationFirst) device's application answers; add \(Self.applicationFirst) unbonded")
+            }
             guard DeviceAddress(applicationAddress) != nil else {
                 throw ValidationError("--address must look like C0:11:22:33:44:10, got '\(applicationAddress)'")
             }
         }
     }
 
-    /// Each served device's own options, refused with another protocol: one line that says which
-    /// protocol they configure.
+    /// Each protocol's own device options, refused with another protocol: one line that says
+    /// which protocol they configure.
     private func refuseOptionsOfOtherProtocols() throws {
-        let given: [(String, Bool)] = [
-            (deviceVersionOption != nil ? "--sim-device-version" : "--device-version", deviceVersion != 1),
-            ("--sim-smp-buf-size", bufferSizeOption != nil), ("--buf-size", formerNames.bufferSize != nil),
-            ("--sim-smp-buf-count", bufferCountOption != nil), ("--buf-count", formerNames.bufferCount != nil),
-            ("--sim-smp-cbor", cborOption != nil), ("--cbor", formerNames.cborText != nil), ("--sim-smp-key", smpKey != nil),
-            ("--sim-smp-mode", smpMode != nil), ("--sim-smp-no-downgrade", smpNoDowngrade), ("--sim-smp-network-core", smpNetworkCore),
-            ("--sim-public-key", publicKeyOption != nil), ("--public-key", formerNames.publicKey != nil),
-            ("--sd-after-update", softDeviceAfterUpdate != nil), ("--sim-app-version", applicationVersionOption != nil),
-        ]
-        for (option, isGiven) in given where isGiven && !(ProtocolCommandLine.named(protocolName)?.servedOptions.contains(option) ?? false) {
-            guard let owner = ProtocolCommandLine.all.first(where: { $0.servedOptions.contains(option) }) else { continue }
-            throw ValidationError("\(option) configures a simulated \(owner.device); add --protocol \(owner.name)")
-        }
-        let takesVersions = ProtocolCommandLine.named(protocolName)?.takes.contains("--sim-firmware-version") ?? false
-        if firmwareVersionOption != nil, !takesVersions {
-            throw ValidationError("--sim-firmware-version is a native or SMP device's version; a Secure DFU bootloader's application version is --sim-app-version")
-        }
-        if let version = formerNames.firmwareVersion {
-            if !takesVersions, UInt32(version) == nil {
-                throw ValidationError("--firmware-version for \(protocolName) is the application version, a number 0-\(UInt32.max), got '\(version)'")
-            } else if takesVersions, FirmwareVersion(version) == nil {
-                throw ValidationError("--firmware-version must look like 1.2.3, got '\(version)'")
+        for group in devices.servedGroups {
+            let owner = type(of: group).commandLine
+            if owner.name != protocolName, let option = group.given.first {
+                throw ValidationError("\(option) configures a simulated \(owner.device); add --protocol \(owner.name)")
             }
         }
     }
 
-    /// `--sim-buttonless` serves a Secure DFU device on two adapters: the application's and the bootloader's.
-    static func checkButtonless(_ buttonless: Bool, protocol name: String, adapter: String?, bootloaderAdapter: String?) throws {
-        guard buttonless else {
+    /// `--sim-firmware-version` only for a protocol that takes it; the former `--firmware-version`
+    /// as such a protocol reads it (a device of another checks it as its own version).
+    private func checkFirmwareVersion() throws {
+        let registration = ProtocolCommandLine.named(protocolName)
+        let takesVersions = registration?.takes.contains("--sim-firmware-version") ?? false
+        if let firmwareVersionOption {
+            guard takesVersions else {
+                let owners = ProtocolCommandLine.owners(of: "--sim-firmware-version").joined(separator: ", ")
+                throw ValidationError("--sim-firmware-version applies to \(owners) only"
+                                      + (registration?.refuses["--sim-firmware-version"].map { " (\($0))" } ?? "") + "; drop it")
+            }
+            guard FirmwareVersion(firmwareVersionOption) != nil else {
+                throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersionOption)'")
+            }
+        }
+        if let version = formerNames.firmwareVersion, takesVersions, FirmwareVersion(version) == nil {
+            throw ValidationError("--firmware-version must look like 1.2.3, got '\(version)'")
+        }
+    }
+
+    /// The option that starts a device in its application (`--sim-buttonless`).
+    static var applicationFirst: String { ProtocolCommandLine.buttonless?.applicationFirst ?? "--sim-buttonless" }
+
+    /// A device that starts in its application is served on two adapters: the application's and
+    /// the bootloader's, at the address + 1.
+    static func checkApplicationFirst(_ startsInApplication: Bool, adapter: String?, bootloaderAdapter: String?) throws {
+        guard startsInApplication else {
             if bootloaderAdapter != nil {
-                throw ValidationError("--bootloader-adapter is where a --sim-buttonless device's bootloader answers; add --sim-buttonless unbonded")
+                throw ValidationError("--bootloader-adapter is where a \(applicationFirst) device's bootloader answers; add \(applicationFirst) unbonded")
             }
             return
         }
-        guard ProtocolCommandLine.named(name)?.servedOptions.contains("--sim-buttonless") == true else {
-            throw ValidationError("--sim-buttonless serves a Secure DFU device's application; add --protocol nordic-dfu")
-        }
         guard let bootloaderAdapter else {
-            throw ValidationError("--sim-buttonless needs --bootloader-adapter hciN: a BlueZ adapter cannot change its address, "
+            throw ValidationError("\(applicationFirst) needs --bootloader-adapter hciN: a BlueZ adapter cannot change its address, "
                                   + "so the bootloader answers on a second adapter whose address is the application's + 1")
         }
         guard let adapter else {
-            throw ValidationError("--sim-buttonless needs --adapter hciN, the adapter the application answers on (its address + 1 is --bootloader-adapter's)")
+            throw ValidationError("\(applicationFirst) needs --adapter hciN, the adapter the application answers on (its address + 1 is --bootloader-adapter's)")
         }
         guard adapter != bootloaderAdapter else {
             throw ValidationError("--bootloader-adapter must be another adapter than --adapter (\(adapter)): the bootloader answers at another address")
@@ -259,7 +222,7 @@ struct Simulate: AsyncParsableCommand {
 
         let server: PeripheralServer
         do {
-            server = try await PeripheralServer.open(adapter: adapter, bootloaderAdapter: buttonless != nil ? bootloaderAdapter : nil)
+            server = try await PeripheralServer.open(adapter: adapter, bootloaderAdapter: startsInApplication ? bootloaderAdapter : nil)
         } catch {
             throw Self.failure(error, "")
         }
@@ -354,24 +317,14 @@ struct Simulate: AsyncParsableCommand {
         }
     }
 
-    /// The device `--protocol` names, as its options configure it (its protocol's registration).
-    /// `address`: the served adapter's, where a `--sim-buttonless` application answers.
+    /// The device `--protocol` names, as its options configure it (its protocol's served-device
+    /// group). `address`: the served adapter's, where a device that starts in its application answers.
     private func served(address: DeviceAddress?) throws -> ServedDevice {
-        guard let registration = ProtocolCommandLine.named(protocolName) else {
+        guard let device else {
             throw CLIFailure(.internalError, "the \(protocolName) protocol registers no served device; please report this")
         }
-        var request = ServeRequest(
-            name: name, slotSize: slotSize, firmwareVersion: firmwareVersion, faults: faults.plan, deviceVersion: deviceVersion,
-            publicKey: publicKey, publicKeyOption: publicKeyOption != nil ? "--sim-public-key" : "--public-key",
-            softDeviceAfterUpdate: softDeviceAfterUpdate?.value, buttonless: buttonless, adapter: adapter, address: address,
-            bufferSize: bufferSize, bufferCount: bufferCount, replyEncoding: cbor?.rawValue)
-        request.signatureKey = smpKey
-        request.bootMode = smpMode?.rawValue
-        request.noDowngrade = smpNoDowngrade
-        request.networkCore = smpNetworkCore
-        return try registration.served(request)
+        return try device.served(request(address: address))
     }
-
 
     static func failure(_ error: any Error, _ operation: String) -> CLIFailure {
         let mapped = PeripheralError.from(error, operation)
@@ -461,51 +414,26 @@ final class StopLatch: Sendable {
 struct SimulateFormerNames: ParsableArguments {
     @Option(name: .customLong("slot-size"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-slot-size.", visibility: .hidden)) var slotSize: Int?
     @Option(name: .customLong("firmware-version"), help: ArgumentHelp("The former name of --sim-firmware-version or --sim-app-version.", visibility: .hidden)) var firmwareVersion: String?
-    @Option(name: .customLong("public-key"), help: ArgumentHelp("The former name of --sim-public-key.", visibility: .hidden)) var publicKey: String?
-    @Option(name: .customLong("buf-size"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-size.", visibility: .hidden)) var bufferSize: Int?
-    @Option(name: .customLong("buf-count"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-count.", visibility: .hidden)) var bufferCount: Int?
-    @Option(name: .customLong("cbor"), help: ArgumentHelp("The former name of --sim-smp-cbor.", visibility: .hidden)) var cborText: String?
-    @Option(name: .customLong("device-version"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-device-version.", visibility: .hidden)) var deviceVersion: Int?
     @Option(name: .customLong("security"), help: ArgumentHelp("The former name of --sim-security.", visibility: .hidden)) var securityText: String?
+    @Option(name: .customLong("passkey"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-passkey.", visibility: .hidden)) var passkey: Int?
 
     // Taken as text: ArgumentParser names the values of a hidden option's type in no refusal.
-    var cbor: ServedReplyEncoding? { cborText.flatMap(ServedReplyEncoding.init(argument:)) }
     var security: LinkSecurity? { securityText.flatMap(LinkSecurity.init(argument:)) }
-    @Option(name: .customLong("passkey"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-passkey.", visibility: .hidden)) var passkey: Int?
-    @Flag(name: .customLong("buttonless"), help: ArgumentHelp("The former name of --sim-buttonless unbonded.", visibility: .hidden)) var buttonless = false
 
-    /// Each former name's range (as its new name's), and no value given under both names.
+    /// Each former name's range (as its new name's), and no value given under both names. (A
+    /// protocol's own former names are in its served-device group.)
     func check(against new: Simulate) throws {
-        try Self.checkChoice(cborText, ServedReplyEncoding.self, option: "--cbor")
-        try Self.checkChoice(securityText, LinkSecurity.self, option: "--security")
+        try checkChoice(securityText, LinkSecurity.self, option: "--security")
         try Ranges.slotSize.check(slotSize)
-        try Ranges.bufSize.check(bufferSize)
-        try Ranges.bufCount.check(bufferCount)
-        try Ranges.deviceVersion.check(deviceVersion)
         try Ranges.passkey.check(passkey)
         let pairs: [(String, Bool, String, Bool)] = [
             ("--slot-size", slotSize != nil, "--sim-slot-size", new.slotSizeOption != nil),
             ("--firmware-version", firmwareVersion != nil, "--sim-firmware-version", new.firmwareVersionOption != nil),
-            ("--firmware-version", firmwareVersion != nil, "--sim-app-version", new.applicationVersionOption != nil),
-            ("--public-key", publicKey != nil, "--sim-public-key", new.publicKeyOption != nil),
-            ("--buf-size", bufferSize != nil, "--sim-smp-buf-size", new.bufferSizeOption != nil),
-            ("--buf-count", bufferCount != nil, "--sim-smp-buf-count", new.bufferCountOption != nil),
-            ("--cbor", cborText != nil, "--sim-smp-cbor", new.cborOption != nil),
-            ("--device-version", deviceVersion != nil, "--sim-device-version", new.deviceVersionOption != nil),
             ("--security", securityText != nil, "--sim-security", new.securityOption != nil),
             ("--passkey", passkey != nil, "--sim-passkey", new.passkeyOption != nil),
-            ("--buttonless", buttonless, "--sim-buttonless", new.buttonlessKind != nil),
         ]
         for (former, formerGiven, current, currentGiven) in pairs where formerGiven && currentGiven {
             throw ValidationError("\(former) is the former name of \(current); give \(current) once")
         }
-    }
-
-    /// ArgumentParser's refusal of a value outside `Choice`'s.
-    static func checkChoice<Choice: ExpressibleByArgument>(_ text: String?, _: Choice.Type, option: String) throws {
-        guard let text, Choice(argument: text) == nil else { return }
-        let values = Choice.allValueStrings.map { "'\($0)'" }
-        throw ValidationError("The value '\(text)' is invalid for '\(option)'. Please provide one of "
-                              + values.dropLast().joined(separator: ", ") + " or " + (values.last ?? "") + ".")
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 @testable import OTAFlashCLI
+import OTACommandLine
 import Testing
 
 /// The command line as a person meets it: a help that fits a screen, the simulator's options in
@@ -268,6 +269,25 @@ struct CommandLineShapeTests {
                        "--device-version", "--security", "--passkey", "--buttonless"] {
             #expect(!names.contains(former), "simulate --help still shows \(former)")
         }
+    }
+
+    /// `simulate` holds one served-device group per registered protocol, in the registry's order:
+    /// a protocol registered for `flash` and not for `simulate` (or the other way) fails here.
+    @Test func everyProtocolServesADeviceOfItsOwnGroup() throws {
+        let served = try Simulate.parse([]).devices.servedGroups.map { type(of: $0).commandLine.name }
+        #expect(served == ProtocolCommandLine.all.map(\.name))
+    }
+
+    /// A served device takes the options `--simulator` takes for the same device, and makes the
+    /// device they describe.
+    @Test func simulateTakesTheSimulatorsDeviceOptions() throws {
+        let smp = try Simulate.parse(["--protocol", "smp", "--sim-smp-buf-size", "2475", "--sim-smp-pending", "--sim-smp-cbor", "tinycbor"])
+        let device = try #require(smp.device).served(smp.request())
+        #expect(device.what.contains("4 × 2475 B buffers") && device.what.contains("tinycbor"), "\(device.what)")
+        let nordic = try Simulate.parse(["--protocol", "nordic-dfu", "--sim-app-version", "7", "--sim-hw-version", "53"])
+        #expect(try #require(nordic.device).served(nordic.request()).firmwareVersion == "7")
+        let former = try Simulate.parse(["--protocol", "nordic-dfu", "--firmware-version", "9"])
+        #expect(try #require(former.device).served(former.request()).firmwareVersion == "9")
     }
 
     @Test(arguments: [

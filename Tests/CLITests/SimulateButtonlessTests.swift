@@ -13,9 +13,9 @@ struct SimulateButtonlessTests {
     @Test(arguments: [
         Case(arguments: ["simulate", "--sim-buttonless", "unbonded", "--adapter", "hci1", "--bootloader-adapter", "hci2"],
              says: ["--sim-buttonless", "add --protocol nordic-dfu"]),
-        // The former name, --buttonless, is --sim-buttonless unbonded.
+        // The former name, --buttonless, is --sim-buttonless unbonded; the line names it as given.
         Case(arguments: ["simulate", "--buttonless", "--adapter", "hci1", "--bootloader-adapter", "hci2"],
-             says: ["--sim-buttonless", "add --protocol nordic-dfu"]),
+             says: ["--buttonless configures a simulated Secure DFU bootloader", "add --protocol nordic-dfu"]),
         Case(arguments: nordic + ["--sim-buttonless", "bonded", "--adapter", "hci1"],
              says: ["--sim-buttonless needs --bootloader-adapter", "cannot change its address", "application's + 1"]),
         Case(arguments: nordic + ["--buttonless", "--bootloader-adapter", "hci2"],

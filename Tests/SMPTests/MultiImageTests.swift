@@ -293,11 +293,8 @@ struct SMPMultiImageEngineTests {
 struct SMPServedNetworkCoreTests {
     @Test(arguments: [false, true])
     func theServedDeviceHasTheNetworkCoreWhenAsked(networkCore: Bool) throws {
-        var request = ServeRequest(name: nil, slotSize: 1 << 20, firmwareVersion: nil, faults: .none, deviceVersion: 1, publicKey: nil,
-                                   publicKeyOption: "--sim-public-key", softDeviceAfterUpdate: nil, buttonless: nil, adapter: nil,
-                                   address: nil, bufferSize: nil, bufferCount: nil, replyEncoding: nil)
-        request.networkCore = networkCore
-        let served = try ProtocolCommandLine.smp.served(request)
+        let options = try SMPServedOptions.parse(networkCore ? ["--sim-smp-network-core"] : [])
+        let served = try options.served(ServeRequest(slotSize: 1 << 20))
         let model = try #require(served.model as? SMPPeripheral)
         #expect((model.server.network != nil) == networkCore)
         #expect(model.server.states.images.contains { $0.image == 1 } == networkCore)

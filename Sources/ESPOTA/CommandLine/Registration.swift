@@ -25,13 +25,8 @@ extension ProtocolCommandLine {
                       "--restart": "Espressif's BLE OTA cannot resume: every run sends the whole image",
                       "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
                       "--image-version": "an ESP-IDF app image carries its own"],
-            servedOptions: [], device: "ESP32 with Espressif's BLE OTA",
-            simulatedDevice: { request in ESPOTARegistration.simulatedDevice(request.config) },
-            served: { request in
-                let d = ESPOTARegistration.served(name: request.name, partitionSize: request.slotSize, firmwareVersion: request.firmwareVersion,
-                                                  faults: request.faults)
-                return ServedDevice(model: d.model, name: d.name, firmwareVersion: d.firmwareVersion, what: d.what)
-            })
+            device: "ESP32 with Espressif's BLE OTA",
+            simulatedDevice: { request in ESPOTARegistration.simulatedDevice(request.config) })
         esp.bench = ESPOTABench()
         esp.soak = ESPOTASoak()
         return esp
@@ -48,6 +43,21 @@ public struct ESPOTAOptions: ProtocolOptionGroup {
     public static var commandLine: ProtocolCommandLine { .espOTA }
 
     public func given(withSimulator: Bool) -> [String] { chip != nil ? ["--chip"] : [] }
+}
+
+/// `otaflash simulate`'s options for an ESP32: none of its own; it is the simulated one.
+public struct ESPOTAServedOptions: ServedOptionGroup {
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .espOTA }
+
+    public var given: [String] { [] }
+
+    public func served(_ request: ServeRequest) throws -> ServedDevice {
+        let d = ESPOTARegistration.served(name: request.name, partitionSize: request.slotSize, firmwareVersion: request.firmwareVersion,
+                                          faults: request.faults)
+        return ServedDevice(model: d.model, name: d.name, firmwareVersion: d.firmwareVersion, what: d.what)
+    }
 }
 
 extension ESPChip: ExpressibleByArgument {

@@ -53,19 +53,8 @@ extension ProtocolCommandLine {
             profile: NativeProfile(), loader: nil,
             takes: ["--checkpoint-interval", "--image-version", "--restart", "--no-activate", "--sim-buttonless", "--sim-firmware-version",
                     "--sim-data-without-write-without-response", "--sim-device-version", "--sim-state"],
-            refuses: [:], servedOptions: ["--sim-device-version", "--device-version"], device: "native OTA device",
-            simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) },
-            served: { request in
-                let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-                var config = OTAPeripheralConfig(name: request.name ?? "otaflash-sim", slotSize: request.slotSize, firmwareVersion: version,
-                                                 faults: request.faults)
-                if request.deviceVersion == 2 {
-                    config.version2 = OTATarget.Version2()
-                    config.runsCLibrary = true
-                }
-                return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
-                                    what: request.deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
-            })
+            refuses: [:], device: "native OTA device",
+            simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) })
         native.configure = { request in NativeProfile(settings: request.options(NativeFlashOptions.self)?.settings ?? OTAEngine.Settings()) }
         native.check = { simulated throws(CLIFailure) in
             // With the C device library in lockstep, any difference between the two models ends the run.
@@ -94,4 +83,46 @@ extension ProtocolCommandLine {
         }
         return native
     }()
+}
+
+/// `otaflash simulate`'s options for a native OTA device: the protocol version it speaks.
+public struct NativeServedOptions: ServedOptionGroup {
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
+    var deviceVersionOption: Int?
+
+    @Option(name: .customLong("device-version"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-device-version.", visibility: .hidden))
+    var formerDeviceVersion: Int?
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .native }
+
+    var deviceVersion: Int { deviceVersionOption ?? formerDeviceVersion ?? 1 }
+    var option: String { formerDeviceVersion != nil ? "--device-version" : "--sim-device-version" }
+
+    public func validate() throws {
+        try Ranges.simDeviceVersion.check(deviceVersionOption)
+        try Ranges.deviceVersion.check(formerDeviceVersion)
+        if deviceVersionOption != nil, formerDeviceVersion != nil {
+            throw ValidationError("--device-version is the former name of --sim-device-version; give --sim-device-version once")
+        }
+    }
+
+    public var given: [String] { deviceVersion != 1 ? [option] : [] }
+
+    public func check(_ request: ServeRequest, slotOption: String) throws {
+        try Self.commandLine.checkDeviceVersion?(deviceVersion, request.slotSize, option, slotOption)
+    }
+
+    public func served(_ request: ServeRequest) throws -> ServedDevice {
+        let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
+        var config = OTAPeripheralConfig(name: request.name ?? "otaflash-sim", slotSize: request.slotSize, firmwareVersion: version,
+                                         faults: request.faults)
+        if deviceVersion == 2 {
+            config.version2 = OTATarget.Version2()
+            config.runsCLibrary = true
+        }
+        return ServedDevice(model: config.nativeModel, name: config.name, firmwareVersion: version.description,
+                            what: deviceVersion == 2 ? "OTA target (protocol version 2 on NOR flash, the C device library in lockstep)" : "OTA target")
+    }
 }

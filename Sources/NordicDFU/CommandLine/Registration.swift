@@ -1,3 +1,4 @@
+import ArgumentParser
 import Foundation
 import GATT
 import OTA
@@ -15,14 +16,14 @@ extension ProtocolCommandLine {
             refuses: ["--checkpoint-interval": "a Secure DFU bootloader confirms each object itself",
                       "--restart": "a Secure DFU bootloader says itself where a transfer resumes",
                       "--no-activate": "the bootloader activates an image as soon as it has validated it",
-                      "--image-version": "a package's init packets carry its versions"],
-            servedOptions: ["--sim-public-key", "--public-key", "--sd-after-update", "--sim-app-version", "--sim-buttonless"],
+                      "--image-version": "a package's init packets carry its versions",
+                      "--sim-firmware-version": "a Secure DFU bootloader's application version is --sim-app-version"],
             device: "Secure DFU bootloader",
             simulatedDevice: { request in
                 try simulatedSecureDFUDevice(config: request.config, options: request.options(NordicDFUOptions.self)?.simulated,
                                              buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)
-            },
-            served: served)
+            })
+        nordic.applicationFirst = "--sim-buttonless"
         nordic.describe = { simulated in
             simulated.model(as: NordicButtonlessDevice.self).map { model in
                 "runs its \(model.mode) at \(simulated.address)"
@@ -63,19 +64,73 @@ extension ProtocolCommandLine {
                          warnings: package.warnings,
                          softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
     }
+}
 
-    /// A Secure DFU bootloader as `simulate --protocol nordic-dfu` serves it, behind its
-    /// application with the buttonless service with `--sim-buttonless`.
-    private static func served(_ request: ServeRequest) throws -> ServedDevice {
-        var config = NordicDFUBootloader.Config()
-        config.bankSize = request.slotSize
-        config.applicationVersion = request.firmwareVersion.flatMap { UInt32($0) } ?? 0
-        if let publicKey = request.publicKey {
-            config.signatureCheck = try SecureDFUSimulatorOptions.signatureCheck(publicKeyFile: publicKey, option: request.publicKeyOption)
+/// `otaflash simulate`'s options for a Secure DFU device: its bootloader's (as `flash
+/// --simulator` takes them), the SoftDevice it reports after installing one, and whether it
+/// starts in its application with the buttonless service.
+public struct NordicDFUServedOptions: ServedOptionGroup {
+    @OptionGroup(title: "Secure DFU bootloader") var bootloader: SecureDFUSimulatorOptions
+
+    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
+    var softDeviceAfterUpdate: FWID?
+
+    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp("nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter. " + SimulatedButtonless.kinds, valueName: "kind"))
+    var buttonlessKind: SimulatedButtonless?
+
+    @Option(name: .customLong("public-key"), help: ArgumentHelp("The former name of --sim-public-key.", visibility: .hidden))
+    var formerPublicKey: String?
+
+    @Flag(name: .customLong("buttonless"), help: ArgumentHelp("The former name of --sim-buttonless unbonded.", visibility: .hidden))
+    var formerButtonless = false
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .nordicDFU }
+
+    var buttonless: SimulatedButtonless? { buttonlessKind ?? (formerButtonless ? .unbonded : nil) }
+
+    public func validate() throws {
+        try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
+        for (former, formerGiven, current, currentGiven) in [("--public-key", formerPublicKey != nil, "--sim-public-key", bootloader.publicKey != nil),
+                                                             ("--buttonless", formerButtonless, "--sim-buttonless", buttonlessKind != nil)]
+        where formerGiven && currentGiven {
+            throw ValidationError("\(former) is the former name of \(current); give \(current) once")
+        }
+    }
+
+    public var given: [String] {
+        bootloader.given + [("--sd-after-update", softDeviceAfterUpdate != nil), ("--public-key", formerPublicKey != nil),
+                            ("--sim-buttonless", buttonlessKind != nil), ("--buttonless", formerButtonless)].filter(\.1).map(\.0)
+    }
+
+    public var startsInApplication: Bool { buttonless != nil }
+
+    /// The former `--firmware-version` is the application's version here: a number, and not
+    /// given with `--sim-app-version`.
+    public func check(_ request: ServeRequest, slotOption: String) throws {
+        guard let version = request.firmwareVersion else { return }
+        guard bootloader.applicationVersion == nil else {
+            throw ValidationError("--firmware-version is the former name of --sim-app-version; give --sim-app-version once")
+        }
+        guard UInt32(version) != nil else {
+            throw ValidationError("--firmware-version for \(Self.commandLine.name) is the application version, a number 0-\(UInt32.max), got '\(version)'")
+        }
+    }
+
+    /// A Secure DFU bootloader, behind its application with the buttonless service with
+    /// `--sim-buttonless`; the former `--firmware-version` is the application's version.
+    public func served(_ request: ServeRequest) throws -> ServedDevice {
+        var config = try bootloader.bootloaderConfig(bankSize: request.slotSize)
+        if bootloader.applicationVersion == nil, let version = request.firmwareVersion.flatMap({ UInt32($0) }) {
+            config.applicationVersion = version
+        }
+        if let formerPublicKey {
+            config.signatureCheck = try SecureDFUSimulatorOptions.signatureCheck(publicKeyFile: formerPublicKey, option: "--public-key")
         }
         let model = NordicDFUPeripheral(bootloader: NordicDFUBootloader(config: config), faults: request.faults,
-                                        softDeviceAfterUpdate: request.softDeviceAfterUpdate)
-        guard let buttonless = request.buttonless else {
+                                        softDeviceAfterUpdate: softDeviceAfterUpdate?.value)
+        guard let buttonless else {
             return ServedDevice(model: model, name: request.name ?? "DfuTarg", firmwareVersion: "\(config.applicationVersion)", what: "Secure DFU bootloader")
         }
         guard let address = request.address else {

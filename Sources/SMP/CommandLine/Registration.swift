@@ -14,23 +14,8 @@ extension ProtocolCommandLine {
             profile: SMPProfile(), loader: Loader(detector: .smpFiles, load: loadMCUboot),
             takes: Set(["--restart", "--no-activate", "--sim-firmware-version"]).union(SMPFlashOptions.names).union(SimulatedSMPOptions.names),
             refuses: ["--checkpoint-interval": "an SMP device confirms each chunk itself", "--image-version": "an MCUboot image carries its own"],
-            servedOptions: ["--sim-smp-buf-size", "--buf-size", "--sim-smp-buf-count", "--buf-count", "--sim-smp-cbor", "--cbor", "--sim-smp-key",
-                            "--sim-smp-mode", "--sim-smp-no-downgrade", "--sim-smp-network-core"],
             device: "SMP server",
-            simulatedDevice: { request in try SimulatedSMP.device(config: request.config, options: request.options(SMPOptions.self)?.simulated) },
-            served: { request in
-                let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-                let key = try request.signatureKey.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
-                var config = SMPServer.Config(bufferSize: request.bufferSize ?? SMPServer.Config().bufferSize,
-                                              bufferCount: request.bufferCount ?? SMPServer.Config().bufferCount, slotSize: request.slotSize,
-                                              encoding: request.replyEncoding.flatMap(SMPReplyEncoding.init(argument:)) ?? .zephyr)
-                SimulatedBootMode.configure(&config, mode: request.bootMode.flatMap(SimulatedBootMode.init(argument:)), noDowngrade: request.noDowngrade)
-                config.networkCore = request.networkCore
-                let model = SMPPeripheral(config: config, firmwareVersion: version, signatureKey: key, faults: request.faults)
-                let server = model.server.config
-                return ServedDevice(model: model, name: request.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
-                                    what: "SMP server (MCUmgr with MCUboot, \(server.bufferCount) × \(server.bufferSize) B buffers, \(server.encoding) answers)")
-            })
+            simulatedDevice: { request in try SimulatedSMP.device(config: request.config, options: request.options(SMPOptions.self)?.simulated) })
         smp.sendsAsIs = { firmware, request in
             // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.
             guard request.protocolName == SMPProfile.name, let options = request.options(SMPOptions.self), options.flash.anyImage else { return nil }

@@ -127,6 +127,61 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     }
 }
 
+/// `otaflash simulate`'s options for an SMP server: its buffers, encoding, MCUboot mode and
+/// refusals, as `flash --simulator` takes them, and their former names.
+public struct SMPServedOptions: ServedOptionGroup {
+    @OptionGroup(title: "SMP device") var device: SimulatedSMPOptions
+
+    @Option(name: .customLong("buf-size"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-size.", visibility: .hidden))
+    var formerBufferSize: Int?
+    @Option(name: .customLong("buf-count"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-smp-buf-count.", visibility: .hidden))
+    var formerBufferCount: Int?
+    // Taken as text: ArgumentParser names the values of a hidden option's type in no refusal.
+    @Option(name: .customLong("cbor"), help: ArgumentHelp("The former name of --sim-smp-cbor.", visibility: .hidden))
+    var formerCBOR: String?
+
+    public init() {}
+
+    public static var commandLine: ProtocolCommandLine { .smp }
+
+    public func validate() throws {
+        try Ranges.bufSize.check(formerBufferSize)
+        try Ranges.bufCount.check(formerBufferCount)
+        try checkChoice(formerCBOR, SMPReplyEncoding.self, option: "--cbor")
+        let given = Set(device.given)
+        for (former, formerGiven, current) in [("--buf-size", formerBufferSize != nil, "--sim-smp-buf-size"),
+                                               ("--buf-count", formerBufferCount != nil, "--sim-smp-buf-count"),
+                                               ("--cbor", formerCBOR != nil, "--sim-smp-cbor")] where formerGiven && given.contains(current) {
+            throw ValidationError("\(former) is the former name of \(current); give \(current) once")
+        }
+    }
+
+    public var given: [String] {
+        device.given + [("--buf-size", formerBufferSize != nil), ("--buf-count", formerBufferCount != nil), ("--cbor", formerCBOR != nil)]
+            .filter(\.1).map(\.0)
+    }
+
+    /// The options with their former names folded in.
+    var options: SimulatedSMPOptions {
+        var options = device
+        if let formerBufferSize { options.bufferSize = formerBufferSize }
+        if let formerBufferCount { options.bufferCount = formerBufferCount }
+        if let cbor = formerCBOR.flatMap(SMPReplyEncoding.init(argument:)) { options.cbor = cbor }
+        return options
+    }
+
+    public func served(_ request: ServeRequest) throws -> ServedDevice {
+        let options = options
+        let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
+        let key = try options.key.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
+        let model = SMPPeripheral(config: options.serverConfig(slotSize: request.slotSize), firmwareVersion: version, leftover: options.leftover,
+                                  signatureKey: key, faults: request.faults)
+        let server = model.server.config
+        return ServedDevice(model: model, name: request.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
+                            what: "SMP server (MCUmgr with MCUboot, \(server.bufferCount) × \(server.bufferSize) B buffers, \(server.encoding) answers)")
+    }
+}
+
 /// `--sim-smp-cbor` and `simulate --cbor`: how the simulated SMP server writes its answers.
 extension SMPReplyEncoding: ExpressibleByArgument {
     public static let help = ArgumentHelp(
