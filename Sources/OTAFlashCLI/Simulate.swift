@@ -170,7 +170,7 @@ struct Simulate: AsyncParsableCommand {
         let takesVersions = registration?.takes.contains("--sim-firmware-version") ?? false
         if let firmwareVersionOption {
             guard takesVersions else {
-                let owners = ProtocolCommandLine.owners(of: "--sim-firmware-version").joined(separator: ", ")
+                let owners = ProtocolCommandLine.owners(of: "--sim-firmware-version").joined(separator: " and ")
                 throw ValidationError("--sim-firmware-version applies to \(owners) only"
                                       + (registration?.refuses["--sim-firmware-version"].map { " (\($0))" } ?? "") + "; drop it")
             }
