@@ -17,6 +17,9 @@ public protocol DeviceCommandContext: ParsableArguments {
     func connect(simulated: @escaping @Sendable (SimulatedDeviceConfig) -> any PeripheralModel) async throws(CLIFailure)
         -> (connection: any GATTConnection, address: DeviceAddress)
 
+    /// Whether the device is the simulated one (`--simulator`).
+    var simulates: Bool { get }
+
     /// Runs a command's work with the output its options ask for, then prints its `done` line:
     /// `Done()`, or `Done(failure:)` for the `CLIFailure` the work throws (thrown on).
     func run<Done: CommandDone>(_: Done.Type, _ work: (any CommandOutput) async throws -> Void) async throws

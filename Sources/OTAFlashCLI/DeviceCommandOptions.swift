@@ -13,6 +13,8 @@ struct DeviceCommandOptions: DeviceCommandContext {
     @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
     @OptionGroup var output: OutputOptions
 
+    var simulates: Bool { simulator.enabled }
+
     func connect(simulated: @escaping @Sendable (SimulatedDeviceConfig) -> any PeripheralModel) async throws(CLIFailure)
         -> (connection: any GATTConnection, address: DeviceAddress) {
         let address = try target.address(simulator: simulator.enabled)

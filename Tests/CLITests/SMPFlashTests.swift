@@ -165,6 +165,21 @@ struct SMPFlashTests {
         #expect(badHash.code != 0)
         #expect(badHash.errorLines.count == 1, "\(badHash.stderr)")
     }
+
+    /// The device commands' simulated device takes the options `flash --simulator` gives it: an
+    /// nRF5340 lists its network core's image, a device with an image pending lists it pending;
+    /// without --simulator they are refused, not ignored.
+    @Test func imageCommandsTakeTheSimulatedDevicesOptions() async throws {
+        let twoCores = await otaflash(["image", "list", "--simulator", "--json", "--sim-smp-network-core"])
+        #expect(twoCores.code == 0, "\(twoCores.stderr)")
+        let slots = expectDocumentedLines(twoCores.stdoutLines, section: "otaflash image").filter { $0["event"] == .string("slot") }
+        #expect(slots.contains { $0["image"] == .int(1) }, "\(twoCores.stdout)")
+        let pending = await otaflash(["image", "list", "--simulator", "--json", "--sim-smp-pending"])
+        #expect(pending.code == 0, "\(pending.stderr)")
+        #expect(pending.jsonEvents.contains { $0["event"] as? String == "slot" && $0["pending"] as? Bool == true }, "\(pending.stdout)")
+        expectOneUsageLine(await otaflash(["image", "list", "--device", "AA:BB:CC:DD:EE:FF", "--sim-smp-network-core"]),
+                           saying: ["--sim-smp-network-core", "add --simulator"])
+    }
 }
 
 @Suite("otaflash flash, SMP, --skip-if-version image")

@@ -30,20 +30,22 @@ extension ProtocolCommandLine {
     }()
 }
 
-/// What the SMP commands (`image list|slots|test|confirm|erase`, `reset`, `echo`) share: the
-/// device and output (the command line's `Context`), the simulated server's encoding and the
-/// reply timeout.
+/// What the SMP commands (`image list|slots|test|confirm|erase`, `reset`, `echo`, `files`)
+/// share: the device and output (the command line's `Context`), the simulated SMP device's
+/// options (as `flash --simulator` takes them) and the reply timeout.
 struct SMPCommandOptions<Context: DeviceCommandContext>: ParsableArguments {
     @OptionGroup var context: Context
 
-    @Option(name: .customLong("sim-smp-cbor"), help: SMPReplyEncoding.help)
-    var simulatorEncoding: SMPReplyEncoding?
+    @OptionGroup(title: "SMP device (with --simulator)") var simulated: SimulatedSMPOptions
 
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's answer", valueName: "seconds"))
     var replyTimeout: Double = 5
 
     func validate() throws {
         try Ranges.replyTimeout.check(replyTimeout)
+        if !context.simulates, let option = simulated.given.first {
+            throw ValidationError("\(option) sets up the simulated SMP device; add --simulator, or drop it to reach a real device")
+        }
     }
 
     /// Runs the command's work, then its `done` line.
@@ -52,17 +54,19 @@ struct SMPCommandOptions<Context: DeviceCommandContext>: ParsableArguments {
     }
 
     /// Connects, attaches to the SMP characteristic, runs `body` with the client, disconnects.
-    /// With `--simulator`, the device is a Zephyr one with an SMP server, running a confirmed
-    /// image of `--sim-firmware-version`, answering in `--sim-smp-cbor`, with `fileSystem`'s files
-    /// and `faults` (by default the simulated device's).
+    /// With `--simulator`, the device is a Zephyr one with an SMP server as the `--sim-smp-*`
+    /// options describe it, running an image of `--sim-firmware-version`, with `fileSystem`'s
+    /// files and `faults` (by default the simulated device's).
     /// - Throws: `CLIFailure` with the failure's exit code.
     func withClient<T: Sendable>(fileSystem: SMPFileSystem.Config = SMPFileSystem.Config(), faults: FaultPlan? = nil,
                                  _ body: (SMPClient, Duration) async throws(OTAError) -> T) async throws -> T {
-        let encoding = simulatorEncoding ?? .zephyr
+        let simulated = simulated
+        let key = try simulated.key.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
         let (connection, address) = try await context.connect { config in
-            var server = SMPServer.Config(slotSize: config.slotSize, encoding: encoding)
+            var server = simulated.serverConfig(slotSize: config.slotSize)
             server.fileSystem = fileSystem
-            return SMPPeripheral(config: server, firmwareVersion: config.firmwareVersion, faults: faults ?? config.faults, resetDelay: config.bootDelay)
+            return SMPPeripheral(config: server, firmwareVersion: config.firmwareVersion, leftover: simulated.leftover, signatureKey: key,
+                                 faults: faults ?? config.faults, resetDelay: config.bootDelay)
         }
         defer { Task { await connection.disconnect() } }
         do {
