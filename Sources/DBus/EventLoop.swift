@@ -1,5 +1,6 @@
 internal import CDBus
 import Dispatch
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -59,6 +60,8 @@ final class EventLoop: @unchecked Sendable {
     /// object can be released while libdbus still holds this loop.
     weak var owner: DBusConnection?
     private var drainScheduled = false
+    /// Its watches' enables and sources.
+    let watchCounts = WatchCounts()
 
     init(queue: DispatchQueue) {
         self.queue = queue
@@ -135,8 +138,8 @@ final class EventLoop: @unchecked Sendable {
     }
 }
 
-/// One libdbus watch: a read or write `DispatchSource`, present only while libdbus has the watch
-/// enabled.
+/// One libdbus watch: a read or write `DispatchSource`, made when libdbus first enables the watch,
+/// suspended while libdbus has it disabled, and cancelled when libdbus removes it.
 ///
 /// Each source watches its own `dup` of the socket, closed by the source's cancel handler.
 /// libdispatch unregisters a cancelled source asynchronously and requires that the descriptor stay
@@ -144,22 +147,35 @@ final class EventLoop: @unchecked Sendable {
 /// watches; when the next connection reused the descriptor number, its new source was sometimes
 /// never armed and the connection stalled (measured: about one connect in a few hundred).
 ///
+/// A source is made once per watch, not once per enable: libdbus enables its write watch each
+/// time a message does not fit the socket at once, and a write source cancelled while
+/// libdispatch's epoll backend drains a hang-up of the same connection is used after it was freed
+/// (swift-corelibs-libdispatch issues 833 and 949; seen once, a central crashing in
+/// `_dispatch_event_loop_drain` as a device reset). Suspending costs nothing: read and write
+/// sources are `EV_DISPATCH`, re-armed only after their handler ran, so a suspended one is not
+/// armed.
+///
 /// `@unchecked Sendable`: created, toggled and cancelled in libdbus callbacks on the connection's
 /// queue, and its sources deliver events on that same queue.
 final class WatchSource: @unchecked Sendable {
     private let watch: OpaquePointer
     private let queue: DispatchQueue
     private var sources: [any DispatchSourceProtocol] = []
+    /// Whether the sources run (libdbus has the watch enabled); they are suspended otherwise.
+    private var running = false
     private var removed = false
 
-    init(watch: OpaquePointer, queue: DispatchQueue) {
+    private let counts: WatchCounts
+
+    init(watch: OpaquePointer, queue: DispatchQueue, counts: WatchCounts) {
         self.watch = watch
         self.queue = queue
+        self.counts = counts
         update()
     }
 
     private func handle(_ flags: UInt32) {
-        guard !removed, !sources.isEmpty else { return }
+        guard !removed, running else { return }
         dbus_watch_handle(watch, flags)
     }
 
@@ -167,30 +183,45 @@ final class WatchSource: @unchecked Sendable {
     func update() {
         guard !removed else { return }
         let enabled = dbus_watch_get_enabled(watch) != 0
-        if enabled && sources.isEmpty {
-            let fd = dbus_watch_get_unix_fd(watch)
-            let flags = dbus_watch_get_flags(watch)
-            if flags & DBUS_WATCH_READABLE.rawValue != 0, case let watched = dup(fd), watched >= 0 {
-                let source = DispatchSource.makeReadSource(fileDescriptor: watched, queue: queue)
-                source.setEventHandler { [weak self] in self?.handle(DBUS_WATCH_READABLE.rawValue) }
-                source.setCancelHandler { _ = closeDescriptor(watched) }
-                sources.append(source)
-            }
-            if flags & DBUS_WATCH_WRITABLE.rawValue != 0, case let watched = dup(fd), watched >= 0 {
-                let source = DispatchSource.makeWriteSource(fileDescriptor: watched, queue: queue)
-                source.setEventHandler { [weak self] in self?.handle(DBUS_WATCH_WRITABLE.rawValue) }
-                source.setCancelHandler { _ = closeDescriptor(watched) }
-                sources.append(source)
-            }
+        guard enabled != running else { return }
+        running = enabled
+        if enabled { counts.state.withLock { $0.enables += 1 } }
+        if !enabled {
+            for source in sources { source.suspend() }
+        } else if !sources.isEmpty {
+            for source in sources { source.resume() }
+        } else {
+            makeSources()
             for source in sources { source.activate() }
-        } else if !enabled && !sources.isEmpty {
-            stopSources()
         }
     }
 
+    private func makeSources() {
+        let fd = dbus_watch_get_unix_fd(watch)
+        let flags = dbus_watch_get_flags(watch)
+        if flags & DBUS_WATCH_READABLE.rawValue != 0, case let watched = dup(fd), watched >= 0 {
+            let source = DispatchSource.makeReadSource(fileDescriptor: watched, queue: queue)
+            source.setEventHandler { [weak self] in self?.handle(DBUS_WATCH_READABLE.rawValue) }
+            source.setCancelHandler { _ = closeDescriptor(watched) }
+            sources.append(source)
+        }
+        if flags & DBUS_WATCH_WRITABLE.rawValue != 0, case let watched = dup(fd), watched >= 0 {
+            let source = DispatchSource.makeWriteSource(fileDescriptor: watched, queue: queue)
+            source.setEventHandler { [weak self] in self?.handle(DBUS_WATCH_WRITABLE.rawValue) }
+            source.setCancelHandler { _ = closeDescriptor(watched) }
+            sources.append(source)
+        }
+        counts.state.withLock { $0.sources += sources.count }
+    }
+
     private func stopSources() {
-        for source in sources { source.cancel() }
+        for source in sources {
+            source.cancel()
+            // A suspended source runs its cancel handler, and may be released, once resumed.
+            if !running { source.resume() }
+        }
         sources = []
+        running = false
     }
 
     /// Called when libdbus removes the watch; the watch pointer must not be used afterwards.
@@ -200,6 +231,12 @@ final class WatchSource: @unchecked Sendable {
     }
 
     deinit { stopSources() }
+}
+
+/// How often a connection's watches were enabled and how many sources they made (the tests
+/// check that a watch enabled again and again makes its sources once).
+final class WatchCounts: Sendable {
+    let state = Mutex((enables: 0, sources: 0))
 }
 
 /// One libdbus timeout: a repeating `DispatchSourceTimer`, present only while libdbus has the
@@ -256,7 +293,7 @@ private let eventLoopRelease: DBusFreeFunction = { data in
 
 private let eventLoopAddWatch: DBusAddWatchFunction = { watch, data in
     guard let watch, let loop = loop(data) else { return 0 }
-    let source = WatchSource(watch: watch, queue: loop.queue)
+    let source = WatchSource(watch: watch, queue: loop.queue, counts: loop.watchCounts)
     dbus_watch_set_data(watch, Unmanaged.passRetained(source).toOpaque(), eventLoopRelease)
     return 1
 }

@@ -1,4 +1,4 @@
-import DBus
+@testable import DBus
 import Synchronization
 import TestSupport
 import Testing
@@ -668,6 +668,38 @@ struct DBusConnectionTests {
             #expect(await connection.isConnected)
             let names = try await connection.call(destination: dest, path: path, interface: iface, member: "ListNames")
             #expect(names.first?.strings?.contains("org.freedesktop.DBus") == true)
+        }
+    }
+
+    /// Calls whose bytes do not fit the socket at once make libdbus enable its write watch again
+    /// and again; the watch's sources are made once and suspended in between, never made and
+    /// cancelled per enable (a cancel racing a hang-up is a libdispatch use-after-free). The
+    /// replies all arrive, so a suspended source is resumed when it must be.
+    @Test func aWatchEnabledAgainAndAgainMakesItsSourcesOnce() async throws {
+        try await withTestBus { bus in
+            let server = try await bus.connect()
+            let client = try await bus.connect()
+            try await exportTestObject(server)
+            let payload = DBusValue.bytes([UInt8](repeating: 0x5A, count: 256 << 10))
+            for _ in 0..<3 {
+                let replies = try await withThrowingTaskGroup(of: Int.self) { group in
+                    for i in 0..<40 {
+                        group.addTask {
+                            let reply = try await client.call(destination: serviceName, path: "/com/example/test", interface: testInterface,
+                                                              member: "Echo", arguments: [.uint32(UInt32(i)), payload])
+                            return reply.first == .uint32(UInt32(i)) ? 1 : 0
+                        }
+                    }
+                    return try await group.reduce(0, +)
+                }
+                #expect(replies == 40)
+            }
+            let counts = client.loop.watchCounts.state.withLock { $0 }
+            // A read watch and a write watch: two sources, however often the write one came on.
+            #expect(counts.enables > 4, "the write watch never came on again: \(counts)")
+            #expect(counts.sources == 2, "\(counts)")
+            await client.close()
+            await server.close()
         }
     }
 
