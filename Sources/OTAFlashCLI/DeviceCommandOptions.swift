@@ -21,7 +21,9 @@ struct DeviceCommandOptions: DeviceCommandContext {
         let central: any GATTCentral
         if simulator.enabled {
             let config = simulator.deviceConfig(address: address)
-            central = SimulatedCentral(devices: [SimulatedDevice(config, model: simulated(config))], clock: SystemClock())
+            // On the link's own (virtual) time: a command's reply timeout counts the simulated
+            // link's time, not how long a loaded host took to run the device in this process.
+            central = SimulatedCentral(devices: [SimulatedDevice(config, model: simulated(config))], clock: VirtualClock())
         } else {
             central = bluezCentral(adapter: target.adapter)
         }

@@ -516,9 +516,11 @@ struct DBusConnectionTests {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for n in 0..<200 {
                     group.addTask {
+                        // The last of 200 calls waits for the 199 before it, each a few hops of
+                        // a cooperative pool other suites keep busy: not libdbus's default 25 s.
                         _ = try await client.call(
                             destination: name, path: "/serial", interface: testInterface,
-                            member: "Write", arguments: [.uint32(UInt32(n))])
+                            member: "Write", arguments: [.uint32(UInt32(n))], timeout: .seconds(300))
                     }
                 }
                 try await group.waitForAll()
