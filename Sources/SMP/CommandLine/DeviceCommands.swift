@@ -61,12 +61,10 @@ struct SMPCommandOptions<Context: DeviceCommandContext>: ParsableArguments {
     func withClient<T: Sendable>(fileSystem: SMPFileSystem.Config = SMPFileSystem.Config(), faults: FaultPlan? = nil,
                                  _ body: (SMPClient, Duration) async throws(OTAError) -> T) async throws -> T {
         let simulated = simulated
-        let key = try simulated.key.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
+        let key = try simulated.signatureKey()
         let (connection, address) = try await context.connect { config in
-            var server = simulated.serverConfig(slotSize: config.slotSize)
-            server.fileSystem = fileSystem
-            return SMPPeripheral(config: server, firmwareVersion: config.firmwareVersion, leftover: simulated.leftover, signatureKey: key,
-                                 faults: faults ?? config.faults, resetDelay: config.bootDelay)
+            simulated.peripheral(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion, signatureKey: key,
+                                 faults: faults ?? config.faults, resetDelay: config.bootDelay, fileSystem: fileSystem)
         }
         defer { Task { await connection.disconnect() } }
         do {

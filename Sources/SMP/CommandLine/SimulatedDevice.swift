@@ -14,10 +14,10 @@ enum SimulatedSMP {
     /// buffers and its refusals; without them Zephyr's defaults: 4 × 384 B buffers, no refusal).
     /// - Throws: `CLIFailure` `.usage` when `--sim-smp-key` names no readable key.
     static func device(config: SimulatedDeviceConfig, options: SimulatedSMPOptions? = nil) throws(CLIFailure) -> SimulatedDevice {
-        let key = try options?.key.map { path throws(CLIFailure) in try signatureKey(file: path, option: "--sim-smp-key") }
-        return SimulatedDevice(config, model: SMPPeripheral(config: options?.serverConfig(slotSize: config.slotSize) ?? SMPServer.Config(slotSize: config.slotSize),
-                                                            firmwareVersion: config.firmwareVersion, leftover: options?.leftover, signatureKey: key,
-                                                            faults: config.faults, resetDelay: config.bootDelay))
+        let options = options ?? SimulatedSMPOptions()
+        return SimulatedDevice(config, model: options.peripheral(slotSize: config.slotSize, firmwareVersion: config.firmwareVersion,
+                                                                 signatureKey: try options.signatureKey(), faults: config.faults,
+                                                                 resetDelay: config.bootDelay))
     }
 
     /// The key in the PEM file at `path` (given with `option`) that the simulated MCUboot checks
@@ -115,6 +115,22 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     /// What slot 1 holds at the start.
     var leftover: SMPLeftover? { pending ? .pending : unconfirmed ? .unconfirmed : nil }
 
+    /// The key `--sim-smp-key` names, read from its file.
+    /// - Throws: `CLIFailure` `.usage` when the file holds no such key.
+    func signatureKey() throws(CLIFailure) -> MCUbootImage.PublicKey? {
+        try key.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
+    }
+
+    /// The device these options describe: `flash --simulator`'s, `simulate`'s and the device
+    /// commands' (with `fileSystem`'s files), its slot 0 running `firmwareVersion`.
+    func peripheral(slotSize: Int, firmwareVersion: FirmwareVersion, signatureKey: MCUbootImage.PublicKey?, faults: FaultPlan,
+                    resetDelay: Duration = .milliseconds(100), fileSystem: SMPFileSystem.Config = SMPFileSystem.Config()) -> SMPPeripheral {
+        var server = serverConfig(slotSize: slotSize)
+        server.fileSystem = fileSystem
+        return SMPPeripheral(config: server, firmwareVersion: firmwareVersion, leftover: leftover, signatureKey: signatureKey,
+                             faults: faults, resetDelay: resetDelay)
+    }
+
     /// The server these options describe, with slots of `slotSize` bytes.
     func serverConfig(slotSize: Int) -> SMPServer.Config {
         var config = SMPServer.Config(bufferSize: bufferSize, bufferCount: bufferCount, slotSize: slotSize, reportsParameters: !noParameters,
@@ -173,9 +189,8 @@ public struct SMPServedOptions: ServedOptionGroup {
     public func served(_ request: ServeRequest) throws -> ServedDevice {
         let options = options
         let version = request.firmwareVersion.flatMap(FirmwareVersion.init) ?? FirmwareVersion(major: 1, minor: 0, patch: 0)
-        let key = try options.key.map { path throws(CLIFailure) in try SimulatedSMP.signatureKey(file: path, option: "--sim-smp-key") }
-        let model = SMPPeripheral(config: options.serverConfig(slotSize: request.slotSize), firmwareVersion: version, leftover: options.leftover,
-                                  signatureKey: key, faults: request.faults)
+        let model = options.peripheral(slotSize: request.slotSize, firmwareVersion: version, signatureKey: try options.signatureKey(),
+                                       faults: request.faults)
         let server = model.server.config
         return ServedDevice(model: model, name: request.name ?? "otaflash-smp", firmwareVersion: model.server.primary.versionText,
                             what: "SMP server (MCUmgr with MCUboot, \(server.bufferCount) × \(server.bufferSize) B buffers, \(server.encoding) answers)")
