@@ -26,7 +26,9 @@
 # write-without-response), and which the served device's bluetoothd takes (the ATT server checks
 # the attribute's write permission only); at most 510 bytes each, as bluetoothd 5.66 drops a
 # longer write command without a word. Run it with run.sh --gatt-channels 1: a sector's packets
-# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop lost raw clean".
+# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop lost raw clean";
+# $ESP_SERVE_WAIT: seconds to wait for the peripheral to serve, default 90 (a debug build under TCG
+# needs more).
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -55,7 +57,7 @@ start_esp() {
 		2>"$RESULTS_DIR/$tag.stderr" &
 	SIM_PID=$!
 	BG+=("$SIM_PID")
-	wait_for_line "$SIM_STAMPED" '"event":"serving"' 90 || fail "otaflash simulate --protocol esp-ota did not report serving within 90 s"
+	wait_for_line "$SIM_STAMPED" '"event":"serving"' "${ESP_SERVE_WAIT:-90}" || fail "otaflash simulate --protocol esp-ota did not report serving within ${ESP_SERVE_WAIT:-90} s"
 	step "$tag: $(grep -m1 '"event":"serving"' "$SIM_STAMPED" | cut -f2-)"
 }
 stop_esp() {
