@@ -261,26 +261,28 @@ public struct ESPOTAPeripheral: PeripheralModel {
         guard now >= awayUntil else { return PeripheralWriteResult(reply: .away, outputs: []) }
         var bytes = bytes
         var duplicate = false
+        if characteristic == ESPOTAService.receiveFirmwareUUID {
+            // The chosen faults, by index (whatever the write's type: a device served through
+            // bluetoothd is not told it).
+            let index = writesThisBoot
+            writesThisBoot += 1
+            if espFaults.dropWriteAt.remove(index) != nil {
+                droppedWrites += 1
+                return PeripheralWriteResult(reply: .success(at: now), outputs: [], reports: [.note("write command \(index) dropped (fault)")])
+            }
+            duplicate = espFaults.duplicateAt.remove(index) != nil
+            if espFaults.wrongSectorAt.remove(index) != nil, bytes.count >= 2 {
+                let wrong = (UInt16(bytes[0]) | UInt16(bytes[1]) << 8) &+ 1
+                bytes[0] = UInt8(truncatingIfNeeded: wrong)
+                bytes[1] = UInt8(truncatingIfNeeded: wrong >> 8)
+            }
+        }
         if !withResponse {
             // The host's buffers: a write command it cannot take is gone without a word.
             waiting.removeAll { $0 <= now }
             if waiting.count >= config.hostBufferPackets {
                 droppedWrites += 1
                 return PeripheralWriteResult(reply: .success(at: now), outputs: [], reports: [.note("host out of buffers: write command dropped")])
-            }
-            if characteristic == ESPOTAService.receiveFirmwareUUID {
-                let index = writesThisBoot
-                writesThisBoot += 1
-                if espFaults.dropWriteAt.remove(index) != nil {
-                    droppedWrites += 1
-                    return PeripheralWriteResult(reply: .success(at: now), outputs: [], reports: [.note("write command \(index) dropped (fault)")])
-                }
-                duplicate = espFaults.duplicateAt.remove(index) != nil
-                if espFaults.wrongSectorAt.remove(index) != nil, bytes.count >= 2 {
-                    let wrong = (UInt16(bytes[0]) | UInt16(bytes[1]) << 8) &+ 1
-                    bytes[0] = UInt8(truncatingIfNeeded: wrong)
-                    bytes[1] = UInt8(truncatingIfNeeded: wrong >> 8)
-                }
             }
             let placed = (try? ESPSectorPacket(decoding: bytes)).map { Int($0.sector) * ESPOTAService.sectorSize + buffer.count }
             switch injector.packet(at: characteristic == ESPOTAService.receiveFirmwareUUID ? placed : nil, count: max(0, bytes.count - 3)) {
