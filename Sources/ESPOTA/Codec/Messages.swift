@@ -49,15 +49,20 @@ public enum ESPCommand: Sendable, Hashable {
 }
 
 /// The device's answer to a command, on COMMAND: 0x0003, the command it answers (LE u16), and
-/// its status (LE u16: 0 accepted, 1 rejected), CRC16 at 18–19.
+/// its status (LE u16: 0 accepted, 1 rejected), CRC16 at 18–19. `ble_ota_raw` 0.2.0 puts in byte 6
+/// of an accepted START's answer the sectors a central may send un-ACKed (its ring buffer, 1…64);
+/// `ble_ota` leaves it 0.
 public struct ESPCommandAck: Sendable, Hashable {
     public static let id: UInt16 = 0x0003
     public var command: UInt16
     public var status: UInt16
+    /// Byte 6, when not 0: the sector send window.
+    public var sectorWindow: UInt8?
 
-    public init(command: UInt16, status: UInt16) {
+    public init(command: UInt16, status: UInt16, sectorWindow: UInt8? = nil) {
         self.command = command
         self.status = status
+        self.sectorWindow = sectorWindow
     }
 
     public var accepted: Bool { status == 0 }
@@ -67,7 +72,8 @@ public struct ESPCommandAck: Sendable, Hashable {
         out.appendLE(Self.id)
         out.appendLE(command)
         out.appendLE(status)
-        out += [UInt8](repeating: 0, count: 12)
+        out.append(sectorWindow ?? 0)
+        out += [UInt8](repeating: 0, count: 11)
         out.appendLE(CRC16.checksum(out))
         return out
     }
@@ -81,6 +87,8 @@ public struct ESPCommandAck: Sendable, Hashable {
             guard id == Self.id else { throw WireError("a command answer starts with 0x0003, not 0x\(String(id, radix: 16)) (\(hexDump(value[...])))") }
             command = try reader.u16()
             status = try reader.u16()
+            let window = reader.remaining >= 1 ? try reader.u8() : 0
+            sectorWindow = window == 0 ? nil : window
         } catch let error as ByteReader.ShortRead {
             throw WireError("a command answer of \(value.count) bytes: \(error)")
         } catch let error as WireError {
@@ -139,9 +147,8 @@ public struct ESPSectorPacket: Sendable, Hashable {
 /// The device's answer to a sector, on RECV_FW: the sector it answers (LE u16), a status, and on
 /// a refusal the sector it wants next at bytes 4–5, CRC16 at 18–19.
 ///
-/// The hosts differ: Bluedroid writes the status as LE u16 and always fills bytes 4–5 with the
-/// sector it expects; NimBLE writes a status byte and a zero, and fills bytes 4–5 only on a
-/// refusal. Read as LE u16 both come out the same.
+/// The components differ: Bluedroid's and `ble_ota_raw` always fill bytes 4–5 with the sector they
+/// expect (after an ACK, the next one); NimBLE's fills them only on a refusal.
 public struct ESPSectorAck: Sendable, Hashable {
     public struct Status: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
         public let rawValue: UInt16
@@ -151,7 +158,8 @@ public struct ESPSectorAck: Sendable, Hashable {
         public static let crcError = Status(rawValue: 1)
         /// A packet of another sector than the one the device collects.
         public static let sectorIndexError = Status(rawValue: 2)
-        /// Bluedroid's enum names it; no host sends it.
+        /// `ble_ota_raw`: a packet out of sequence (dropped, nothing reset), a last packet without
+        /// its CRC, or more than a sector; `ble_ota` never sends it.
         public static let lengthError = Status(rawValue: 3)
         public var description: String {
             switch self {

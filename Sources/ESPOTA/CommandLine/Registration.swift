@@ -26,7 +26,9 @@ extension ProtocolCommandLine {
                       "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
                       "--image-version": "an ESP-IDF app image carries its own"],
             device: "ESP32 with Espressif's BLE OTA",
-            simulatedDevice: { request in ESPOTARegistration.simulatedDevice(request.config) })
+            simulatedDevice: { request in
+                ESPOTARegistration.simulatedDevice(request.config, device: request.options(ESPOTAOptions.self)?.simulated ?? SimulatedESPOptions())
+            })
         esp.bench = ESPOTABench()
         esp.soak = ESPOTASoak()
         return esp
@@ -38,24 +40,66 @@ public struct ESPOTAOptions: ProtocolOptionGroup {
     @Option(name: .customLong("chip"), help: ArgumentHelp("esp-ota: the chip the devices are (\(ESPChip.knownNames.joined(separator: ", "))): an app image built for another is refused before any radio time (exit 7); the device would take it and not restart.", valueName: "chip"))
     var chip: ESPChip?
 
+    @OptionGroup(title: "Simulated ESP32 (esp-ota)") var simulated: SimulatedESPOptions
+
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .espOTA }
 
-    public func given(withSimulator: Bool) -> [String] { chip != nil ? ["--chip"] : [] }
+    public func given(withSimulator: Bool) -> [String] { (chip != nil ? ["--chip"] : []) + (withSimulator ? simulated.given : []) }
 }
 
-/// `otaflash simulate`'s options for an ESP32: none of its own; it is the simulated one.
+/// The simulated ESP32's own options, for `flash --simulator` and `otaflash simulate`: which
+/// component it runs, its ring buffer, and faults of its host at chosen write commands.
+public struct SimulatedESPOptions: ParsableArguments, Sendable {
+    @Option(name: .customLong("sim-esp-component"), help: ArgumentHelp("The simulated ESP32's BLE OTA component: nimble (ble_ota on NimBLE, the default; Bluedroid's when --name is ESP-C919), bluedroid, or raw (ble_ota_raw 0.2.0, which announces its sector window).", valueName: "component"))
+    var component: ESPOTAComponent?
+
+    @Option(name: .customLong("sim-esp-ring-kib"), help: ArgumentHelp("The simulated ESP32 application's ring buffer in KiB (4…256; 8 for ble_ota's example, 12 for ble_ota_raw's): ble_ota_raw announces it / 4 as its window.", valueName: "KiB"))
+    var ringKiB: Int?
+
+    @Option(name: .customLong("sim-esp-drop-write"), help: ArgumentHelp("The simulated ESP32's host drops the write command on RECV_FW with this index (0: the first sector packet after boot); repeatable.", valueName: "index"))
+    var dropWrite: [Int] = []
+
+    @Option(name: .customLong("sim-esp-lose-ack"), help: ArgumentHelp("The ACK of this sector never reaches the central (the first one); repeatable.", valueName: "sector"))
+    var loseACK: [Int] = []
+
+    public init() {}
+
+    public func validate() throws {
+        if let ringKiB, !(4...256).contains(ringKiB) { throw ValidationError("--sim-esp-ring-kib \(ringKiB): give 4 to 256 (KiB)") }
+        if let bad = dropWrite.first(where: { $0 < 0 }) { throw ValidationError("--sim-esp-drop-write \(bad): give a write index from 0") }
+        if let bad = loseACK.first(where: { $0 < 0 || $0 > 0xFFFF }) { throw ValidationError("--sim-esp-lose-ack \(bad): give a sector from 0 to 65535") }
+    }
+
+    var given: [String] {
+        (component != nil ? ["--sim-esp-component"] : []) + (ringKiB != nil ? ["--sim-esp-ring-kib"] : [])
+            + (dropWrite.isEmpty ? [] : ["--sim-esp-drop-write"]) + (loseACK.isEmpty ? [] : ["--sim-esp-lose-ack"])
+    }
+
+    /// The device's configuration, for a device named `name`.
+    func config(name: String?, partitionSize: Int) -> ESPOTAPeripheral.Config {
+        let component = component ?? (ESPOTARegistration.host(name: name) == .nimble ? .nimble : .bluedroid)
+        return ESPOTAPeripheral.Config(component: component, partitionSize: partitionSize, ringBufferBytes: ringKiB.map { $0 * 1024 },
+                                       faults: ESPDeviceFaults(dropWriteAt: Set(dropWrite), loseACKOfSector: Set(loseACK)))
+    }
+}
+
+extension ESPOTAComponent: ExpressibleByArgument {}
+
+/// `otaflash simulate`'s options for an ESP32: the simulated device's.
 public struct ESPOTAServedOptions: ServedOptionGroup {
+    @OptionGroup(title: "Simulated ESP32 (esp-ota)") var simulated: SimulatedESPOptions
+
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .espOTA }
 
-    public var given: [String] { [] }
+    public var given: [String] { simulated.given }
 
     public func served(_ request: ServeRequest) throws -> ServedDevice {
         let d = ESPOTARegistration.served(name: request.name, partitionSize: request.slotSize, firmwareVersion: request.firmwareVersion,
-                                          faults: request.faults)
+                                          faults: request.faults, device: simulated)
         return ServedDevice(model: d.model, name: d.name, firmwareVersion: d.firmwareVersion, what: d.what)
     }
 }
@@ -113,8 +157,8 @@ public enum ESPOTARegistration {
 
     /// The device `flash --simulator` sends an esp-ota plan to: the NimBLE example, or the
     /// Bluedroid one when `config.name` is its name; `config.slotSize` is its OTA partition.
-    public static func simulatedDevice(_ config: SimulatedDeviceConfig) -> SimulatedDevice {
-        let model = ESPOTAPeripheral(config: .init(host: host(name: config.name), partitionSize: config.slotSize),
+    public static func simulatedDevice(_ config: SimulatedDeviceConfig, device: SimulatedESPOptions = SimulatedESPOptions()) -> SimulatedDevice {
+        let model = ESPOTAPeripheral(config: device.config(name: config.name, partitionSize: config.slotSize),
                                      firmwareVersion: config.firmwareVersion.description, faults: config.faults)
         return SimulatedDevice(config, model: model)
     }
@@ -127,11 +171,17 @@ public enum ESPOTARegistration {
         public var what: String
     }
 
-    public static func served(name: String?, partitionSize: Int, firmwareVersion: String?, faults: FaultPlan) -> Served {
-        let host = host(name: name)
+    public static func served(name: String?, partitionSize: Int, firmwareVersion: String?, faults: FaultPlan,
+                              device: SimulatedESPOptions = SimulatedESPOptions()) -> Served {
+        let config = device.config(name: name, partitionSize: partitionSize)
         let version = firmwareVersion ?? "1.0.0"
-        let model = ESPOTAPeripheral(config: .init(host: host, partitionSize: partitionSize), firmwareVersion: version, faults: faults)
+        let model = ESPOTAPeripheral(config: config, firmwareVersion: version, faults: faults)
+        let component = switch config.component {
+        case .nimble: "ble_ota, NimBLE host"
+        case .bluedroid: "ble_ota, Bluedroid host"
+        case .raw: "ble_ota_raw 0.2.0, window \(config.sectorWindow)"
+        }
         return Served(model: model, name: name ?? ESPOTAService.nimbleName, firmwareVersion: version,
-                      what: "ESP32 with Espressif's BLE OTA (\(host == .nimble ? "NimBLE" : "Bluedroid") host, \(partitionSize)-byte OTA partition)")
+                      what: "ESP32 with Espressif's BLE OTA (\(component), \(partitionSize)-byte OTA partition)")
     }
 }

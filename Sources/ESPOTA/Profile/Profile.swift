@@ -11,7 +11,7 @@ public struct ESPOTAProfile: OTAProfile {
     /// The name `--protocol` takes.
     public static let name = "esp-ota"
 
-    /// Sectors un-ACKed at most (`ESPOTAEngine.window`).
+    /// Sectors un-ACKed at most for a device that announces no window (`ESPOTAEngine.window`).
     public let window: Int
     /// Send sector packets as write commands though RECV_FW flags write only (the default): both
     /// hosts take them (the host maps both write types to one permission), bluetoothd sends them
@@ -19,9 +19,13 @@ public struct ESPOTAProfile: OTAProfile {
     /// characteristic flags them (the bench's other column).
     public let writeCommands: Bool
 
-    public init(window: Int = ESPOTAEngine.defaultWindow, writeCommands: Bool = true) {
+    /// Whether the window a `ble_ota_raw` device announces in START's ACK replaces `window`.
+    public let honoursDeviceWindow: Bool
+
+    public init(window: Int = ESPOTAEngine.defaultWindow, writeCommands: Bool = true, honoursDeviceWindow: Bool = true) {
         self.window = window
         self.writeCommands = writeCommands
+        self.honoursDeviceWindow = honoursDeviceWindow
     }
 
     public var name: String { Self.name }
@@ -67,7 +71,7 @@ public struct ESPOTAProfile: OTAProfile {
                 let host: ESPOTAHost = revision == nil ? .nimble : .bluedroid
                 let writes = data.properties.contains(.writeWithoutResponse) || writeCommands ? "write commands" : "write requests"
                 let summary = DeviceSummary(protocolName: Self.name, firmwareVersion: version,
-                                            state: "ready (\(host == .nimble ? "NimBLE" : "Bluedroid") host, by its GATT table; sectors as \(writes)); one START per boot, no resume")
+                                            state: "ready (\(host == .nimble ? "NimBLE host" : "Bluedroid host or ble_ota_raw, told apart by START's answer"), by its GATT table; sectors as \(writes)); one START per boot, no resume")
                 // RECV_FW flags write only, yet the device's host takes write commands on it: the
                 // session streams commands (with `writeCommands` false, requests).
                 let stream = writeCommands
@@ -83,6 +87,6 @@ public struct ESPOTAProfile: OTAProfile {
     public func chunkSize(mtu: Int) -> Int { ESPOTAEngine.packetData(mtu: mtu) }
 
     public func makeEngine(image: FirmwareImage, config: EngineConfig) -> ESPOTAEngine {
-        ESPOTAEngine(image: image, config: config, window: window)
+        ESPOTAEngine(image: image, config: config, window: window, honoursDeviceWindow: honoursDeviceWindow)
     }
 }

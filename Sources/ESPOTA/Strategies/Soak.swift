@@ -4,26 +4,33 @@ import OTADevice
 import Simulator
 
 /// How the soak runs Espressif's BLE OTA: `ESPOTAProfile` through the session and the simulator
-/// against the example device (`ESPOTAPeripheral`, NimBLE or Bluedroid host drawn from the seed),
-/// with an ESP-IDF app image built in memory (`ESPAppImage.build`).
+/// against the example device (`ESPOTAPeripheral`: `ble_ota` on NimBLE or Bluedroid, or
+/// `ble_ota_raw` with a ring buffer of 4 to 64 KiB, drawn from the seed), with an ESP-IDF app
+/// image built in memory (`ESPAppImage.build`). On top of the scenario's faults (write commands
+/// dropped at random, lost notifications, corrupted packets, link losses, reboots), each run
+/// drops up to three write commands at chosen packets and loses up to two sector ACKs.
 ///
-/// Beyond the shared checks: no device booted an image its application's check refuses, or
-/// other bytes than the image sent; no device took a second START on one boot; a run that
-/// succeeded booted the image once. A run that failed after the last sector went out may
-/// have booted it (the link dropped before the last ACK): the failure says so, and it is counted.
+/// Beyond the shared checks, every run ends with the image booted byte for byte, or a diagnosis
+/// that matches the device: no device booted an image its application's check refuses, or other
+/// bytes than the image sent; no device took a second START on one boot or a short sector; a run
+/// that succeeded booted the image once; a run that failed booted nothing, unless it ended "sent
+/// and executed, not confirmed"; a run that said the application refused the image left a device
+/// that took every byte and refused it (not one that waits for bytes).
 public struct ESPOTASoak: SoakStrategy {
     public init() {}
 
     public var name: String { ESPOTAProfile.name }
 
-    static func host(seed: UInt64) -> ESPOTAHost {
+    /// The device a seed draws: the component and its ring buffer.
+    static func device(seed: UInt64) -> (component: ESPOTAComponent, ringBytes: Int?) {
         var rng = SeededGenerator(seed: seed ^ 0xE5B0_7A)
-        return rng.next() % 2 == 0 ? .nimble : .bluedroid
+        let component = ESPOTAComponent.allCases[Int(rng.next() % 3)]
+        return (component, component == .raw ? [4, 8, 12, 32, 64][Int(rng.next() % 5)] * 1024 : nil)
     }
 
-    /// The window of un-ACKed sectors (two) of what a resume would send again: there is none.
+    /// No resume re-sends anything: at most the largest window a device announces.
     public func resendLimit(_ settings: SoakSettings) -> (bytes: Int, name: String) {
-        (ESPOTAEngine.defaultWindow * ESPOTAService.sectorSize, "window of un-ACKed sectors")
+        (ESPOTAEngine.maximumWindow * ESPOTAService.sectorSize, "largest window of un-ACKed sectors")
     }
 
     public func trial(_ scenario: SoakScenario, seed: UInt64, settings: SoakSettings) throws(OTAError) -> SoakTrial {
@@ -35,15 +42,25 @@ public struct ESPOTASoak: SoakStrategy {
         } catch {
             throw OTAError(.image, "the soak built an ESP-IDF app image otaflash refuses: \(error)")
         }
-        let host = Self.host(seed: seed)
+        let (component, ring) = Self.device(seed: seed)
+        let packets = max(1, bytes.count / 17)
+        let sectors = (bytes.count + ESPOTAService.sectorSize - 1) / ESPOTAService.sectorSize
+        // A scenario without faults (`SoakScenario.withoutFaults`) gets none of the device's either.
+        let faults = scenario.faults == .none ? ESPDeviceFaults() : ESPDeviceFaults(dropWriteAt: Set((0..<Int(rng.next() % 4)).map { _ in Int(rng.next() % UInt64(packets)) }),
+                                     loseACKOfSector: Set((0..<Int(rng.next() % 3)).map { _ in Int(rng.next() % UInt64(sectors)) }))
         let deviceConfig = SimulatedDeviceConfig(slotSize: 0x1A0000, link: scenario.link)
-        let model = ESPOTAPeripheral(config: .init(host: host, partitionSize: deviceConfig.slotSize), faults: scenario.faults)
+        let model = ESPOTAPeripheral(config: .init(component: component, partitionSize: deviceConfig.slotSize, ringBufferBytes: ring, faults: faults),
+                                     faults: scenario.faults)
         let device = SimulatedDevice(deviceConfig, model: model)
-        return SoakTrial(device: device, image: FirmwareImage(bytes: bytes), profile: ESPOTAProfile(), detail: "\(host) host",
-                         group: host.rawValue, resendLimit: resendLimit(settings).bytes, resendLimitName: "window") { result in
+        let detail = "\(component)" + (ring.map { " ring \($0 / 1024) KiB" } ?? "")
+            + ", dropped writes \(faults.dropWriteAt.sorted()), lost ACKs \(faults.loseACKOfSector.sorted())"
+        return SoakTrial(device: device, image: FirmwareImage(bytes: bytes), profile: ESPOTAProfile(), detail: detail,
+                         group: component.rawValue, resendLimit: resendLimit(settings).bytes, resendLimitName: "window") { result in
             Self.verdict(device.model(as: ESPOTAPeripheral.self), sent: bytes, result: result)
         }
     }
+
+    static let notConfirmed = "sent and executed, not confirmed"
 
     static func verdict(_ peripheral: ESPOTAPeripheral?, sent: [UInt8], result: Result<OTAResult, OTAError>) -> SoakVerdict {
         var verdict = SoakVerdict()
@@ -58,17 +75,26 @@ public struct ESPOTASoak: SoakStrategy {
         if let peripheral, peripheral.secondStarts > 0 {
             verdict.violate("took \(peripheral.secondStarts) second START(s) on one boot")
         }
+        if let peripheral, peripheral.shortSectors > 0, !result.saysShortSector {
+            verdict.violate("handed \(peripheral.shortSectors) short sector(s) to its application")
+        }
         switch result {
         case .success:
             if activations.count != 1 { verdict.violate("reported ok with \(activations.count) restarts into the new image") }
         case .failure(let error):
-            if !activations.isEmpty {
-                // The link dropped after the last sector and before its ACK: the line says the
-                // device may have restarted into the new image.
-                if error.code == .connection, error.message.contains("may have restarted") {
-                    verdict.unconfirmedActivation = true
-                } else {
-                    verdict.activatedOnFailure = true
+            if error.message.hasPrefix(notConfirmed) {
+                // The link dropped after the last sector and before its ACK: booted or not, the
+                // result says it is not confirmed.
+                if !activations.isEmpty { verdict.unconfirmedActivation = true }
+            } else if !activations.isEmpty {
+                verdict.activatedOnFailure = true
+                verdict.violate("failed (\(error.message)) yet booted the image")
+            }
+            if error.code == .verifyFailed, error.message.contains("refused the image"), let peripheral {
+                if peripheral.waitingForBytes {
+                    verdict.violate("said the application refused the image, but the device waits for bytes (\(peripheral.received) taken)")
+                } else if peripheral.refusals.isEmpty {
+                    verdict.violate("said the application refused the image, but it refused nothing")
                 }
             }
         }
@@ -76,15 +102,23 @@ public struct ESPOTASoak: SoakStrategy {
     }
 
     public func summary(_ records: [SoakRecord]) -> [String] {
-        let hosts = [ESPOTAHost.nimble, .bluedroid].map { host in
-            let runs = records.filter { $0.group == host.rawValue }
-            return "\(host) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
+        let components = ESPOTAComponent.allCases.map { component in
+            let runs = records.filter { $0.group == component.rawValue }
+            return "\(component) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
         }
         let unconfirmed = records.filter(\.verdict.unconfirmedActivation).count
         let onFailure = records.filter(\.verdict.activatedOnFailure).count
         return [
-            "hosts: " + hosts.joined(separator: ", "),
-            "restarts: \(records.filter(\.passed).count) runs ok with the image sent booted once; failed runs whose link dropped before the last ACK with the image booted (said so): \(unconfirmed); other failed runs with an image booted: \(onFailure); second STARTs on one boot and images booted that fail the application's check: counted as violations",
+            "components: " + components.joined(separator: ", "),
+            "restarts: \(records.filter(\.passed).count) runs ok with the image sent booted once; runs that ended \"\(Self.notConfirmed)\" with the image booted: \(unconfirmed); other failed runs with an image booted (violations): \(onFailure); second STARTs, short sectors, images booted that fail the application's check, and refusals said of a device that waits for bytes: counted as violations",
         ]
+    }
+}
+
+extension Result where Success == OTAResult, Failure == OTAError {
+    /// The run ended saying the device took a sector short.
+    var saysShortSector: Bool {
+        if case .failure(let error) = self { return error.message.contains("short") && error.message.contains("waits for bytes") }
+        return false
     }
 }

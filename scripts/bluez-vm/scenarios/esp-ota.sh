@@ -10,6 +10,15 @@
 #      central's controller) once the peripheral holds ~40 % of the image: otaflash exits 6 with the
 #      line that says the device needs a reset, never STARTs again (one begin event at the
 #      peripheral), and nothing is booted (no activated event).
+#   3. a fresh NimBLE peripheral whose host drops one write command on RECV_FW
+#      (`--sim-esp-drop-write`, in the second sector, as a NimBLE host out of buffers does): the
+#      device NACKs that sector at its last packet and otaflash sends it again alone: done/ok on the
+#      first run, one resend, the stored image byte-identical, the device's "packet index error"
+#      and "write command ... dropped" notes in its log;
+#   4. a fresh ble_ota_raw 0.2.0 peripheral (`--sim-esp-component raw`, 12 KiB ring: window 3):
+#      otaflash takes the window from START's ACK, done/ok, stored byte-identical;
+#   5. one NimBLE peripheral flashed 10 times in a row with no fault injected: 10 done/ok, 10
+#      restarts into the image (each update a new boot, one START each).
 #   Each flash must also have taken the device for its host (NimBLE: no Device Information Service
 #   of its own; the peripheral's bluetoothd adds one with its PnP ID only).
 # Sector packets go out as write commands to a characteristic flagged write + indicate: BlueZ's
@@ -17,14 +26,16 @@
 # write-without-response), and which the served device's bluetoothd takes (the ATT server checks
 # the attribute's write permission only); at most 510 bytes each, as bluetoothd 5.66 drops a
 # longer write command without a word. Run it with run.sh --gatt-channels 1: a sector's packets
-# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop".
+# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop lost raw clean";
+# $ESP_SERVE_WAIT: seconds to wait for the peripheral to serve, default 90 (a debug build under TCG
+# needs more).
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
 
 IMAGE=$PROJECT_DIR/firmware-samples/esp32/blink-esp32.bin
 IMAGE_SIZE=$(stat -c %s "$IMAGE")
-STEPS=" ${ESP_STEPS:-flash drop} "
+STEPS=" ${ESP_STEPS:-flash drop lost raw clean} "
 : "${CENTRAL_INDEX:?}"
 CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
 step "otaflash: $OTAFLASH; central $CENTRAL_HCI, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR; image $(basename "$IMAGE") ($IMAGE_SIZE B)"
@@ -46,7 +57,7 @@ start_esp() {
 		2>"$RESULTS_DIR/$tag.stderr" &
 	SIM_PID=$!
 	BG+=("$SIM_PID")
-	wait_for_line "$SIM_STAMPED" '"event":"serving"' 90 || fail "otaflash simulate --protocol esp-ota did not report serving within 90 s"
+	wait_for_line "$SIM_STAMPED" '"event":"serving"' "${ESP_SERVE_WAIT:-90}" || fail "otaflash simulate --protocol esp-ota did not report serving within ${ESP_SERVE_WAIT:-90} s"
 	step "$tag: $(grep -m1 '"event":"serving"' "$SIM_STAMPED" | cut -f2-)"
 }
 stop_esp() {
@@ -113,6 +124,71 @@ if [[ $STEPS == *" drop "* ]]; then
 	! grep -q '"event":"activated"' "$SIM_STAMPED" || fail "the peripheral booted an image after the link was lost"
 	step "FIGURES drop: link dropped at ${got:-?} B of $IMAGE_SIZE, exit 6, one START, nothing booted"
 	figure "$(jq -nc --argjson at "${got:-null}" '{drop: {dropped_at: $at, exit_code: 6, starts: 1, booted: false}}')"
+	stop_esp
+fi
+
+# ok_flash TAG WHAT: the last flash ended done/ok and the peripheral stored the image byte-identical.
+ok_flash() {
+	if [ "$F_RC" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$F_DONE"; then
+		tail -n 3 "$RESULTS_DIR/$1.stamped.stderr" || true
+		fail "$1: otaflash exited with $F_RC: ${F_DONE:-no done event}"
+	fi
+	wait_for_line "$SIM_STAMPED" '"event":"activated"' 10 || fail "$1: the peripheral did not restart into the image"
+	stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
+	[ -n "$stored" ] && cmp -s "$stored" "$IMAGE" || fail "$1: the stored image ${stored:-(none)} differs from $(basename "$IMAGE")"
+}
+
+# ------------------------------------------------------------------ 3. a write command lost by the device's host
+if [[ $STEPS == *" lost "* ]]; then
+	# At MTU 517 a sector is 8 data packets, the empty one and the last: write 13 is sector 1's fourth packet.
+	start_esp sim-lost nimble-ble-ota --sim-esp-drop-write 13
+	flash lost
+	ok_flash lost
+	grep -q 'dropped (fault)' "$SIM_STAMPED" || fail "lost: the peripheral dropped no write command"
+	grep -q 'packet index error' "$SIM_STAMPED" || fail "lost: the peripheral saw no packet index error"
+	resent=$(cut -f2- "$RESULTS_DIR/lost.stamped" | jq -r 'select(.event == "done") | .bytes_resent // empty' 2>/dev/null | tail -n 1)
+	[ "${resent:-0}" -gt 0 ] || fail "lost: otaflash re-sent nothing (bytes_resent ${resent:-none})"
+	begins=$(grep -c '"event":"begin"' "$SIM_STAMPED" || true)
+	[ "$begins" = 1 ] || fail "lost: the peripheral saw $begins STARTs, want 1"
+	step "FIGURES lost: write command 13 dropped by the device's host, done/ok on the first run in $F_WALL s, $resent bytes re-sent, one START, stored byte-identical"
+	figure "$(jq -nc --argjson w "$F_WALL" --argjson r "$resent" '{lost_write: {wall_seconds: $w, bytes_resent: $r, first_run_ok: true}}')"
+	stop_esp
+fi
+
+# ------------------------------------------------------------------ 4. ble_ota_raw 0.2.0 and its window
+if [[ $STEPS == *" raw "* ]]; then
+	start_esp sim-raw ESP-C919 --sim-esp-component raw
+	flash raw
+	ok_flash raw
+	grep -q 'window of 3 sectors' "$RESULTS_DIR/raw.stamped" || fail "raw: otaflash did not take the window of 3 from START's ACK"
+	step "FIGURES raw: ble_ota_raw, window 3 from START's ACK, done/ok in $F_WALL s, stored byte-identical"
+	figure "$(jq -nc --argjson w "$F_WALL" '{raw_window3: {wall_seconds: $w}}')"
+	stop_esp
+fi
+
+# ------------------------------------------------------------------ 5. ten clean runs in a row
+if [[ $STEPS == *" clean "* ]]; then
+	start_esp sim-clean nimble-ble-ota
+	walls=()
+	for i in $(seq 1 10); do
+		flash "clean-$i"
+		if [ "$F_RC" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$F_DONE"; then
+			tail -n 3 "$RESULTS_DIR/clean-$i.stamped.stderr" || true
+			fail "clean run $i of 10: otaflash exited with $F_RC: ${F_DONE:-no done event}"
+		fi
+		n=0
+		for _ in $(seq 1 20); do
+			n=$(grep -c '"event":"activated"' "$SIM_STAMPED" || true)
+			[ "$n" -ge "$i" ] && break
+			sleep 0.5
+		done
+		[ "$n" -ge "$i" ] || fail "clean run $i of 10: the peripheral restarted $n times"
+		walls+=("$F_WALL")
+	done
+	stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
+	[ -n "$stored" ] && cmp -s "$stored" "$IMAGE" || fail "clean: the stored image differs from $(basename "$IMAGE")"
+	step "FIGURES clean: 10 of 10 runs done/ok in a row, 10 restarts, wall seconds ${walls[*]}"
+	figure "$(jq -nc --arg w "${walls[*]}" '{clean_runs: {ok: 10, of: 10, wall_seconds: $w}}')"
 	stop_esp
 fi
 
