@@ -125,8 +125,10 @@ let package = Package(
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
-                                                        .product(name: "PostgresNIO", package: "postgres-nio")]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native"]),
+                                                        .product(name: "PostgresNIO", package: "postgres-nio"),
+                                                        .product(name: "GRDB", package: "GRDB.swift")]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native",
+                                                     .product(name: "GRDB", package: "GRDB.swift")]),
     ],
     swiftLanguageModes: [.v6]
 )

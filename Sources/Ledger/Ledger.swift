@@ -57,6 +57,11 @@ public struct LedgerError: Error, Sendable, Hashable, CustomStringConvertible {
         case authentication
         /// A `--ledger` value that is neither a path nor a known URL.
         case badLocation
+        /// The operation was cut short because the run is being stopped (Ctrl-C, SIGTERM, SIGHUP):
+        /// not a ledger that cannot be written.
+        case interrupted
+        /// A file that is another program's SQLite database, not a ledger (`--ledger-init` adds the tables).
+        case foreign
         /// Any other failure of the database.
         case failed
     }
@@ -158,14 +163,27 @@ public enum Ledger {
 
     /// Opens the ledger `location` names: a path (SQLite), or a `postgres://` / `postgresql://` URL
     /// (nothing is sent until the first use: `prepare` connects, migrates and proves a write).
-    public static func open(_ location: String) throws(LedgerError) -> any LedgerStore {
+    /// A SQLite file that belongs to another program is refused unless `initialize` says to add
+    /// the ledger's tables to it.
+    public static func open(_ location: String, initialize: Bool = false) throws(LedgerError) -> any LedgerStore {
+        try check(location)
         if isServer(location) {
             return try PostgresLedger(url: location)
         }
-        if location.contains("://") {
+        return try SQLiteLedger(path: location, initialize: initialize)
+    }
+
+    /// Checks the form of a `--ledger` value without opening anything: not empty, and a path or a
+    /// well-formed `postgres://` URL (a command-line mistake, `badLocation`).
+    public static func check(_ location: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws(LedgerError) {
+        if location.isEmpty {
+            throw LedgerError(.badLocation, "--ledger needs a path or a postgres:// URL, got an empty value; give one, or --no-ledger")
+        }
+        if isServer(location) {
+            _ = try PostgresTarget(location, environment: environment)
+        } else if location.contains("://") {
             throw LedgerError(.badLocation, "--ledger \(location): not a path or a postgres:// URL")
         }
-        return try SQLiteLedger(path: location)
     }
 }
 

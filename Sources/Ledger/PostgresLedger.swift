@@ -405,7 +405,7 @@ public actor PostgresLedger: LedgerStore {
         let ledger = "the PostgreSQL ledger \(location)"
         if let error = error as? PostgresLedgerError { return LedgerError(.failed, "\(doing) \(ledger) failed: \(error.message)") }
         guard let psql = error as? PSQLError else {
-            if error is CancellationError { return LedgerError(.unreachable, "\(doing) \(ledger) was interrupted") }
+            if error is CancellationError { return LedgerError(.interrupted, "\(doing) \(ledger) was interrupted: the run is being stopped") }
             return LedgerError(.unreachable, "cannot reach \(ledger): \(Self.reason(error)); check that the server runs and the URL's host and port, or choose another --ledger")
         }
         switch psql.code {

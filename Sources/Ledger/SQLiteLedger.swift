@@ -10,8 +10,10 @@ public final class SQLiteLedger: LedgerStore {
     /// How long a write waits for another process's lock before it fails as `locked`.
     public static let busyTimeout: TimeInterval = 5
 
-    /// Opens (creating it and its folder when missing) and migrates the ledger at `path`.
-    public init(path: String) throws(LedgerError) {
+    /// Opens (creating it and its folder when missing) and migrates the ledger at `path`. A file
+    /// that holds another program's tables is refused (`foreign`) unless `initialize` is true:
+    /// then the ledger's tables are added beside them.
+    public init(path: String, initialize: Bool = false) throws(LedgerError) {
         location = path
         let folder = (path as NSString).deletingLastPathComponent
         if !folder.isEmpty, !FileManager.default.fileExists(atPath: folder) {
@@ -29,6 +31,12 @@ public final class SQLiteLedger: LedgerStore {
         }
         do {
             queue = try DatabaseQueue(path: path, configuration: configuration)
+            // Before anything is written (its journal mode included): another program's file is left as it is.
+            try queue.read { db in
+                if !initialize, let tables = try Self.foreignTables(db) {
+                    throw LedgerError(.foreign, "\(path) is another program's SQLite database (tables \(tables.prefix(3).joined(separator: ", "))\(tables.count > 3 ? ", …" : "")), not an otaflash ledger; nothing was written to it. Name another --ledger, or add --ledger-init to add the ledger's tables to this file")
+                }
+            }
             try queue.writeWithoutTransaction { db in
                 if try String.fetchOne(db, sql: "PRAGMA journal_mode") != "wal" {
                     try db.execute(sql: "PRAGMA journal_mode = WAL")
@@ -46,6 +54,14 @@ public final class SQLiteLedger: LedgerStore {
         } catch {
             throw Self.failure(error, path: path, doing: "opening")
         }
+    }
+
+    /// The tables of a file that is not a ledger, or nil: a ledger is a file with no tables yet,
+    /// or one with `attempts` and the migrations table (tables beside them are left alone).
+    static func foreignTables(_ db: Database) throws -> [String]? {
+        let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+        if tables.isEmpty || (tables.contains("attempts") && tables.contains("grdb_migrations")) { return nil }
+        return tables
     }
 
     /// The schema's migrations, in order; never changed once released (docs/LEDGER.md).
@@ -259,8 +275,11 @@ public final class SQLiteLedger: LedgerStore {
 
     /// A database failure as one line, by what SQLite said.
     static func failure(_ error: any Error, path: String, doing: String) -> LedgerError {
+        if error is CancellationError {
+            return LedgerError(.interrupted, "\(doing) the ledger \(path) was interrupted: the run is being stopped")
+        }
         guard let db = error as? DatabaseError else {
-            return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(error.localizedDescription)")
+            return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(reason(error))")
         }
         let what = db.message ?? "\(db.resultCode)"
         switch db.resultCode.primaryResultCode {

@@ -29,7 +29,10 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
         public var count: Int
     }
 
+    /// Summarises the attempts among `records`: a row an older otaflash wrote for a device it found
+    /// held by another station (`held_elsewhere`, nothing sent) is an encounter, and left out.
     public init(_ records: [LedgerRecord]) {
+        let records = records.filter { $0.errorCode != "held_elsewhere" }
         let succeeded: (LedgerRecord) -> Bool = { $0.result == "ok" || $0.result == "skipped" }
         attempts = records.count
         var first: [String: LedgerRecord] = [:]

@@ -229,19 +229,53 @@ public enum OutputPaths {
         }
     }
 
-    /// A folder the run will write into: created when missing; it must be a writable folder.
+    /// A directory the run will write into: made when missing, as `mkdir` makes one (its parent
+    /// must exist: a typo in the path is refused, not made into a tree of directories); it must be
+    /// a writable directory. Each refusal is one sentence naming the part of the path at fault.
     public static func prepareDirectory(_ path: String, option: String) throws(CLIFailure) {
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
             guard isDirectory.boolValue else { throw CLIFailure(.usage, "\(option) \(path) is a file, not a directory") }
         } else {
-            do {
-                try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-            } catch {
-                throw CLIFailure(.usage, "cannot create the \(option) directory \(path): \(reason(error))")
+            let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+            let parent = (trimmed as NSString).deletingLastPathComponent
+            let folder = parent.isEmpty ? "." : parent
+            if !FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory) {
+                // The first part of the path that exists says why: a file where a folder belongs, or a missing folder.
+                var ancestor = folder
+                while !ancestor.isEmpty, ancestor != "/", !FileManager.default.fileExists(atPath: ancestor, isDirectory: &isDirectory) {
+                    ancestor = (ancestor as NSString).deletingLastPathComponent
+                }
+                if !ancestor.isEmpty, FileManager.default.fileExists(atPath: ancestor, isDirectory: &isDirectory), !isDirectory.boolValue {
+                    throw CLIFailure(.usage, "\(option) \(path): \(ancestor) is a file, not a directory")
+                }
+                throw CLIFailure(.usage, "\(option) \(path): the directory \(folder) does not exist; create it first (\(option) makes only its last directory)")
+            }
+            guard isDirectory.boolValue else { throw CLIFailure(.usage, "\(option) \(path): \(folder) is a file, not a directory") }
+            if mkdir(path, 0o755) != 0, errno != EEXIST {
+                throw CLIFailure(.usage, "cannot create the \(option) directory \(path): \(String(cString: strerror(errno)))")
             }
         }
         guard access(path, W_OK | X_OK) == 0 else { throw CLIFailure(.usage, "the \(option) directory \(path) is not writable") }
+    }
+
+    /// Why `path` may not be replaced by a file the run writes (a device node, a FIFO, a socket, a
+    /// directory: renaming a file over it would put a regular file in its place), as one line
+    /// naming `what` is written; nil for a regular file (or a link to one), or nothing yet.
+    public static func notARegularFile(_ path: String, for what: String) -> String? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        let kind: String
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: return nil
+        case S_IFCHR: kind = "a character device"
+        case S_IFBLK: kind = "a block device"
+        case S_IFIFO: kind = "a FIFO"
+        case S_IFSOCK: kind = "a socket"
+        case S_IFDIR: kind = "a directory"
+        default: kind = "not a regular file"
+        }
+        return "\(path) is \(kind); \(what) is written only to a regular file or a new one: give a file path"
     }
 
     /// The POSIX reason of a Foundation file error ("Permission denied"), else its description.

@@ -199,6 +199,7 @@ struct Flash: AsyncParsableCommand {
         let plan = try FlashPlan.load(path: image, request)
         try refuseOptionsThatDoNotApply(to: plan)
         let book = try openRecords(plan: plan, printer: printer)
+        try await book.prepare()
         if batch.isBatch(devices: target.device) {
             try await flashBatch(plan: plan, book: book, printer: printer)
         } else {

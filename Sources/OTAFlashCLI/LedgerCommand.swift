@@ -57,8 +57,16 @@ struct LedgerCommand: AsyncParsableCommand {
     @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
     var summary = false
 
+    @Flag(help: "Check the books instead: every ok device has one ok record per image, every done claim its record, no claim left held by a station that stopped, each station's counts add up; exit 21 with a line per finding when not.")
+    var check = false
+
     mutating func validate() throws {
         try Ranges.ledgerLimit.check(limit)
+        if let ledger {
+            do { try Ledger.check(ledger) } catch { throw ValidationError(error.message) }
+        }
+        if check, summary { throw ValidationError("--check and --summary are two reports: give one") }
+        if check, limit != nil { throw ValidationError("--check checks every selected record: drop --limit") }
         if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
         for (option, value) in [("--since", since), ("--until", until)] {
             if let value, Self.time(value, now: Date()) == nil {
@@ -79,14 +87,57 @@ struct LedgerCommand: AsyncParsableCommand {
                                                             device: device, serialNumber: serial, result: result?.rawValue, image: image,
                                                             station: station, limit: limit))
         } catch {
-            throw CLIFailure(.ledgerFailed, error.message)
+            throw CLIFailure(error)
         }
         let out = CLIContext.output
+        if check {
+            try await runCheck(path, records: records)
+            return
+        }
         if summary {
             out.out(Self.render(LedgerSummary(records), format: format))
         } else {
             out.out(Self.render(records, format: format))
         }
+    }
+
+    /// `--check`: the selected records against each other, the claims against the whole ledger.
+    private func runCheck(_ path: String, records: [LedgerRecord]) async throws {
+        let result: LedgerCheck
+        do throws(LedgerError) {
+            let store = try Ledger.open(path)
+            let all = try await store.records(LedgerQuery())
+            let claims = try await store.claims()
+            await store.close()
+            // The claims' times are the ledger's clock; this machine's stands in for it (a lease
+            // that ended within the clocks' skew of now may be taken for a running one).
+            result = LedgerCheck(records: records, allRecords: all, claims: claims, now: LedgerRecord.timestamp(Date()))
+        } catch {
+            throw CLIFailure(error)
+        }
+        let out = CLIContext.output
+        switch format {
+        case .json:
+            for finding in result.findings {
+                out.out(Self.json(["finding": finding.kind.rawValue, "device": finding.device ?? "", "message": finding.line]) + "\n")
+            }
+            out.out(Self.json(CheckSummary(records: result.records, claims: result.claims, findings: result.findings.count, passed: result.passed)) + "\n")
+        case .csv, .table:
+            for note in result.notes { out.err("note: \(note)\n") }
+            for finding in result.findings { out.out("\(finding.kind.rawValue): \(finding.line)\n") }
+            out.out(result.passed ? "the books check out: \(result.records) records, \(result.claims) claims\n"
+                                  : "\(result.findings.count) findings in \(result.records) records and \(result.claims) claims\n")
+        }
+        if !result.passed {
+            throw CLIFailure(.ledgerInconsistent, "the books of \(path.redactingPassword) do not check out: \(result.findings.count) findings (above)").markedReported()
+        }
+    }
+
+    private struct CheckSummary: Encodable {
+        var records: Int
+        var claims: Int
+        var findings: Int
+        var passed: Bool
     }
 
     static func read(_ path: String, _ query: LedgerQuery) async throws(LedgerError) -> [LedgerRecord] {
@@ -102,15 +153,18 @@ struct LedgerCommand: AsyncParsableCommand {
             let unit: Double = switch match.2 { case "s": 1; case "m": 60; case "h": 3600; default: 86_400 }
             return LedgerRecord.timestamp(now.addingTimeInterval(-n * unit))
         }
-        let iso = ISO8601DateFormatter()
-        iso.timeZone = TimeZone(identifier: "UTC")
-        for (format, suffix) in [(ISO8601DateFormatter.Options.withInternetDateTime, ""), (.withInternetDateTime, "Z"),
-                                 (.withInternetDateTime, ":00Z"), ([.withFullDate], "")] {
-            iso.formatOptions = format
-            if let date = iso.date(from: text + suffix) { return LedgerRecord.timestamp(date) }
-        }
-        iso.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return iso.date(from: text).map(LedgerRecord.timestamp)
+        // A date, a time to the minute or second (fractions allowed), UTC ("Z" optional): each
+        // field in its range and the day in its month, so 25:00 or 02-30 is refused, not rolled over.
+        guard let m = text.wholeMatch(of: /([0-9]{4})-([0-9]{2})-([0-9]{2})(?:T([0-9]{2}):([0-9]{2})(?::([0-9]{2})(\.[0-9]{1,9})?)?)?(Z|\+00:00)?/),
+              m.8 == nil || m.4 != nil else { return nil }
+        var utc = Calendar(identifier: .gregorian)
+        utc.timeZone = TimeZone(identifier: "UTC")!
+        let parts = DateComponents(calendar: utc, timeZone: utc.timeZone, year: Int(m.1), month: Int(m.2), day: Int(m.3),
+                                   hour: m.4.flatMap { Int($0) } ?? 0, minute: m.5.flatMap { Int($0) } ?? 0,
+                                   second: m.6.flatMap { Int($0) } ?? 0)
+        guard (1...12).contains(parts.month!), (0...23).contains(parts.hour!), (0...59).contains(parts.minute!),
+              (0...59).contains(parts.second!), parts.isValidDate(in: utc), let date = utc.date(from: parts) else { return nil }
+        return LedgerRecord.timestamp(date.addingTimeInterval(m.7.flatMap { Double("0" + $0) } ?? 0))
     }
 
     static func json<T: Encodable>(_ value: T) -> String {

@@ -22,6 +22,9 @@ public struct LedgerOptions: ParsableArguments {
     @Option(name: .customLong("operator"), help: ArgumentHelp("Who runs the station, for the ledger (1–64 printable characters).", valueName: "name"))
     public var `operator`: String?
 
+    @Flag(name: .customLong("ledger-init"), help: "Add the ledger's tables to a --ledger file that is another program's SQLite database (refused without it).")
+    public var ledgerInit = false
+
     @Option(name: .customLong("claim-lease"), parsing: .unconditional, help: Ranges.claimLease.help("Seconds a device's claim in the ledger outlives this station if it dies (renewed while the device is flashed)", valueName: "seconds"))
     public var claimLease: Double = 30
 
@@ -29,6 +32,10 @@ public struct LedgerOptions: ParsableArguments {
 
     public func validate() throws {
         if noLedger, ledger != nil { throw ValidationError("--ledger and --no-ledger cannot be used together") }
+        if noLedger, ledgerInit { throw ValidationError("--ledger-init adds the ledger's tables to a --ledger file; drop it with --no-ledger") }
+        if let ledger {
+            do { try Ledger.check(ledger) } catch { throw ValidationError(error.message) }
+        }
         for (option, value) in [("--station", station), ("--operator", `operator`)] {
             guard let value else { continue }
             guard (1...64).contains(value.count), value.unicodeScalars.allSatisfy({ $0.properties.generalCategory != .control }) else {
@@ -46,13 +53,21 @@ public struct LedgerOptions: ParsableArguments {
     func open(simulator: Bool) throws(CLIFailure) -> (any LedgerStore)? {
         if noLedger || (simulator && ledger == nil) { return nil }
         do {
-            return try Ledger.open(ledger ?? Ledger.defaultPath())
+            return try Ledger.open(ledger ?? Ledger.defaultPath(), initialize: ledgerInit)
         } catch {
-            throw CLIFailure(.ledgerFailed, error.message)
+            throw CLIFailure(error)
         }
     }
 
     var stationName: String { station ?? ProcessInfo.processInfo.hostName }
+}
+
+extension CLIFailure {
+    /// A ledger's failure as the run ends with it: a malformed `--ledger` is a usage error (2),
+    /// anything else a ledger that cannot be used (18).
+    init(_ error: LedgerError) {
+        self.init(error.kind == .badLocation ? .usage : .ledgerFailed, error.message)
+    }
 }
 
 extension Ranges {
@@ -93,6 +108,9 @@ final class RunRecords: Sendable {
     private let logs: DeviceLogs?
     private let printer: EventPrinter
     private let notes = Mutex<[String: Notes]>([:])
+    /// Devices `begin` settled without an attempt (held by another holder, done already, or the run
+    /// stopped before their turn): a station event, not a record (docs/LEDGER.md, "Claims").
+    private let settled = Mutex<Set<String>>([])
     /// The first record or report row that could not be written: the run ends with its exit code.
     let failure = Mutex<CLIFailure?>(nil)
     /// A device the ledger shows done with this image is skipped (a station's shift); a flash or
@@ -122,6 +140,18 @@ final class RunRecords: Sendable {
         return Image(name: (path as NSString).lastPathComponent, size: Int64(data.count), sha256: digest, version: version)
     }
 
+    /// Proves the ledger takes a write before any device is touched (a locked, read-only or
+    /// unreachable ledger ends the run once, with 18, not device by device); notes the station.
+    func prepare() async throws(CLIFailure) {
+        guard let ledger, !prepared.withLock({ $0 }) else { return }
+        do {
+            try await ledger.prepare(station: station)
+        } catch {
+            throw CLIFailure(error)
+        }
+        prepared.withLock { $0 = true }
+    }
+
     /// Before anything is sent to `device`: its record must be writable, and the device claimed
     /// (docs/LEDGER.md, "Claims"), or it is not flashed. Returns nil to flash it, or its outcome:
     /// failed (no record possible, or another station holds it) or skipped (the ledger shows it
@@ -129,6 +159,8 @@ final class RunRecords: Sendable {
     func begin(_ device: String) async -> BatchOutcome.Result? {
         notes.withLock { $0[device] = Notes() }
         guard let ledger else { return nil }
+        // Stopped before its turn: nothing was sent, and nothing happened to record.
+        if Task.isCancelled { return notStarted(device) }
         let claim: ClaimResult
         do {
             // The station is noted once a run; the claim, a write of its own, proves the ledger takes one.
@@ -138,13 +170,21 @@ final class RunRecords: Sendable {
             }
             claim = try await ledger.claim(device, image: image.sha256, by: holder, lease: lease)
         } catch {
+            // A write cut short by Ctrl-C is not a ledger that cannot be written.
+            if Task.isCancelled || error.kind == .interrupted { return notStarted(device) }
             return .failed(OTAError(.ledgerFailed, "\(device) was not flashed: its record cannot be written: \(error.message)"))
         }
         switch claim {
         case .granted:
+            if Task.isCancelled {
+                // Stopped between its claim and its first write: given back, so it is free at once.
+                try? await Task { try await ledger.release(device, by: holder) }.value
+                return notStarted(device)
+            }
             renew(device, in: ledger)
             return nil
         case .held(let other, let until):
+            settled.withLock { _ = $0.insert(device) }
             printer.json(FlashEvents.Held(device: device, station: other, until: until))
             return .failed(OTAError(.heldElsewhere, "\(device) was not flashed: station \(other) holds its claim (until \(until)) and is flashing it"))
         case .done where !skipsDone:
@@ -153,8 +193,15 @@ final class RunRecords: Sendable {
             let line = "\(device): skipped, the ledger shows it done with this image (station \(other), \(at)); nothing sent"
             printer.note(line)
             printer.json(FlashEvents.Note(device: device, message: line))
+            settled.withLock { _ = $0.insert(device) }
             return .skipped(nil)
         }
+    }
+
+    /// A device the run was stopped before: it gets no record (nothing was sent to it).
+    private func notStarted(_ device: String) -> BatchOutcome.Result {
+        settled.withLock { _ = $0.insert(device) }
+        return .failed(OTAError(.interrupted, "stopped before \(device) was flashed", resumable: true))
     }
 
     /// Renews `device`'s claim every third of its lease until `finish` cancels it; a claim lost
@@ -173,17 +220,6 @@ final class RunRecords: Sendable {
             }
         }
         renewals.withLock { $0[device]?.cancel(); $0[device] = task }
-    }
-
-    /// A device not attempted because the ledger settled it (done already, or another station's):
-    /// it gets no record of its own, the ledger has that station's.
-    private static func settledByLedger(_ o: BatchOutcome) -> Bool {
-        guard o.attempts == 0 else { return false }
-        switch o.result {
-        case .skipped: return true
-        case .failed(let e): return e.code == .heldElsewhere
-        case .ok: return false
-        }
     }
 
     /// What the device's events tell the record: what it is, what it ran, how much was sent.
@@ -216,7 +252,10 @@ final class RunRecords: Sendable {
         let ended = Date()
         let record = self.record(outcome, note, ended: ended)
         renewals.withLock { $0.removeValue(forKey: outcome.device) }?.cancel()
-        if let ledger, !Self.settledByLedger(outcome) {
+        // A device not attempted because the ledger settled it (done already, another station's)
+        // or the run stopped first gets no record of its own: the books count attempts.
+        let attempted = settled.withLock { $0.remove(outcome.device) } == nil
+        if let ledger, attempted {
             do {
                 // Written even when the run is being stopped: a task of its own is not cancelled
                 // with the device's (the store's async write refuses a cancelled task).
@@ -302,8 +341,21 @@ final class ReportFile: Sendable {
             guard existing.split(separator: "\n", maxSplits: 1).first.map({ String($0) + "\n" }) == Self.header else {
                 throw CLIFailure(.outputFailed, "--report \(path) holds a report with other columns (an older otaflash's?); give a new file, or move that one aside")
             }
+            // A last line cut short of its newline (an editor, a copy) would take this run's first row.
+            if Self.lastByte(path) != UInt8(ascii: "\n"), let problem = Self.appendBytes(path, "\n") {
+                throw CLIFailure(.outputFailed, "cannot write the report \(path): \(problem)")
+            }
             printer.note("--report \(path) exists: appending this run's rows to it")
         }
+    }
+
+    /// The file's last byte, or nil when it cannot be read.
+    private static func lastByte(_ path: String) -> UInt8? {
+        guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
+        defer { try? handle.close() }
+        guard let end = try? handle.seekToEnd(), end > 0 else { return nil }
+        try? handle.seek(toOffset: end - 1)
+        return (try? handle.read(upToCount: 1))?.first
     }
 
     /// Appends `record`'s row; returns why it failed, or nil.

@@ -82,11 +82,7 @@ struct Station: AsyncParsableCommand {
         try flash.refuseOptionsThatDoNotApply(to: plan)
         let book = try flash.openRecords(plan: plan, printer: printer, skipsDone: true)
         guard let ledger = book.ledger else { throw CLIFailure(.usage, "a station needs a ledger: give --ledger PATH") }
-        do {
-            try await ledger.prepare(station: book.station)
-        } catch {
-            throw CLIFailure(.ledgerFailed, error.message)
-        }
+        try await book.prepare()
         let simulated = flash.target.simulator.enabled
         let source: any LineSource = simulated
             ? SimulatedLine(line.population(seed: flash.target.simulator.seed), scanDwell: SimulatedCentral.scanDwell)
@@ -111,7 +107,7 @@ struct Station: AsyncParsableCommand {
         let recordFailure = book.failure.withLock { $0 }
         let code: ExitCode = CLIContext.output.failure != nil ? .outputFailed : recordFailure?.code ?? .success
         printer.json(StationEvents.Summary(counts, hours: run.hours, exitCode: code))
-        printer.result(counts.line(hours: run.hours, clock: simulated ? "virtual" : nil))
+        printer.result(counts.line(hours: run.hours, clock: run.clockName))
         if let recordFailure { throw recordFailure.markedReported() }
     }
 }

@@ -40,10 +40,14 @@ final class StationRun: @unchecked Sendable {
         var missed = 0
         /// Devices found held by another station (each time one was found so).
         var held = 0
+        /// Devices found held by another station or already done, each once: encounters, not
+        /// attempts (no record is written for them; docs/LEDGER.md, "Claims").
+        var seenElsewhere = 0
 
         func line(hours: Double, clock: String?) -> String {
             "done \(done), already done \(alreadyDone), failed attempts \(failed), quarantined \(quarantined), in progress \(inProgress)"
-                + (missed > 0 ? ", missed \(missed)" : "") + (held > 0 ? ", held elsewhere \(held)" : "")
+                + (missed > 0 ? ", missed \(missed)" : "")
+                + (seenElsewhere > 0 ? ", seen elsewhere \(seenElsewhere)" + (held > 0 ? " (found held by another station \(held) times)" : "") : "")
                 + String(format: "; %.1f devices per hour", hours > 0 ? Double(done) / hours : 0) + (clock.map { " (\($0) clock, \(String(format: "%.2f", hours)) h)" } ?? "")
         }
     }
@@ -95,6 +99,13 @@ final class StationRun: @unchecked Sendable {
         /// When the last attempt ended, on the shift's clock.
         var lastEnd: Duration = .zero
         var scan: Task<(seen: [Sighting], problem: String?), Never>?
+        /// Devices found held by another station or already done (`Counts.seenElsewhere`).
+        var seenElsewhere: Set<DeviceAddress> = []
+
+        mutating func sawElsewhere(_ address: DeviceAddress) {
+            seenElsewhere.insert(address)
+            counts.seenElsewhere = seenElsewhere.count
+        }
     }
 
     let flash: Flash
@@ -128,6 +139,10 @@ final class StationRun: @unchecked Sendable {
     var counts: Counts { state.withLock { $0.counts } }
     /// The shift's length so far: on a simulated line, until its last attempt ended (not until its
     /// last device left); at radios, until now.
+    /// The clock the shift's hours are on, for its summary: a simulated line runs on the virtual
+    /// clock with `--sim-time virtual`, else on real time; nil at radios (always real).
+    var clockName: String? { virtualShift != nil ? "virtual" : settings.simulated ? "real" : nil }
+
     var hours: Double { (settings.simulated ? state.withLock { $0.lastEnd } : shiftClock.now).seconds / 3600 }
 
     /// Ends the shift: no device is started any more, each in flight stops after its current write.
@@ -259,7 +274,10 @@ final class StationRun: @unchecked Sendable {
             if let rows = try? await ledger.records(LedgerQuery(device: address.description, image: settings.image.sha256)) {
                 if rows.contains(where: { $0.result == "ok" || $0.result == "skipped" }) {
                     device.phase = .done
-                    state.withLock { $0.counts.alreadyDone += 1 }
+                    state.withLock { s in
+                        s.counts.alreadyDone += 1
+                        s.sawElsewhere(address)
+                    }
                 } else {
                     device.failures = rows.filter { $0.result == "error" && $0.errorCode != ExitCode.interrupted.name }.count
                     if device.failures > settings.retries {
@@ -402,9 +420,11 @@ final class StationRun: @unchecked Sendable {
                 case .skipped:
                     device.phase = .done
                     s.counts.alreadyDone += 1
+                    s.sawElsewhere(f.address)
                 case .failed(let e) where e.code == .heldElsewhere:
                     device.phase = .held(ContinuousClock.now + .milliseconds(Int64(min(30, max(0.1, settings.lease / 2)) * 1000)))
                     s.counts.held += 1
+                    s.sawElsewhere(f.address)
                 case .failed(let e) where e.code == .interrupted && s.stopping:
                     device.phase = .waiting
                 case .failed(let e):
@@ -442,7 +462,7 @@ final class StationRun: @unchecked Sendable {
         guard let screen else { return }
         let (counts, flights, failures) = state.withLock { ($0.counts, $0.flights, $0.failures) }
         let now = shiftClock.now
-        var lines = ["otaflash station \(settings.station) · \(settings.image.name) · " + counts.line(hours: hours, clock: virtualShift == nil ? nil : "virtual")]
+        var lines = ["otaflash station \(settings.station) · \(settings.image.name) · " + counts.line(hours: hours, clock: clockName)]
         if !flights.isEmpty {
             lines.append("in progress:")
             for (address, f) in flights.sorted(by: { $0.value.started < $1.value.started }).prefix(16) {
@@ -615,6 +635,7 @@ enum StationEvents {
         var quarantined: Int
         var missed: Int
         var held: Int
+        var seenElsewhere: Int
         var hours: Double
         var devicesPerHour: Double
         var exitCode: Int
@@ -626,6 +647,7 @@ enum StationEvents {
             quarantined = c.quarantined
             missed = c.missed
             held = c.held
+            seenElsewhere = c.seenElsewhere
             self.hours = (hours * 1000).rounded() / 1000
             devicesPerHour = hours > 0 ? (Double(c.done) / hours * 10).rounded() / 10 : 0
             self.exitCode = Int(exitCode.rawValue)

@@ -133,7 +133,10 @@ struct BatchTests {
         (["--log-dir", "{dir}/file"], "--log-dir {dir}/file is a file, not a directory"),
         (["--sim-state", "{dir}/file"], "--sim-state {dir}/file is a file, not a directory"),
         (["--journal-dir", "{dir}/file"], "--journal-dir {dir}/file is a file, not a directory"),
-        (["--log-dir", "{dir}/file/logs"], "cannot create the --log-dir directory {dir}/file/logs"),
+        (["--log-dir", "{dir}/file/logs"], "--log-dir {dir}/file/logs: {dir}/file is a file, not a directory"),
+        (["--log-dir", "{dir}/file/a/b"], "--log-dir {dir}/file/a/b: {dir}/file is a file, not a directory"),
+        (["--log-dir", "{dir}/missing/logs"], "--log-dir {dir}/missing/logs: the directory {dir}/missing does not exist; create it first"),
+        (["--journal-dir", "{dir}/missing/j"], "--journal-dir {dir}/missing/j: the directory {dir}/missing does not exist"),
     ])
     func anUnusableOutputPathIsAUsageErrorBeforeAnyDeviceIsTouched(extra: [String], says: String) async throws {
         let scratch = try Scratch()

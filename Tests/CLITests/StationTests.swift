@@ -75,6 +75,7 @@ struct StationTests {
         let last = try #require(again.jsonEvents.last)
         #expect(last["done"] as? Int == 0, "\(last)")
         #expect(last["already_done"] as? Int == 24 - gone.count && last["quarantined"] as? Int == gone.count, "\(last)")
+        #expect(last["seen_elsewhere"] as? Int == 24 - gone.count, "\(last)")
         #expect(try await SQLiteLedger(path: ledger).records(LedgerQuery()).count == rows.count)
     }
 
@@ -120,5 +121,14 @@ struct StationTests {
         #expect(claims.count == 60 && claims.allSatisfy { $0.state == .done })
         for claim in claims { #expect(ok.first { $0.device.uppercased() == claim.device }?.station == claim.station) }
         await store.close()
+        // The books count attempts: a device found held or done by the other station is no row,
+        // and each station's ok rows are the devices it flashed (its summary's `done`).
+        #expect(rows.count == ok.count, "\(rows.filter { $0.result != "ok" }.map { "\($0.station) \($0.result) \($0.errorCode ?? "-")" })")
+        for (name, run) in [("st-a", ra), ("st-b", rb)] {
+            let summary = try #require(run.jsonEvents.last)
+            #expect(ok.filter { $0.station == name }.count == summary["done"] as? Int, "\(name): \(summary)")
+        }
+        let check = await otaflash(["ledger", "--ledger", url, "--check"])
+        #expect(check.code == 0, "\(check.stdout)\(check.stderr)")
     }
 }

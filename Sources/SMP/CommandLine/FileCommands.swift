@@ -252,6 +252,7 @@ struct FilesGet<Context: DeviceCommandContext>: AsyncParsableCommand {
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: local, isDirectory: &isDirectory) {
             guard !isDirectory.boolValue else { throw ValidationError("\(local) is a directory; give the local file to write") }
+            if let refusal = OutputPaths.notARegularFile(local, for: "a download") { throw ValidationError(refusal) }
             guard force else { throw ValidationError("\(local) exists; pass --force to replace it (it is replaced only once the download is complete)") }
         }
         let folder = (local as NSString).deletingLastPathComponent
@@ -278,6 +279,8 @@ struct FilesGet<Context: DeviceCommandContext>: AsyncParsableCommand {
     /// never sees half a file, and a failure leaves what was there.
     /// - Throws: `CLIFailure` `.outputFailed` (exit 16).
     static func write(_ bytes: [UInt8], to path: String) throws(CLIFailure) {
+        // Checked again at the end: what appeared at the path meanwhile is not replaced either.
+        if let refusal = OutputPaths.notARegularFile(path, for: "a download") { throw CLIFailure(.outputFailed, refusal) }
         let url = URL(fileURLWithPath: path)
         let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).otaflash-\(getpid()).part")
         do {
