@@ -140,6 +140,7 @@ final class StationRun: @unchecked Sendable {
             return true
         }
         guard first else { return }
+        printer.json(StationEvents.LedgerState(state: "unreachable", message: why, sent: 0))
         if book.whenDown?.spool == true {
             say("the ledger cannot be reached (\(why)); devices in flight go on within their claims' leases, their records kept in the outbox; no device is started until the ledger answers")
         } else {
@@ -169,7 +170,9 @@ final class StationRun: @unchecked Sendable {
             return false
         }
         state.withLock { $0.ledgerDown = nil }
-        say("the ledger answers again after \(formatSeconds((ContinuousClock.now - down.since).seconds)): \(unsent) records and releases sent from the outbox; starting devices again")
+        let away = "the ledger answers again after \(formatSeconds((ContinuousClock.now - down.since).seconds))"
+        printer.json(StationEvents.LedgerState(state: "answers", message: away, sent: unsent))
+        say(away + ": \(unsent) records and releases sent from the outbox; starting devices again")
         return true
     }
 
@@ -633,7 +636,16 @@ enum StationEvents {
                  retries: 2, retryBackoff: 30, simulator: false),
          Retry(device: "C0:FF:EE:00:00:01", attempt: 2, after: 30, error: "connection"),
          Quarantined(device: "C0:FF:EE:00:00:01", attempts: 3, error: "connection", message: "connecting to C0:FF:EE:00:00:01 failed"),
-         Summary(StationRun.Counts(done: 90, alreadyDone: 3, failed: 4, quarantined: 1), hours: 0.5, exitCode: .success)]
+         Summary(StationRun.Counts(done: 90, alreadyDone: 3, failed: 4, quarantined: 1), hours: 0.5, exitCode: .success),
+         LedgerState(state: "answers", message: "the ledger answers again after 31.2 s", sent: 4)]
+    }
+
+    /// The shared ledger went away (`unreachable`), or answers again (`answers`, with what the outbox sent).
+    struct LedgerState: JSONEvent {
+        static let name = "ledger"
+        var state: String
+        var message: String
+        var sent: Int
     }
 
     /// The station's settings, once, after `start`.
