@@ -29,6 +29,17 @@ public protocol LedgerStore: Sendable {
     /// Gives up `holder`'s claim on `device` without a record; another holder may take it at once.
     func release(_ device: String, by holder: ClaimHolder) async throws(LedgerError)
 
+    /// Hands `previous`'s held claim on `device` to `holder`, with `image` and a new lease, whatever
+    /// its lease: for a run of the same station whose process has ended (docs/LEDGER.md, "Claims").
+    /// False when the claim is no longer `previous`'s held one.
+    func takeOver(_ device: String, image: String, from previous: ClaimHolder, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool
+
+    /// Writes `record` unless the ledger holds it already (the same run, device, start and
+    /// attempt: its idempotent key), ending its holder's claim as `append` does; returns its id.
+    /// An outbox replays records with it, so a record written before a lost answer is not written twice.
+    @discardableResult
+    func appendOnce(_ record: LedgerRecord) async throws(LedgerError) -> Int64
+
     /// Every claim the ledger holds (held, released and done), by device.
     func claims() async throws(LedgerError) -> [Claim]
 

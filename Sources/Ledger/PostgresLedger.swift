@@ -21,6 +21,14 @@ public actor PostgresLedger: LedgerStore {
     private let database: String
     private var connection: PostgresConnection?
     private var connecting: Task<PostgresConnection, any Error>?
+    /// Since when this process has had the server without a break: every operation answered,
+    /// none more than `quiet` after the one before (nil after a failure). A claim whose lease
+    /// lapsed before then is given its holder again rather than taken (`claim`).
+    private var healthySince: ContinuousClock.Instant?
+    private var lastAnswer: ContinuousClock.Instant?
+    /// A third of the lease last asked for: a longer silence is a break (a station renews every
+    /// third, and asks again for a held device every quarter).
+    private var quiet: Duration = .seconds(15)
     private static let logger = Logger(label: "otaflash.ledger.postgres", factory: { _ in SwiftLogNoOpLogHandler() })
     private static let ids = Atomic<Int>(0)
 
@@ -64,21 +72,40 @@ public actor PostgresLedger: LedgerStore {
 
     @discardableResult
     public func append(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
+        try await insert(record, once: false)
+    }
+
+    @discardableResult
+    public func appendOnce(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
+        try await insert(record, once: true)
+    }
+
+    /// The record and the end of its holder's claim, in one statement: one transaction. `once`:
+    /// not when a row with its idempotent key (run, device, start, attempt) is there already,
+    /// whose id is returned then.
+    private func insert(_ record: LedgerRecord, once: Bool) async throws(LedgerError) -> Int64 {
         var binds = PostgresBindings(capacity: 34)
         for value in Self.values(record) { value.bind(&binds) }
         binds.append(SQLiteLedger.succeeded(record.result) ? "done" : "released")
         binds.append(record.device.uppercased())
         let columns = LedgerRecord.columns.dropFirst()
         let n = columns.count
-        // The record and the end of its holder's claim, in one statement: one transaction.
+        func p(_ column: String) -> String { "$\(Self.index(column))" }
+        let existing = once ? """
+            SELECT id FROM attempts WHERE upper(device) = $\(n + 2) AND image_sha256 = \(p("image_sha256")) AND run_id = \(p("run_id"))
+                AND started_at = \(p("started_at")) AND attempts = \(p("attempts"))
+            """ : "SELECT NULL::bigint AS id WHERE false"
         let sql = """
-            WITH ended AS (
-                UPDATE claims SET state = $\(n + 1), image_sha256 = $\(Self.index("image_sha256")), expires_at = \(Self.now)
-                WHERE device = $\(n + 2) AND station = $\(Self.index("station")) AND run_id = $\(Self.index("run_id")) AND state = 'held'
+            WITH existing AS (\(existing)), ended AS (
+                UPDATE claims SET state = $\(n + 1), image_sha256 = \(p("image_sha256")), expires_at = \(Self.now)
+                WHERE device = $\(n + 2) AND station = \(p("station")) AND run_id = \(p("run_id")) AND state = 'held'
+                    AND NOT EXISTS (SELECT 1 FROM existing)
+            ), inserted AS (
+                INSERT INTO attempts (\(columns.joined(separator: ", ")))
+                SELECT \((1...n).map { "$\($0)" }.joined(separator: ", ")) WHERE NOT EXISTS (SELECT 1 FROM existing)
+                RETURNING id
             )
-            INSERT INTO attempts (\(columns.joined(separator: ", ")))
-            VALUES (\((1...n).map { "$\($0)" }.joined(separator: ", ")))
-            RETURNING id
+            SELECT id FROM inserted UNION ALL SELECT id FROM existing
             """
         return try await run("writing to") { [binds] c in
             let rows = try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect()
@@ -123,11 +150,24 @@ public actor PostgresLedger: LedgerStore {
     /// A record that shows the device done with the image (one written without a claim) is
     /// looked up first.
     public func claim(_ device: String, image: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> ClaimResult {
+        // A held claim whose lease lapsed is taken when it lapsed while this process had the
+        // server without a break ($6: for so many seconds). One that lapsed before (in an outage
+        // every station may have had: the server stopped, the network to it down) is given its
+        // holder again for a lease from now, to come back and send its outbox first; taken after
+        // that, as one that lapsed while this process had the server. A statement held up on
+        // the way only makes $6 count from later: never a claim taken too soon.
+        let lapsed = "(c.state = 'held' AND c.expires_at <= \(Self.now))"
+        let seen = "c.expires_at > \(Self.time("now() - make_interval(secs => $6)"))"
         let free = """
             (NOT (c.state = 'done' AND c.image_sha256 = excluded.image_sha256)
-             AND (c.expires_at <= \(Self.now) OR (c.station = excluded.station AND c.run_id = excluded.run_id)))
+             AND ((c.state <> 'held' AND c.expires_at <= \(Self.now)) OR (\(lapsed) AND \(seen))
+                  OR (c.station = excluded.station AND c.run_id = excluded.run_id)))
             """
-        func take(_ column: String) -> String { "\(column) = CASE WHEN \(free) THEN excluded.\(column) ELSE c.\(column) END" }
+        let rearm = "(\(lapsed) AND NOT \(seen))"
+        func take(_ column: String) -> String {
+            let keep = column == "expires_at" ? "CASE WHEN \(rearm) THEN excluded.expires_at ELSE c.expires_at END" : "c.\(column)"
+            return "\(column) = CASE WHEN \(free) THEN excluded.\(column) ELSE \(keep) END"
+        }
         let sql = """
             WITH done AS (
                 SELECT station, ended_at FROM attempts
@@ -150,6 +190,8 @@ public actor PostgresLedger: LedgerStore {
         binds.append(holder.station)
         binds.append(holder.run)
         binds.append(lease.seconds)
+        quiet = lease / 3
+        binds.append(healthySince.map { (ContinuousClock.now - $0).seconds } ?? 0)
         return try await run("writing to") { [binds] c in
             let rows = try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect()
             guard let row = rows.first else { throw PostgresLedgerError("a claim returned no row") }
@@ -163,6 +205,7 @@ public actor PostgresLedger: LedgerStore {
     }
 
     public func renew(_ device: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool {
+        quiet = lease / 3
         var binds = PostgresBindings()
         binds.append(lease.seconds)
         binds.append(device.uppercased())
@@ -184,6 +227,26 @@ public actor PostgresLedger: LedgerStore {
                 UPDATE claims SET state = 'released', expires_at = \(unescaped: Self.now)
                 WHERE device = \(device.uppercased()) AND station = \(holder.station) AND run_id = \(holder.run) AND state = 'held'
                 """, logger: Self.logger).drain()
+        }
+    }
+
+    public func takeOver(_ device: String, image: String, from previous: ClaimHolder, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool {
+        guard previous.station == holder.station else { return false }
+        var binds = PostgresBindings()
+        binds.append(lease.seconds)
+        binds.append(image)
+        binds.append(holder.run)
+        binds.append(device.uppercased())
+        binds.append(previous.station)
+        binds.append(previous.run)
+        let sql = """
+            UPDATE claims SET image_sha256 = $2, run_id = $3, claimed_at = \(Self.now),
+                expires_at = \(Self.time("now() + make_interval(secs => $1)"))
+            WHERE device = $4 AND station = $5 AND run_id = $6 AND state = 'held'
+            RETURNING device
+            """
+        return try await run("writing to") { [binds] c in
+            try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect().count == 1
         }
     }
 
@@ -307,19 +370,30 @@ public actor PostgresLedger: LedgerStore {
         do {
             c = try await connected()
         } catch {
+            healthySince = nil
             throw failure(error, doing: "connecting to")
         }
         let limit = clientDeadline
+        let began = ContinuousClock.now
         do {
-            return try await Self.bounded(c, by: limit) { try await body(c) }
+            let result = try await Self.bounded(c, by: limit) { try await body(c) }
+            let now = ContinuousClock.now
+            // A first answer, or one after a silence (this process idle, or the answer held up):
+            // the server is known to be there from now.
+            if healthySince == nil || lastAnswer.map({ now - $0 > quiet }) ?? true { healthySince = now }
+            lastAnswer = now
+            return result
         } catch is DeadlinePassed {
+            healthySince = nil
             if connection === c { connection = nil }
             // Awaited, as after a failed migration: PostgresNIO asserts a connection is closed before it is released.
             try? await (c.close() as EventLoopFuture<Void>).get()
             throw LedgerError(.unreachable, "the PostgreSQL ledger \(location) did not answer within \(Self.format(limit)) (\(doing) it); check the server and the network, or choose another --ledger")
         } catch {
             if c.isClosed, connection === c { connection = nil }
-            throw failure(error, doing: doing)
+            let failure = failure(error, doing: doing)
+            if failure.kind == .unreachable { healthySince = nil }
+            throw failure
         }
     }
 

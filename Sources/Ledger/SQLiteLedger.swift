@@ -5,7 +5,7 @@ import GRDB
 /// power loss), shared safely by several otaflash processes on one station.
 public final class SQLiteLedger: LedgerStore {
     public let location: String
-    private let queue: DatabaseQueue
+    let queue: DatabaseQueue
 
     /// How long a write waits for another process's lock before it fails as `locked`.
     public static let busyTimeout: TimeInterval = 5
@@ -140,21 +140,24 @@ public final class SQLiteLedger: LedgerStore {
     @discardableResult
     public func append(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
         do {
-            return try await queue.write { db in
-                var row = record
-                row.id = nil
-                try row.insert(db)
-                // The record ends its holder's claim, in the same transaction.
-                try db.execute(sql: """
-                    UPDATE claims SET state = ?, image_sha256 = ?, expires_at = ?
-                    WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'
-                    """, arguments: [Self.succeeded(record.result) ? "done" : "released", record.imageSHA256,
-                                     LedgerRecord.timestamp(Date()), record.device.uppercased(), record.station, record.runID])
-                return db.lastInsertedRowID
-            }
+            return try await queue.write { db in try Self.insert(record, db) }
         } catch {
             throw Self.failure(error, path: location, doing: "writing to")
         }
+    }
+
+    /// Inserts `record` and ends its holder's claim, in the caller's transaction.
+    private static func insert(_ record: LedgerRecord, _ db: Database) throws -> Int64 {
+        var row = record
+        row.id = nil
+        try row.insert(db)
+        // The record ends its holder's claim, in the same transaction.
+        try db.execute(sql: """
+            UPDATE claims SET state = ?, image_sha256 = ?, expires_at = ?
+            WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'
+            """, arguments: [succeeded(record.result) ? "done" : "released", record.imageSHA256,
+                             LedgerRecord.timestamp(Date()), record.device.uppercased(), record.station, record.runID])
+        return db.lastInsertedRowID
     }
 
     public func records(_ query: LedgerQuery) async throws(LedgerError) -> [LedgerRecord] {
@@ -235,6 +238,38 @@ public final class SQLiteLedger: LedgerStore {
             try await queue.write { db in
                 try db.execute(sql: "UPDATE claims SET state = 'released', expires_at = ? WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'",
                                arguments: [LedgerRecord.timestamp(Date()), device.uppercased(), holder.station, holder.run])
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func takeOver(_ device: String, image: String, from previous: ClaimHolder, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> Bool {
+        do {
+            return try await queue.write { db in
+                let now = Date()
+                try db.execute(sql: """
+                    UPDATE claims SET image_sha256 = ?, run_id = ?, claimed_at = ?, expires_at = ?
+                    WHERE device = ? AND station = ? AND run_id = ? AND state = 'held' AND station = ?
+                    """, arguments: [image, holder.run, LedgerRecord.timestamp(now), LedgerRecord.timestamp(now.addingTimeInterval(lease.seconds)),
+                                     device.uppercased(), previous.station, previous.run, holder.station])
+                return db.changesCount == 1
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    @discardableResult
+    public func appendOnce(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
+        do {
+            return try await queue.write { db in
+                if let id = try Int64.fetchOne(db, sql: """
+                    SELECT id FROM attempts WHERE device = ? COLLATE NOCASE AND image_sha256 = ? AND run_id = ? AND started_at = ? AND attempts = ?
+                    """, arguments: [record.device, record.imageSHA256, record.runID, record.startedAt, record.attempts]) {
+                    return id
+                }
+                return try Self.insert(record, db)
             }
         } catch {
             throw Self.failure(error, path: location, doing: "writing to")

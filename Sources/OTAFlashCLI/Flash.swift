@@ -215,12 +215,15 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// What the run keeps of each device (ledger, report, logs), checked and opened before any radio time.
-    func openRecords(plan: FlashPlan, printer: EventPrinter, skipsDone: Bool = false) throws -> RunRecords {
-        RunRecords(ledger: try records.open(simulator: target.simulator.enabled), options: records,
+    func openRecords(plan: FlashPlan, printer: EventPrinter, skipsDone: Bool = false, whenDown: LedgerDownOptions? = nil) throws -> RunRecords {
+        let ledger = try records.open(simulator: target.simulator.enabled)
+        let spooling = try ledger.flatMap { ledger throws(CLIFailure) in try whenDown?.wrap(ledger, station: records.stationName) }
+        return RunRecords(ledger: spooling ?? ledger, options: records,
                    image: try RunRecords.describe(imageAt: image, version: imageVersionText ?? plan.imageVersion?.description),
                    protocolName: plan.profile.name,
                    report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
-                   logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer, skipsDone: skipsDone)
+                   logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer, skipsDone: skipsDone,
+                   whenDown: spooling == nil ? nil : whenDown?.policy)
     }
 
     private func flashBatch(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {

@@ -95,7 +95,7 @@ final class RunRecords: Sendable {
     let ledger: (any LedgerStore)?
     let image: Image
     let protocolName: String
-    let runID = UUID().uuidString
+    let runID: String
     /// Who claims devices in the ledger: this station and this run.
     var holder: ClaimHolder { ClaimHolder(station: station, run: runID) }
     private let lease: Duration
@@ -116,10 +116,44 @@ final class RunRecords: Sendable {
     /// A device the ledger shows done with this image is skipped (a station's shift); a flash or
     /// batch the user starts flashes it again, as asked.
     let skipsDone: Bool
+    /// This run's lock on the machine: how a later run of this station knows it is gone (`RunLock`).
+    private let runLock: RunLock?
+    /// A station's answer to a ledger that cannot be reached (`--when-ledger-down`); nil: a device
+    /// whose claim cannot be made fails with `ledger_failed`.
+    let whenDown: WhenLedgerDown?
+    /// Devices not started because the ledger could not be reached: no record, no `done` line.
+    private let unstarted = Mutex<Set<String>>([])
+    /// Devices in flight whose claim could not be renewed, still allowed to go on within their lease.
+    private let unconfirmed = Mutex<Set<String>>([])
+    private let hooks = Mutex(Hooks())
+
+    /// What a station does when the ledger goes away.
+    struct WhenLedgerDown: Sendable {
+        /// Keep running (records kept in the outbox, no device started until the ledger answers),
+        /// or stop taking devices and end the shift.
+        var spool: Bool
+        /// Devices in flight that may go on, each within its claim's lease, while their claims
+        /// cannot be renewed; the others stop after their current write.
+        var maxUnconfirmed: Int
+    }
+
+    /// The station's answers to what the ledger does to devices in flight.
+    struct Hooks: Sendable {
+        /// The ledger could not be reached (the line says why): no device is started until it answers.
+        var ledgerDown: @Sendable (String) -> Void = { _ in }
+        /// This device's claim may end before it is flashed: stop it after its current write.
+        var stopDevice: @Sendable (String) -> Void = { _ in }
+    }
+
+    func setHooks(_ hooks: Hooks) { self.hooks.withLock { $0 = hooks } }
 
     init(ledger: (any LedgerStore)?, options: LedgerOptions, image: Image, protocolName: String,
-         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter, skipsDone: Bool = false) {
+         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter, skipsDone: Bool = false, whenDown: WhenLedgerDown? = nil) {
         self.skipsDone = skipsDone
+        self.whenDown = whenDown
+        let run = UUID().uuidString
+        runID = run
+        runLock = ledger == nil ? nil : RunLock(run: run)
         self.ledger = ledger
         self.image = image
         self.protocolName = protocolName
@@ -161,7 +195,9 @@ final class RunRecords: Sendable {
         guard let ledger else { return nil }
         // Stopped before its turn: nothing was sent, and nothing happened to record.
         if Task.isCancelled { return notStarted(device) }
-        let claim: ClaimResult
+        var claim: ClaimResult
+        // The lease is counted from before the claim was asked: the server's runs out no sooner.
+        let asked = ContinuousClock.now
         do {
             // The station is noted once a run; the claim, a write of its own, proves the ledger takes one.
             if !prepared.withLock({ $0 }) {
@@ -169,9 +205,18 @@ final class RunRecords: Sendable {
                 prepared.withLock { $0 = true }
             }
             claim = try await ledger.claim(device, image: image.sha256, by: holder, lease: lease)
+            if case .held(let other, _) = claim, other == station, let taken = try await takeOverFromEndedRun(device, in: ledger) {
+                claim = taken
+            }
         } catch {
             // A write cut short by Ctrl-C is not a ledger that cannot be written.
             if Task.isCancelled || error.kind == .interrupted { return notStarted(device) }
+            if let whenDown, error.kind == .unreachable || error.kind == .locked {
+                // Not started: a device is flashed only under a claim the shared ledger granted.
+                unstarted.withLock { _ = $0.insert(device) }
+                hooks.withLock { $0 }.ledgerDown(error.message)
+                return .failed(OTAError(.ledgerFailed, "\(device) was not started: the ledger cannot be reached (\(error.message))\(whenDown.spool ? "; it waits for the ledger" : "")"))
+            }
             return .failed(OTAError(.ledgerFailed, "\(device) was not flashed: its record cannot be written: \(error.message)"))
         }
         switch claim {
@@ -181,11 +226,14 @@ final class RunRecords: Sendable {
                 try? await Task { try await ledger.release(device, by: holder) }.value
                 return notStarted(device)
             }
-            renew(device, in: ledger)
+            renew(device, in: ledger, confirmedUntil: asked + lease)
             return nil
         case .held(let other, let until):
             settled.withLock { _ = $0.insert(device) }
             printer.json(FlashEvents.Held(device: device, station: other, until: until))
+            if other == station, let live = sameStationHolder.withLock({ $0.removeValue(forKey: device) }) {
+                return .failed(OTAError(.heldElsewhere, "\(device) was not flashed: another otaflash run on this station\(live.map { " (process \($0))" } ?? "") holds its claim (until \(until)) and is flashing it; let that run finish, or stop it"))
+            }
             return .failed(OTAError(.heldElsewhere, "\(device) was not flashed: station \(other) holds its claim (until \(until)) and is flashing it"))
         case .done where !skipsDone:
             return nil
@@ -204,22 +252,94 @@ final class RunRecords: Sendable {
         return .failed(OTAError(.interrupted, "stopped before \(device) was flashed", resumable: true))
     }
 
-    /// Renews `device`'s claim every third of its lease until `finish` cancels it; a claim lost
-    /// meanwhile (this station stalled past its lease) is said once.
-    private func renew(_ device: String, in ledger: any LedgerStore) {
-        let (holder, lease, printer) = (holder, lease, printer)
-        let task = Task {
+    /// The pid of a live run of this station that holds a device's claim, as `begin` found it.
+    private let sameStationHolder = Mutex<[String: Int32?]>([:])
+
+    /// A claim this station holds under another run: taken over at once when that run's process
+    /// has ended (its lock is free), with a note; a live run's is left to it (said by `begin`);
+    /// a run this machine does not know (another machine with the same station name) waits for
+    /// its lease. Returns the new claim, or nil to keep the answer `held`.
+    private func takeOverFromEndedRun(_ device: String, in ledger: any LedgerStore) async throws(LedgerError) -> ClaimResult? {
+        guard let held = try await ledger.claims().first(where: { $0.device == device.uppercased() }),
+              held.station == station, held.state == .held, held.run != runID else { return nil }
+        switch RunLock.holder(of: held.run) {
+        case .live(let pid):
+            sameStationHolder.withLock { $0[device] = .some(pid) }
+            return nil
+        case .unknown:
+            return nil
+        case .gone:
+            let previous = ClaimHolder(station: station, run: held.run)
+            guard try await ledger.takeOver(device, image: image.sha256, from: previous, by: holder, lease: lease) else { return nil }
+            let line = "\(device): took over its claim from an earlier run on this station (\(held.run)) whose process has ended"
+            printer.note(line)
+            printer.json(FlashEvents.Note(device: device, message: line))
+            return .granted(until: held.expiresAt)
+        }
+    }
+
+    /// Renews `device`'s claim every third of its lease until `finish` cancels it. A claim lost
+    /// meanwhile (this station stalled past its lease) stops the device. While the ledger cannot
+    /// be reached, the device goes on (one of `--max-unconfirmed`) only until a third of its
+    /// lease is left, counted from before the last renewal that succeeded: then it is stopped,
+    /// so that no device is flashed here after another station may have taken its claim.
+    private func renew(_ device: String, in ledger: any LedgerStore, confirmedUntil: ContinuousClock.Instant) {
+        let (holder, lease, printer, whenDown) = (holder, lease, printer, whenDown)
+        let deadline = ClaimDeadline(confirmedUntil)
+        let margin = lease / 3
+        let task = Task { [self] in
+            // A station stops a device whose claim may lapse; a flash or batch goes on, as before.
+            let watchdog = whenDown == nil ? nil : Task {
+                while !Task.isCancelled {
+                    let due = deadline.value.withLock { $0 } - margin
+                    if ContinuousClock.now >= due {
+                        printer.warning("\(device): its claim could not be renewed in time (the ledger does not answer); stopping it before another station may take it")
+                        hooks.withLock { $0 }.stopDevice(device)
+                        return
+                    }
+                    do { try await Task.sleep(until: due, clock: .continuous) } catch { return }
+                }
+            }
+            defer { watchdog?.cancel() }
             while !Task.isCancelled {
                 do { try await Task.sleep(for: lease / 3) } catch { return }
+                let asked = ContinuousClock.now
                 let kept: Bool
-                do { kept = try await ledger.renew(device, by: holder, lease: lease) } catch { continue }
+                do {
+                    kept = try await ledger.renew(device, by: holder, lease: lease)
+                } catch {
+                    guard let whenDown else { continue }
+                    let allowed = unconfirmed.withLock { set -> Bool in
+                        if set.contains(device) { return true }
+                        guard whenDown.spool, set.count < whenDown.maxUnconfirmed else { return false }
+                        set.insert(device)
+                        return true
+                    }
+                    if !allowed {
+                        printer.warning("\(device): its claim cannot be renewed (\((error as? LedgerError)?.message ?? "\(error)")); stopping it after its current write")
+                        hooks.withLock { $0 }.stopDevice(device)
+                        return
+                    }
+                    continue
+                }
                 if !kept {
-                    if !Task.isCancelled { printer.warning("\(device): its claim in the ledger lapsed (renewals came too late); another station may take it") }
+                    if !Task.isCancelled {
+                        printer.warning("\(device): its claim in the ledger lapsed (renewals came too late); \(whenDown == nil ? "another station may take it" : "stopping it, another station may take it")")
+                        hooks.withLock { $0 }.stopDevice(device)
+                    }
                     return
                 }
+                deadline.value.withLock { $0 = asked + lease }
+                unconfirmed.withLock { _ = $0.remove(device) }
             }
         }
         renewals.withLock { $0[device]?.cancel(); $0[device] = task }
+    }
+
+    /// Whether `device` ended without being started because the ledger could not be reached
+    /// (forgotten once asked): it waits for the ledger, with no record.
+    func wasUnstarted(_ device: String) -> Bool {
+        unstarted.withLock { $0.remove(device) != nil }
     }
 
     /// What the device's events tell the record: what it is, what it ran, how much was sent.
@@ -247,11 +367,14 @@ final class RunRecords: Sendable {
     /// The device is done: its record is committed, its report row appended and its log closed,
     /// then its `done` line printed, in that order.
     func finish(_ outcome: BatchOutcome) async {
-        let done = FlashEvents.Done(outcome)
+        var done = FlashEvents.Done(outcome)
         let note = notes.withLock { $0.removeValue(forKey: outcome.device) } ?? Notes()
         let ended = Date()
         let record = self.record(outcome, note, ended: ended)
         renewals.withLock { $0.removeValue(forKey: outcome.device) }?.cancel()
+        unconfirmed.withLock { _ = $0.remove(outcome.device) }
+        // Not started for want of a ledger: nothing happened to it, so nothing is recorded.
+        if unstarted.withLock({ $0.contains(outcome.device) }) { return }
         // A device not attempted because the ledger settled it (done already, another station's)
         // or the run stopped first gets no record of its own: the books count attempts.
         let attempted = settled.withLock { $0.remove(outcome.device) } == nil
@@ -265,6 +388,13 @@ final class RunRecords: Sendable {
                 _ = try written.get()
             } catch {
                 fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
+                // No `done ok` without its record: the line says the device was flashed, unrecorded.
+                if case .ok = outcome.result {
+                    done = FlashEvents.Done(BatchOutcome(device: outcome.device, updateModeAddress: outcome.updateModeAddress, adapter: outcome.adapter,
+                                                         result: .failed(OTAError(.ledgerFailed, "\(outcome.device) was updated, but its record could not be written: \(error.message)")),
+                                                         attempts: outcome.attempts, seconds: outcome.seconds, firmwareBefore: outcome.firmwareBefore,
+                                                         firmwareAfter: outcome.firmwareAfter))
+                }
             }
         }
         if let report, let problem = report.append(record) {
@@ -279,6 +409,9 @@ final class RunRecords: Sendable {
     func throwFirstFailure() throws(CLIFailure) {
         if let failure = failure.withLock({ $0 }) { throw failure.markedReported() }
     }
+
+    /// Ends the run with `failure`'s exit code (unless one came first), saying its line now.
+    func noteFailure(_ failure: CLIFailure) { fail(failure) }
 
     private func fail(_ failure: CLIFailure) {
         self.failure.withLock { if $0 == nil { $0 = failure } }
@@ -312,6 +445,13 @@ final class RunRecords: Sendable {
                             exitCode: Int(code.rawValue), errorCode: code == .success ? nil : code.name, message: message,
                             otaflashVersion: OtaflashVersion.number, otaflashCommit: OtaflashVersion.commit ?? "unknown")
     }
+}
+
+/// Until when a claim is known to be held, on this station's clock: from before the last grant
+/// or renewal the ledger answered, plus the lease.
+final class ClaimDeadline: Sendable {
+    let value: Mutex<ContinuousClock.Instant>
+    init(_ instant: ContinuousClock.Instant) { value = Mutex(instant) }
 }
 
 /// `--report FILE`: a CSV row per device, appended (and flushed to disk) as each device ends. A

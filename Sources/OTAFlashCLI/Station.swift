@@ -44,6 +44,8 @@ struct Station: AsyncParsableCommand {
     @Option(name: .customLong("retry-backoff"), parsing: .unconditional, help: Ranges.retryBackoff.help("Seconds before a failed device is tried again, doubling for each further retry (at most an hour)", valueName: "seconds"))
     var retryBackoff: Double = 30
 
+    @OptionGroup(title: "When a postgres:// ledger cannot be reached") var whenDown: LedgerDownOptions
+
     @OptionGroup(title: "Simulated line (with --simulator)") var line: LineOptions
 
     mutating func validate() throws {
@@ -63,6 +65,7 @@ struct Station: AsyncParsableCommand {
             throw ValidationError("--simulator: a simulated line is recorded only in a ledger you name: add --ledger PATH")
         }
         try line.check(simulator: flash.target.simulator.enabled)
+        try Ranges.maxUnconfirmed.check(whenDown.maxUnconfirmed)
     }
 
     func run() async throws {
@@ -80,9 +83,18 @@ struct Station: AsyncParsableCommand {
         try flash.checkOutputPaths()
         let plan = try FlashPlan.load(path: flash.image, flash.request)
         try flash.refuseOptionsThatDoNotApply(to: plan)
-        let book = try flash.openRecords(plan: plan, printer: printer, skipsDone: true)
+        let book = try flash.openRecords(plan: plan, printer: printer, skipsDone: true, whenDown: whenDown)
         guard let ledger = book.ledger else { throw CLIFailure(.usage, "a station needs a ledger: give --ledger PATH") }
-        try await book.prepare()
+        // Started again, the station sends what its outbox kept before it claims anything.
+        let unsent = await (ledger as? SpoolingLedger)?.unsent ?? 0
+        var startsDown: String?
+        do {
+            try await ledger.prepare(station: book.station)
+            if unsent > 0 { printer.note("the outbox \((ledger as? SpoolingLedger)?.outbox.path ?? ""): \(unsent) records and releases sent to the ledger") }
+        } catch {
+            guard book.whenDown?.spool == true, error.kind == .unreachable || error.kind == .locked else { throw CLIFailure(.ledgerFailed, error.message) }
+            startsDown = error.message
+        }
         let simulated = flash.target.simulator.enabled
         let source: any LineSource = simulated
             ? SimulatedLine(line.population(seed: flash.target.simulator.seed), scanDwell: SimulatedCentral.scanDwell)
@@ -99,10 +111,28 @@ struct Station: AsyncParsableCommand {
                                            perAdapter: settings.perAdapter, parallel: settings.parallel, retries: settings.retries,
                                            retryBackoff: retryBackoff, simulator: simulated))
         let run = StationRun(flash: flash, plan: plan, book: book, ledger: ledger, source: source, settings: settings, printer: printer)
+        if let startsDown { run.ledgerWentDown(startsDown) }
         let interrupts = InterruptHandler { _ in run.stop("stopping: every device ends after its current write and gets its record (press Ctrl-C again to exit at once)…") }
         CLIContext.output.onFailure { run.stop(nil) }
         await run.run()
         interrupts.cancel()
+        if let spooling = ledger as? SpoolingLedger {
+            // Records only this process holds (the outbox's disk was full): sent if the ledger
+            // answers within three leases, asked each second; a retry of a server, bounded.
+            let giveUp = ContinuousClock.now + .milliseconds(Int64(flash.records.claimLease * 3000))
+            while await !spooling.strandedDevices.isEmpty, ContinuousClock.now < giveUp {
+                if (try? await spooling.replay()) != nil { break }
+                try? await Task.sleep(for: .seconds(1))
+            }
+            let stranded = await spooling.strandedDevices
+            if !stranded.isEmpty {
+                printer.warning("updated, with no record anywhere (the outbox's disk was full and the ledger did not answer): \(stranded.joined(separator: ", ")); their claims lapse after the lease, and another station may flash them again")
+            }
+            let unsent = await spooling.unsent
+            if unsent > 0 {
+                printer.note("the outbox \(spooling.outbox.path) keeps \(unsent) records and releases for the ledger: they are sent when this station starts again")
+            }
+        }
         let counts = run.counts
         let recordFailure = book.failure.withLock { $0 }
         let code: ExitCode = CLIContext.output.failure != nil ? .outputFailed : recordFailure?.code ?? .success
@@ -112,7 +142,42 @@ struct Station: AsyncParsableCommand {
     }
 }
 
+/// What a station does while its `postgres://` ledger cannot be reached (docs/LEDGER.md, "When
+/// the server goes away").
+struct LedgerDownOptions: ParsableArguments {
+    enum Mode: String, ExpressibleByArgument, CaseIterable {
+        case spool, stop
+    }
+
+    @Option(name: .customLong("when-ledger-down"), help: ArgumentHelp("spool: keep the shift going, records kept in the station's outbox and sent when the ledger answers, no device started until it does; stop: end the shift once the devices in flight end (exit 18)", valueName: "spool|stop"))
+    var mode: Mode = .spool
+
+    @Option(name: .customLong("max-unconfirmed"), parsing: .unconditional, help: Ranges.maxUnconfirmed.help("Devices in flight that go on while their claims cannot be renewed, each until a third of its lease is left; the others stop after their current write (default 8)", valueName: "n"))
+    var maxUnconfirmed: Int = 8
+
+    @Option(name: .customLong("outbox"), help: ArgumentHelp("The station's outbox, a SQLite ledger on its own disk (default: $XDG_STATE_HOME/otaflash/outbox-STATION.sqlite)", valueName: "path"),
+            completion: .file(extensions: ["sqlite"]))
+    var outbox: String?
+
+    init() {}
+
+    /// With a `postgres://` ledger: the ledger with this station's outbox; nil for a file.
+    func wrap(_ ledger: any LedgerStore, station: String) throws(CLIFailure) -> (any LedgerStore)? {
+        guard ledger is PostgresLedger else { return nil }
+        let safe = String(station.map { $0.isLetter || $0.isNumber || "._-".contains($0) ? $0 : "_" })
+        let path = outbox ?? (Ledger.defaultPath() as NSString).deletingLastPathComponent + "/outbox-\(safe).sqlite"
+        do {
+            return try SpoolingLedger(shared: ledger, outbox: try Outbox(path: path))
+        } catch {
+            throw CLIFailure(.ledgerFailed, "the station's outbox: \(error.message)")
+        }
+    }
+
+    var policy: RunRecords.WhenLedgerDown { RunRecords.WhenLedgerDown(spool: mode == .spool, maxUnconfirmed: maxUnconfirmed) }
+}
+
 extension Ranges {
+    static let maxUnconfirmed = Bounds("--max-unconfirmed", 0...64)
     static let retryBackoff = Bounds("--retry-backoff", 0...3600.0, unit: " seconds")
     static let simDevices = Bounds("--sim-devices", 1...1_000_000)
     static let simArrivals = Bounds("--sim-arrivals", 1...1_000_000.0, unit: " per hour")

@@ -106,6 +106,10 @@ final class StationRun: @unchecked Sendable {
             seenElsewhere.insert(address)
             counts.seenElsewhere = seenElsewhere.count
         }
+        /// Since when the ledger cannot be reached (no device is started meanwhile), and why.
+        var ledgerDown: (since: ContinuousClock.Instant, why: String)?
+        /// Devices stopped because their claims could not be renewed: tried again, not failed.
+        var stoppedForClaim: Set<DeviceAddress> = []
     }
 
     let flash: Flash
@@ -134,6 +138,53 @@ final class StationRun: @unchecked Sendable {
         virtualShift = virtual ? VirtualClock() : nil
         shiftClock = virtualShift ?? SystemClock()
         screen = printer.mode == .human && CLIContext.output.isTerminal ? StationScreen(sink: CLIContext.output) : nil
+        book.setHooks(RunRecords.Hooks(
+            ledgerDown: { [weak self] why in self?.ledgerWentDown(why) },
+            stopDevice: { [weak self] device in self?.stopForClaim(device) }))
+    }
+
+    /// The ledger cannot be reached: no device is started until it answers (spool), or the shift ends (stop).
+    func ledgerWentDown(_ why: String) {
+        let first = state.withLock { s -> Bool in
+            guard s.ledgerDown == nil else { return false }
+            s.ledgerDown = (ContinuousClock.now, why)
+            return true
+        }
+        guard first else { return }
+        printer.json(StationEvents.LedgerState(state: "unreachable", message: why, sent: 0))
+        if book.whenDown?.spool == true {
+            say("the ledger cannot be reached (\(why)); devices in flight go on within their claims' leases, their records kept in the outbox; no device is started until the ledger answers")
+        } else {
+            book.noteFailure(CLIFailure(.ledgerFailed, "the ledger cannot be reached (\(why)); --when-ledger-down stop: the shift ends once the devices in flight end, their records kept in the outbox"))
+            stop(nil)
+        }
+        wake.signal()
+    }
+
+    /// A device whose claim may end before it is flashed: it stops after its current write.
+    private func stopForClaim(_ device: String) {
+        let task = state.withLock { s -> Task<Void, Never>? in
+            guard let address = s.tasks.keys.first(where: { $0.description == device }) else { return nil }
+            s.stoppedForClaim.insert(address)
+            return s.tasks[address]
+        }
+        task?.cancel()
+    }
+
+    /// While the ledger is down: asks it again (the outbox is sent first); true once it answers.
+    private func probeLedger() async -> Bool {
+        guard let down = state.withLock({ $0.ledgerDown }) else { return true }
+        let unsent = await (ledger as? SpoolingLedger)?.unsent ?? 0
+        do {
+            try await ledger.prepare(station: settings.station)
+        } catch {
+            return false
+        }
+        state.withLock { $0.ledgerDown = nil }
+        let away = "the ledger answers again after \(formatSeconds((ContinuousClock.now - down.since).seconds))"
+        printer.json(StationEvents.LedgerState(state: "answers", message: away, sent: unsent))
+        say(away + ": \(unsent) records and releases sent from the outbox; starting devices again")
+        return true
     }
 
     var counts: Counts { state.withLock { $0.counts } }
@@ -168,6 +219,11 @@ final class StationRun: @unchecked Sendable {
             if book.failure.withLock({ $0 != nil }) {
                 stop("stopping: the ledger cannot take records (the line above says why)")
                 break
+            }
+            if await probeLedger() == false {
+                // Asked again each second; a device ending wakes the loop sooner.
+                await wake.wait(timeout: .seconds(1))
+                continue
             }
             let now = shiftClock.now
             // Who leaves first: a scan sees only the devices still in range.
@@ -206,6 +262,8 @@ final class StationRun: @unchecked Sendable {
     /// arrival, a retry coming due, a device leaving) or waits for a device in flight. False when
     /// the shift is over: every device has come and gone.
     private func waitOnTheLine(_ line: SimulatedLine, now: Duration) async -> Bool {
+        // The line waits for the ledger: its time does not move meanwhile (the next pass asks it).
+        if state.withLock({ $0.ledgerDown != nil }) { return true }
         let (inFlight, running, nextEnd, nextRetry, heldUntil, free) = state.withLock { s in
             (s.flights.count,
              s.flights.values.contains { $0.end == nil },
@@ -268,6 +326,7 @@ final class StationRun: @unchecked Sendable {
     private func consider(_ sighting: Sighting, now: Duration) async -> Bool {
         let address = sighting.address
         var known = state.withLock { $0.devices[address] }
+        if known == nil, state.withLock({ $0.ledgerDown != nil }) { return false }
         if known == nil {
             // First seen this shift: what the ledger knows of it (a restart picks up here).
             var device = Device()
@@ -291,6 +350,7 @@ final class StationRun: @unchecked Sendable {
             known = device
         }
         guard var device = known else { return false }
+        if state.withLock({ $0.ledgerDown != nil }) { return false }
         switch device.phase {
         case .inFlight, .done, .quarantined: return false
         case .held(let until): if ContinuousClock.now < until { return false }
@@ -422,10 +482,16 @@ final class StationRun: @unchecked Sendable {
                     s.counts.alreadyDone += 1
                     s.sawElsewhere(f.address)
                 case .failed(let e) where e.code == .heldElsewhere:
-                    device.phase = .held(ContinuousClock.now + .milliseconds(Int64(min(30, max(0.1, settings.lease / 2)) * 1000)))
+                    device.phase = .held(ContinuousClock.now + .milliseconds(Int64(min(30, max(0.1, settings.lease / 4)) * 1000)))
                     s.counts.held += 1
                     s.sawElsewhere(f.address)
                 case .failed(let e) where e.code == .interrupted && s.stopping:
+                    device.phase = .waiting
+                case .failed(let e) where e.code == .ledgerFailed && book.wasUnstarted(name):
+                    // Not started: the ledger could not be reached. It waits for it.
+                    device.phase = .waiting
+                case .failed(let e) where e.code == .interrupted && s.stoppedForClaim.remove(f.address) != nil:
+                    // Stopped before its claim could lapse: tried again once the ledger answers.
                     device.phase = .waiting
                 case .failed(let e):
                     s.counts.failed += 1
@@ -590,7 +656,16 @@ enum StationEvents {
                  retries: 2, retryBackoff: 30, simulator: false),
          Retry(device: "C0:FF:EE:00:00:01", attempt: 2, after: 30, error: "connection"),
          Quarantined(device: "C0:FF:EE:00:00:01", attempts: 3, error: "connection", message: "connecting to C0:FF:EE:00:00:01 failed"),
-         Summary(StationRun.Counts(done: 90, alreadyDone: 3, failed: 4, quarantined: 1), hours: 0.5, exitCode: .success)]
+         Summary(StationRun.Counts(done: 90, alreadyDone: 3, failed: 4, quarantined: 1), hours: 0.5, exitCode: .success),
+         LedgerState(state: "answers", message: "the ledger answers again after 31.2 s", sent: 4)]
+    }
+
+    /// The shared ledger went away (`unreachable`), or answers again (`answers`, with what the outbox sent).
+    struct LedgerState: JSONEvent {
+        static let name = "ledger"
+        var state: String
+        var message: String
+        var sent: Int
     }
 
     /// The station's settings, once, after `start`.

@@ -522,7 +522,8 @@ struct Link {
                 }
             case .dropLink(let reason):
                 drop(at: timed.at, reason: .linkLost(reason), noticeAfter: model.supervisionTimeout, device: device)
-            case .reboot(_, let reason, _):
+            case .reboot(_, let reason, let injected):
+                if !injected { ActivationLog.note(device.address, reason) }
                 if timed.at <= t || !model.timed {
                     drop(at: max(t, timed.at), reason: .linkLost(reason), noticeAfter: model.timed ? model.supervisionTimeout : .zero, device: device)
                 } else {

@@ -44,3 +44,48 @@ func ledgerFigures(count: Int, url: String? = nil, claims: Bool = false) async t
     }
     return (appended / Double(count) * 1e6, query * 1e3, bytes)
 }
+
+/// A bench record of device `i` in run `run`.
+func benchRecord(_ i: Int, run: String) -> LedgerRecord {
+    let now = LedgerRecord.timestamp(Date())
+    let device = String(format: "C0:FF:EE:%02X:%02X:%02X", (i >> 16) & 0xFF, (i >> 8) & 0xFF, i & 0xFF)
+    return LedgerRecord(runID: run, startedAt: now, endedAt: now, station: "bench", adapter: "hci0", device: device,
+                        manufacturer: "otaflash", model: "bench", serialNumber: "SN\(i)", firmwareBefore: "1.0.0",
+                        protocolName: "native", imageName: "app.bin", imageSize: 262_144, imageSHA256: String(repeating: "5e", count: 32),
+                        firmwareAfter: "2.0.0", bytesSent: 262_144, seconds: 2.1, rate: 124_000, result: "ok", exitCode: 0,
+                        otaflashVersion: "bench", otaflashCommit: "bench")
+}
+
+/// The outbox's cost (docs/LEDGER.md, "When the server goes away"), in µs per record, `count`
+/// records each: appended plainly to the PostgreSQL ledger at `url`; appended through a station's
+/// outbox while the server answers (the idempotent write); kept in the outbox (SQLite, WAL,
+/// synchronous FULL: what a record costs while the server is away); sent from it when the server
+/// answers again (the replay).
+func outboxFigures(count: Int, url: String) async throws -> (plain: Double, through: Double, kept: Double, replayed: Double) {
+    let folder = NSTemporaryDirectory() + "otaflash-bench-outbox-\(getpid())"
+    try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: folder) }
+    func perRecord(_ body: (Int) async throws -> Void) async throws -> Double {
+        let started = ContinuousClock.now
+        for i in 0..<count { try await body(i) }
+        return (ContinuousClock.now - started).seconds / Double(count) * 1e6
+    }
+    let shared = try PostgresLedger(url: url)
+    try await shared.prepare(station: "bench")
+    let plainRun = UUID().uuidString
+    let plain = try await perRecord { try await shared.append(benchRecord($0, run: plainRun)) }
+    let station = try SpoolingLedger(shared: shared, outbox: try Outbox(path: folder + "/outbox-up.sqlite"))
+    let throughRun = UUID().uuidString
+    let through = try await perRecord { try await station.append(benchRecord($0, run: throughRun)) }
+    let outbox = try Outbox(path: folder + "/outbox.sqlite")
+    let keptRun = UUID().uuidString
+    let kept = try await perRecord { try await outbox.keep(.record(benchRecord($0, run: keptRun))) }
+    let replaying = try SpoolingLedger(shared: shared, outbox: outbox)
+    let started = ContinuousClock.now
+    let sent = try await replaying.replay()
+    let replayed = (ContinuousClock.now - started).seconds / Double(count) * 1e6
+    guard sent == count else { throw BenchFailure("the outbox sent \(sent) records, expected \(count)") }
+    await shared.close()
+    await outbox.close()
+    return (plain, through, kept, replayed)
+}

@@ -91,6 +91,14 @@ if options.selected.contains("--ledger") {
                   + String(format: ", %.0f µs per committed record, summary of all in %.1f ms", perRecord, queryMs))
             report.append(("ledger_postgres_\(count)\(claims ? "_claimed" : "")_microseconds_per_record", perRecord))
         }
+        let count = 2000
+        let o = try await outboxFigures(count: count, url: url)
+        print(String(format: "Outbox (%d records each, µs per record): PostgreSQL append %.0f; through a station's outbox, server up %.0f; kept in the outbox (SQLite), server away %.0f; sent from the outbox when it answers %.0f",
+                     count, o.plain, o.through, o.kept, o.replayed))
+        report.append(("outbox_postgres_append_microseconds_per_record", o.plain))
+        report.append(("outbox_through_station_microseconds_per_record", o.through))
+        report.append(("outbox_kept_sqlite_microseconds_per_record", o.kept))
+        report.append(("outbox_replayed_microseconds_per_record", o.replayed))
     }
 }
 
