@@ -48,7 +48,7 @@ struct ESPCommandLineTests {
         ("17 segments", 1, 17, "17 segments, more than ESP-IDF's limit of 16"),
         ("no segments", 1, 0, "no segments"),
         ("junk chip id", 12, 0x77, "chip id is 0x77"),
-        ("a segment past the end", 31, 0x01, "runs past the end of the file"),
+        ("a segment past the end", 30, 0x01, "runs past the end of the file"),
     ]) func aDamagedESPImageIsRefusedInAuto(what: String, at: Int, byte: UInt8, says: String) async throws {
         let scratch = try Scratch()
         let path = try Self.patched(scratch, "damaged.bin") { $0[at] = byte }
