@@ -323,6 +323,10 @@ public protocol OTAProfile: Sendable {
     /// Whether a single-device run, too, reconnects after activation to report what the device
     /// runs (SMP: MCUboot swaps the image in at the reset, or reverts it).
     var readsBackAfterActivation: Bool { get }
+    /// Whether a transfer that stopped (an interruption, a lost link) resumes where it stopped
+    /// when the same command runs again; false: the device must be reset first, and the whole
+    /// image goes again.
+    var resumesTransfer: Bool { get }
 
     /// Finds the protocol's service on `connection`, checks its characteristics (naming what is
     /// missing), enables notifications and reads the device's state.
@@ -365,6 +369,7 @@ extension OTAProfile {
     public var otherFormatHint: String? { nil }
     public var reportsFirmwareVersion: Bool { true }
     public var readsBackAfterActivation: Bool { false }
+    public var resumesTransfer: Bool { true }
     /// A device of this protocol is always ready as it is.
     public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                                 limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {

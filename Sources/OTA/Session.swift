@@ -336,8 +336,12 @@ public actor OTASession {
     }
 
     private func interrupted(confirmed: Int) -> OTAError {
-        OTAError(.interrupted, "interrupted with \(confirmed) of \(image.size) bytes confirmed by \(device)",
-                 hint: "the device keeps them: run the same command again to resume", resumable: true)
+        guard profile.resumesTransfer else {
+            return OTAError(.interrupted, "interrupted with \(confirmed) of \(image.size) bytes confirmed by \(device)",
+                            hint: "the \(profile.name) protocol cannot resume: reset the device (power cycle, or its reset button), then run the same command again")
+        }
+        return OTAError(.interrupted, "interrupted with \(confirmed) of \(image.size) bytes confirmed by \(device)",
+                        hint: "the device keeps them: run the same command again to resume", resumable: true)
     }
 
     /// How long a refused setup step waits to see whether the link drops right after it.

@@ -58,7 +58,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .checkFailed: "--confirm-after-check: the new image booted but failed its check (no answer to an SMP echo, a reset during the check, or --check-command failed or ran out of time); it was left unconfirmed, so MCUboot reverts it at the next reset"
         case .heldElsewhere: "another station holds the device's claim in the shared ledger (it is flashing it); nothing was sent: leave it to that station, or run again once its lease has ended"
         case .ledgerInconsistent: "otaflash ledger --check: the books do not check out (a device with two ok records for one image, a done claim without its record, a claim left held by a station that stopped, counts that do not add up); each finding is one line"
-        case .interrupted: "interrupted by SIGINT or SIGTERM; run the same command again to resume"
+        case .interrupted: "interrupted by SIGINT, SIGTERM or SIGHUP; run the same command again to resume (a protocol that cannot resume says to reset the device first)"
         }
     }
 

@@ -64,9 +64,12 @@ extension FlashPlan {
 }
 
 extension Flash {
-    /// What this command line asks of the loaders and the protocols.
+    /// What this command line asks of the loaders and the protocols: the registry holds each
+    /// protocol as the options configure it, so that a loader that hands a file to another
+    /// protocol hands it to that one as configured.
     var request: FlashRequest {
-        FlashRequest(protocolName: protocolName, registry: .cli, options: protocols.protocolGroups)
+        let plain = FlashRequest(protocolName: protocolName, registry: .cli, options: protocols.protocolGroups)
+        return FlashRequest(protocolName: protocolName, registry: .cli(for: plain), options: plain.options)
     }
 }
 

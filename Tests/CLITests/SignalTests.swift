@@ -24,12 +24,11 @@ struct SignalTests {
 
     /// Runs a real-time simulated 1 MiB update, sends `signal` once the transfer is under way,
     /// and collects how the process ended.
-    func interrupt(with signal: Int32) throws -> Ending {
+    func interrupt(with signal: Int32, _ arguments: [String] = [samplePath("seeded-1m.bin")]) throws -> Ending {
         let binary = try #require(ExecutableTests.executable, "the otaflash executable is not built next to the tests; run `swift build` first")
         let scratch = try Scratch()
         let stderrPath = scratch.url.appendingPathComponent("stderr").path
-        let child = try SpawnedProcess.spawn([binary.path, "--simulator", "--sim-time", "real", "--json",
-                                              samplePath("seeded-1m.bin")], stderrPath: stderrPath)
+        let child = try SpawnedProcess.spawn([binary.path, "--simulator", "--sim-time", "real", "--json"] + arguments, stderrPath: stderrPath)
         defer { child.stop() }
         // The first event of the transfer itself (real time: the whole update takes seconds).
         let started = child.waitForLine(timeoutMilliseconds: 30_000) {
@@ -73,5 +72,20 @@ struct SignalTests {
         #expect(done["result"] as? String == "error")
         #expect(done["error"] as? String == "interrupted")
         #expect(done["exit_code"] as? Int == 130)
+    }
+
+    /// Espressif's BLE OTA cannot resume (one START per boot): its interrupted line asks for the
+    /// reset first, and promises no resume.
+    @Test(arguments: [SIGHUP, SIGINT])
+    func anInterruptedESPUpdateSaysResetTheDeviceThenRunAgain(signal: Int32) throws {
+        // 150 ms of flash per KiB: the 24,944-byte sample takes about 4 s.
+        let ending = try interrupt(with: signal, ["--sim-slow-flash-ms", "150", samplePath("esp32/blink-esp32.bin")])
+        #expect(exitCode(ofWaitStatus: ending.status) == 130, "\(ending.stderr)")
+        let errors = ending.stderr.split(separator: "\n").filter { $0.hasPrefix("otaflash: error:") }
+        #expect(errors.count == 1, "\(ending.stderr)")
+        let line = String(errors.first ?? "")
+        #expect(line.hasPrefix("otaflash: error: interrupted with "), "\(line)")
+        #expect(line.hasSuffix("the esp-ota protocol cannot resume: reset the device (power cycle, or its reset button), then run the same command again"), "\(line)")
+        #expect(!line.contains("to resume"), "\(line)")
     }
 }

@@ -1,4 +1,5 @@
 import Crypto
+import GATT
 import OTA
 import OTAWire
 import Testing
@@ -37,7 +38,7 @@ import Testing
         #expect(refusal(Array(good.prefix(10)))?.description.contains("shorter than") == true)
         var segments = good
         segments[1] = 0
-        #expect(refusal(segments)?.description.contains("0 segments") == true)
+        #expect(refusal(segments)?.description.contains("no segments") == true)
         var flipped = good
         flipped[600] ^= 0x01
         #expect(refusal(flipped)?.description.contains("checksum") == true)
@@ -92,8 +93,72 @@ import Testing
         #expect(try ESPAppImage(bytes: good + [1, 2, 3]).trailer == .unknown(3))
     }
 
-    @Test func rawBinariesAreNotTakenForESPImages() {
-        #expect(ImageFormat.detect([0xE9, 0x00] + [UInt8](repeating: 0, count: 40), using: [.espAppImage]).kind == .rawBinary)
-        #expect(ImageFormat.detect([0xE9, 0x02, 0, 0] + [UInt8](repeating: 0x77, count: 40), using: [.espAppImage]).kind == .rawBinary)
+    /// Every file that starts with 0xE9 is taken for an app image, damaged or not, so that auto
+    /// never sends a damaged one as a raw binary; a file that does not is not.
+    @Test func everyFileThatStartsWithTheMagicIsAnESPImageDamagedOrNot() {
+        let damaged: [[UInt8]] = [
+            [0xE9, 0x00] + [UInt8](repeating: 0, count: 40),
+            [0xE9, 0x02, 0, 0] + [UInt8](repeating: 0x77, count: 40),
+            [0xE9, 0x11] + [UInt8](repeating: 0, count: 40),
+            [0xE9, 0x03],
+        ]
+        for bytes in damaged {
+            let format = ImageFormat.detect(bytes, using: [.espAppImage])
+            #expect(format.kind == .espAppImage, "\(bytes.prefix(4))")
+            #expect(format.description.contains("damaged") || format.description.contains("shorter than its header"), "\(format.description)")
+        }
+        #expect(ImageFormat.detect(ESPAppImage.build(body: Self.body), using: [.espAppImage]).description == "an ESP-IDF app image (magic 0xE9)")
+        #expect(ImageFormat.detect([0xEA, 0x02] + [UInt8](repeating: 0, count: 40), using: [.espAppImage]).kind == .rawBinary)
+        #expect(ImageFormat.detect([0x00, 0x80, 0x00, 0x20] + [UInt8](repeating: 0, count: 40), using: [.espAppImage]).kind == .rawBinary)
+    }
+
+    /// ESP-IDF's own checks (`verify_image_header`, `verify_segment_header`, `process_segment`):
+    /// each refusal says the file is a damaged app image and names the damage.
+    /// The bytes set, as (offset, value): the first segment of `build(body: body)` is 3,256
+    /// bytes (0x0CB8: bytes 28 and 29).
+    @Test(arguments: [
+        ("17 segments", [(1, 17)], "17 segments, more than ESP-IDF's limit of 16"),
+        ("255 segments", [(1, 255)], "255 segments"),
+        ("no segments", [(1, 0)], "no segments"),
+        ("unknown chip", [(12, 0x42)], "chip id is 0x42"),
+        ("SPI mode", [(2, 9)], "SPI flash mode byte is 9"),
+        ("hash_appended", [(23, 7)], "hash_appended byte is 7"),
+        ("revisions", [(15, 5), (16, 1), (17, 0), (18, 1)], "chip revisions 261 to 256"),
+        ("unaligned length", [(28, 0xB9)], "not a whole number of 32-bit words"),
+        ("past the end", [(29, 0x7F)], "runs past the end of the file"),
+        ("over 16 MiB", [(31, 0x10)], "longer than 16 MiB"),
+    ] as [(String, [(Int, UInt8)], String)])
+    func aDamagedHeaderIsNamed(what: String, patches: [(Int, UInt8)], says: String) {
+        var bytes = ESPAppImage.build(body: Self.body)
+        #expect(bytes[28] == 0xB8 && bytes[29] == 0x0C)
+        for (at, value) in patches { bytes[at] = value }
+        let error = refusal(bytes)
+        #expect(error?.code == .image, "\(what)")
+        #expect(error?.description.hasPrefix("app.bin is a damaged ESP-IDF app image: ") == true, "\(what): \(error?.description ?? "taken")")
+        #expect(error?.description.contains(says) == true, "\(what): \(error?.description ?? "taken")")
+        #expect(ImageFormat.detect(bytes, using: [.espAppImage]).kind == .espAppImage, "\(what)")
+    }
+
+    @Test func junkAfterTheMagicIsADamagedImage() {
+        var rng = SeededGenerator(seed: 32)
+        var refused = 0
+        for _ in 0..<500 {
+            let bytes = [ESPAppImage.magic] + (0..<4000).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            guard let error = refusal(bytes) else {
+                Issue.record("random bytes after 0xE9 were taken for an app image")
+                continue
+            }
+            #expect(error.description.contains("damaged ESP-IDF app image"), "\(error.description)")
+            refused += 1
+        }
+        #expect(refused == 500)
+    }
+
+    @Test func newerChipsAreKnown() {
+        for (name, id) in [("esp32c5", 0x17), ("esp32c61", 0x14), ("esp32h21", 0x19), ("esp32h4", 0x1C)] as [(String, UInt16)] {
+            #expect(ESPChip(name: name)?.rawValue == id)
+            #expect(ESPChip(rawValue: id).isKnown)
+        }
+        #expect(!ESPChip(rawValue: 0x42).isKnown)
     }
 }

@@ -12,15 +12,17 @@ extension ProtocolCommandLine {
     public static let espOTA: ProtocolCommandLine = {
         var esp = ProtocolCommandLine(
             profile: ESPOTAProfile(), loader: Loader(detector: .espAppImage) { path, request throws(CLIFailure) in
+                let options = request.options(ESPOTAOptions.self)
+                let partition = try options?.partitionLimit()
                 do throws(OTAError) {
                     let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: request.registry,
-                                                             chip: request.options(ESPOTAOptions.self)?.chip)
+                                                             chip: options?.chip, partition: partition)
                     return FlashPlan(update: loaded.plan, warnings: loaded.warnings, imageVersion: loaded.version)
                 } catch {
                     throw CLIFailure(ExitCode(error.code), "\(error)")
                 }
             },
-            takes: ["--sim-firmware-version", "--chip"],
+            takes: ["--sim-firmware-version", "--chip", "--esp-partition-size", "--partition-table"],
             refuses: ["--checkpoint-interval": "an ESP32 ACKs each 4 KiB sector itself",
                       "--restart": "Espressif's BLE OTA cannot resume: every run sends the whole image",
                       "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
@@ -29,24 +31,73 @@ extension ProtocolCommandLine {
             simulatedDevice: { request in
                 ESPOTARegistration.simulatedDevice(request.config, device: request.options(ESPOTAOptions.self)?.simulated ?? SimulatedESPOptions())
             })
+        esp.rangeTexts = [ESPOTAOptions.partitionSizeRange.option: "a size in bytes (decimal, 0x hex, or with K or M as partitions.csv writes it) "
+                          + ESPOTAOptions.partitionSizeRange.text]
         esp.bench = ESPOTABench()
         esp.soak = ESPOTASoak()
         return esp
     }()
 }
 
-/// Espressif's BLE OTA's own option: the chip the devices are.
+/// Espressif's BLE OTA's own options: the chip the devices are, and their OTA partition (which
+/// the device cannot report).
 public struct ESPOTAOptions: ProtocolOptionGroup {
     @Option(name: .customLong("chip"), help: ArgumentHelp("esp-ota: the chip the devices are (\(ESPChip.knownNames.joined(separator: ", "))): an app image built for another is refused before any radio time (exit 7); the device would take it and not restart.", valueName: "chip"))
     var chip: ESPChip?
 
     @OptionGroup(title: "Simulated ESP32 (esp-ota)") var simulated: SimulatedESPOptions
 
+    @Option(name: .customLong("esp-partition-size"), help: ArgumentHelp("esp-ota: the size of the devices' OTA partition, in bytes, 0x hex or with K or M as partitions.csv writes it (\(partitionSizeRange.text)): a larger app image is refused before any radio time (exit 4). Without it (or --partition-table), images over 4 MiB are refused and those over 1 MiB get a warning.", valueName: "size"))
+    var partitionSize: ESPPartitionSizeArgument?
+
+    @Option(name: .customLong("partition-table"), help: ArgumentHelp("esp-ota: the devices' partition table (the build's partitions.csv, or build/partition_table/partition-table.bin): an app image larger than its OTA partitions (ota_0, ota_1, …) is refused before any radio time (exit 4).", valueName: "file"), completion: .file())
+    var partitionTable: String?
+
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .espOTA }
 
-    public func given(withSimulator: Bool) -> [String] { (chip != nil ? ["--chip"] : []) + (withSimulator ? simulated.given : []) }
+    /// An app partition is at least a flash sector, and no image ESP-IDF loads is larger than 16 MiB.
+    public static let partitionSizeRange = Bounds("--esp-partition-size", 4096...(16 << 20), unit: " bytes")
+
+    public func given(withSimulator: Bool) -> [String] {
+        [chip != nil ? "--chip" : nil, partitionSize != nil ? "--esp-partition-size" : nil,
+         partitionTable != nil ? "--partition-table" : nil].compactMap { $0 } + (withSimulator ? simulated.given : [])
+    }
+
+    public func check(protocolName: String) throws {
+        if let partitionSize { try Self.partitionSizeRange.check(partitionSize.bytes) }
+        if partitionSize != nil, partitionTable != nil {
+            throw ValidationError("--esp-partition-size and --partition-table both give the OTA partition's size; give one")
+        }
+    }
+
+    /// The OTA partition the options give: the size given, or the one the partition table gives.
+    ///
+    /// - Throws: `CLIFailure` `.usage` (exit 2) for a partition table that cannot be read or has no
+    ///   OTA app partition.
+    public func partitionLimit() throws(CLIFailure) -> ESPPartitionLimit? {
+        if let partitionSize {
+            return ESPPartitionLimit(size: partitionSize.bytes, what: "the OTA partition --esp-partition-size gives")
+        }
+        guard let partitionTable else { return nil }
+        do {
+            return try ESPPartitionLimit(table: ESPPartitionTable.load(path: partitionTable))
+        } catch {
+            throw CLIFailure(.usage, "--partition-table \(error)")
+        }
+    }
+}
+
+/// `--esp-partition-size`: bytes, 0x hex, or with K or M (1024, 1024 × 1024), as partitions.csv
+/// writes sizes.
+public struct ESPPartitionSizeArgument: ExpressibleByArgument, Sendable, Hashable {
+    public let bytes: Int
+
+    public init?(argument: String) {
+        guard let bytes = ESPPartitionTable.number(argument), bytes >= 0 else { return nil }
+        self.bytes = bytes
+    }
 }
 
 /// The simulated ESP32's own options, for `flash --simulator` and `otaflash simulate`: which
@@ -123,30 +174,79 @@ public enum ESPOTARegistration {
     }
 
     /// Loads and checks the app image at `path` for the protocol `protocolName` asks for (`auto`
-    /// or `esp-ota`), against `chip` when one is known.
+    /// or `esp-ota`), against `chip` when one is known and the OTA partition `partition` when one is
+    /// given (else the 4 MiB ceiling). A pre-encrypted image is sent as it is, checked only for its
+    /// header and size. A file that starts with 0xE9 but is no app image goes as a raw binary only
+    /// when a protocol that sends raw binaries is asked for by name (`--protocol native`).
     ///
-    /// - Throws: `OTAError`: `.image` (exit 3) for a file that is not a sendable app image (with
-    ///   the file of an ESP-IDF build to use), `.imageTooLarge`, `.incompatibleDevice` for
-    ///   another chip.
-    public static func load(path: String, protocolName: String, registry: ProtocolRegistry, chip: ESPChip? = nil) throws(OTAError) -> Loaded {
-        let resolution: ProtocolRegistry.Resolution
+    /// - Throws: `OTAError`: `.image` (exit 3) for a file that is not a sendable app image (a
+    ///   damaged one, with the damage; another file of an ESP-IDF build, with the one to use),
+    ///   `.imageTooLarge` (exit 4), `.incompatibleDevice` (exit 7) for another chip.
+    public static func load(path: String, protocolName: String, registry: ProtocolRegistry, chip: ESPChip? = nil,
+                            partition: ESPPartitionLimit? = nil) throws(OTAError) -> Loaded {
+        let firmware: FirmwareImage
         do {
-            resolution = try registry.resolve(protocolName, format: .espAppImage)
+            firmware = try FirmwareImage.load(path: path, accepting: [.espAppImage, .elf], detecting: [.espAppImage])
         } catch {
-            throw OTAError(error.code, "\(path): \(error.message)", hint: error.hint)
+            throw OTAError(.image, "\(error)")
+        }
+        func resolve(_ format: ImageFormat.Kind) throws(OTAError) -> ProtocolRegistry.Resolution {
+            do {
+                return try registry.resolve(protocolName, format: format)
+            } catch {
+                throw OTAError(error.code, "\(path): \(error.message)", hint: error.hint)
+            }
+        }
+        if ESPEncryptedImage.isEncrypted(firmware.bytes) {
+            let encrypted: ESPEncryptedImage
+            let sizeWarnings: [String]
+            do {
+                encrypted = try ESPEncryptedImage(bytes: firmware.bytes, source: path)
+                sizeWarnings = try ESPPartitionLimit.check(appSize: encrypted.appSize, source: path, limit: partition)
+            } catch {
+                throw error.otaError
+            }
+            let resolution = try resolve(.espAppImage)
+            let chipWarning = chip.map { ["--chip \($0) cannot be checked against \(path): the chip it is built for is inside the encryption"] } ?? []
+            let plan = UpdatePlan(parts: [UpdatePlan.Part(firmware: encrypted.firmware, profile: resolution.profile, label: "app")],
+                                  format: .espAppImage, reason: resolution.reason,
+                                  contents: "; a pre-encrypted image (esp_encrypted_img) of a \(encrypted.appSize)-byte app image")
+            return Loaded(plan: plan, warnings: encrypted.warnings + chipWarning + sizeWarnings, version: nil)
         }
         let image: ESPAppImage
         do {
-            image = try ESPAppImage.load(path: path)
+            image = try ESPAppImage(bytes: firmware.bytes, source: path)
+        } catch {
+            if let raw = rawFallback(firmware, damage: error, protocolName: protocolName, registry: registry) { return raw }
+            throw error.otaError
+        }
+        let resolution = try resolve(.espAppImage)
+        let sizeWarnings: [String]
+        do {
             try image.check(chip: chip)
+            sizeWarnings = try ESPPartitionLimit.check(appSize: image.size, source: path, limit: partition)
         } catch {
             throw error.otaError
         }
         let contents = "; an ESP-IDF app image for \(image.chip), \(image.segments.count) segments"
             + (image.version.map { ", version \($0)" } ?? "") + (image.hashAppended ? ", SHA-256 appended" : "")
+            + (partition.map { ", fits \($0.what) (\($0.size) bytes)" } ?? "")
         let plan = UpdatePlan(parts: [UpdatePlan.Part(firmware: image.firmware, profile: resolution.profile, label: "app")],
                               format: .espAppImage, reason: resolution.reason, contents: contents)
-        return Loaded(plan: plan, warnings: image.warnings, version: image.version.flatMap(FirmwareVersion.init))
+        return Loaded(plan: plan, warnings: image.warnings + sizeWarnings, version: image.version.flatMap(FirmwareVersion.init))
+    }
+
+    /// A file that starts with the app image magic but does not check out, asked by name to go over
+    /// a protocol that sends raw binaries: sent as one, with a warning. Nil: refuse it.
+    static func rawFallback(_ firmware: FirmwareImage, damage: ESPImageError, protocolName: String, registry: ProtocolRegistry) -> Loaded? {
+        guard protocolName != ProtocolRegistry.auto, damage.code == .image, firmware.bytes.first == ESPAppImage.magic,
+              ESPAppImage.otherBuildFile(firmware.bytes, source: firmware.source) == nil,
+              registry.profile(named: protocolName)?.imageFormats.contains(.rawBinary) == true,
+              let resolution = try? registry.resolve(protocolName, format: .rawBinary) else { return nil }
+        let plan = UpdatePlan(parts: [UpdatePlan.Part(firmware: firmware, profile: resolution.profile, label: "app")],
+                              format: .rawBinary, reason: resolution.reason)
+        return Loaded(plan: plan, warnings: ["\(firmware.source) starts with 0xE9 like an ESP-IDF app image, but is none (\(damage.description)); it is sent as a raw binary, as --protocol \(protocolName) asks"],
+                      version: nil)
     }
 
     /// The host a served or simulated device runs, from the name it advertises: Bluedroid's

@@ -16,11 +16,19 @@ public struct ESPChip: RawRepresentable, Sendable, Hashable, CustomStringConvert
     public static let esp32c6 = ESPChip(rawValue: 0x000D)
     public static let esp32h2 = ESPChip(rawValue: 0x0010)
     public static let esp32p4 = ESPChip(rawValue: 0x0012)
+    public static let esp32c61 = ESPChip(rawValue: 0x0014)
+    public static let esp32c5 = ESPChip(rawValue: 0x0017)
+    public static let esp32h21 = ESPChip(rawValue: 0x0019)
+    public static let esp32h4 = ESPChip(rawValue: 0x001C)
 
     static let names: [(ESPChip, String)] = [
         (.esp32, "esp32"), (.esp32s2, "esp32s2"), (.esp32c3, "esp32c3"), (.esp32s3, "esp32s3"), (.esp32c2, "esp32c2"),
-        (.esp32c6, "esp32c6"), (.esp32h2, "esp32h2"), (.esp32p4, "esp32p4"),
+        (.esp32c6, "esp32c6"), (.esp32h2, "esp32h2"), (.esp32p4, "esp32p4"), (.esp32c61, "esp32c61"), (.esp32c5, "esp32c5"),
+        (.esp32h21, "esp32h21"), (.esp32h4, "esp32h4"),
     ]
+
+    /// Whether ESP-IDF names this chip id (`esp_chip_id_t`).
+    public var isKnown: Bool { Self.names.contains { $0.0 == self } }
 
     /// `esp32c3`, `ESP32-C3` or `esp32-c3`; nil for a name ESP-IDF does not use.
     public init?(name: String) {
@@ -113,50 +121,52 @@ public struct ESPAppImage: Sendable, Hashable {
         return out
     }
 
-    /// Parses and checks `bytes` as the device's `esp_ota_end` would (header, segments within the
-    /// file, checksum, appended SHA-256), and refuses the files an ESP-IDF build writes beside the
-    /// app image (its ELF, a merged flash image).
+    /// Parses and checks `bytes` as the device's `esp_ota_end` would (`esp_image_verify`: the
+    /// header, at most 16 segments whose lengths are multiples of 4 and lie within the file, the
+    /// checksum, the appended SHA-256), and refuses the files an ESP-IDF build writes beside the app
+    /// image (its ELF, a merged flash image, a pre-encrypted image). A file that starts with the magic
+    /// but fails a check is a damaged app image, and the line names the damage.
     public init(bytes: [UInt8], source: String = "image") throws(ESPImageError) {
         self.bytes = bytes
         self.source = source
         if let refusal = Self.otherBuildFile(bytes, source: source) { throw ESPImageError(refusal) }
-        guard bytes.count >= Self.headerSize else {
-            throw ESPImageError("\(source) is \(bytes.count) bytes, shorter than an ESP-IDF app image header (\(Self.headerSize) bytes): pass build/<app>.bin from `idf.py build`")
-        }
-        guard bytes[0] == Self.magic else {
+        guard bytes.first == Self.magic else {
             throw ESPImageError("\(source) does not start with the ESP-IDF image magic 0xE9 (it starts with \(hexDump(bytes.prefix(4)))): pass build/<app>.bin from `idf.py build`")
+        }
+        func damaged(_ what: String, truncated: Bool = false) -> ESPImageError {
+            ESPImageError("\(source) is a damaged ESP-IDF app image: \(what); "
+                          + (truncated ? "the file is truncated, copy build/<app>.bin again" : "the file is damaged, build it again"))
+        }
+        guard bytes.count >= Self.headerSize else {
+            throw damaged("it is \(bytes.count) bytes, shorter than the app image header (\(Self.headerSize) bytes)", truncated: true)
         }
         guard bytes.count <= Self.maximumSize else {
             throw ESPImageError(.imageTooLarge, "\(source) is \(bytes.count) bytes, larger than any ESP32's flash (16 MiB)")
         }
-        var reader = ByteReader(bytes)
-        let count: Int
-        do {
-            _ = try reader.u8()
-            count = Int(try reader.u8())
-            _ = try reader.u16()
-            entryAddress = try reader.u32()
-            _ = try reader.u32()  // wp_pin, spi_pin_drv[3]
-            chip = ESPChip(rawValue: try reader.u16())
-        } catch {
-            throw ESPImageError("\(source): \(error)")
-        }
-        hashAppended = bytes[23] == 1
-        guard (1...Self.maxSegments).contains(count) else {
-            throw ESPImageError("\(source) says it has \(count) segments; an ESP-IDF app image has 1 to \(Self.maxSegments): the file is damaged, build it again")
-        }
+        let header = Self.Header(bytes)
+        entryAddress = header.entryAddress
+        chip = header.chip
+        if let damage = header.damage { throw damaged(damage) }
+        hashAppended = header.hashAppended
+        let count = header.segmentCount
         var offset = Self.headerSize
         var segments: [Segment] = []
         var checksum: UInt8 = 0xEF
         for index in 0..<count {
             guard offset + 8 <= bytes.count else {
-                throw ESPImageError("\(source) ends at byte \(bytes.count) inside the header of segment \(index + 1) of \(count): the file is truncated, copy build/<app>.bin again")
+                throw damaged("it ends at byte \(bytes.count), inside the header of segment \(index + 1) of \(count)", truncated: true)
             }
-            var header = ByteReader(bytes[offset..<(offset + 8)])
-            let load = (try? header.u32()) ?? 0
-            let length = Int((try? header.u32()) ?? 0)
+            let load = Self.le32(bytes, offset)
+            let length = Int(Self.le32(bytes, offset + 4))
+            let what = "segment \(index + 1) of \(count) (load address 0x\(String(load, radix: 16)), \(length) bytes)"
+            guard length < Self.maximumSize else {
+                throw damaged("\(what) is longer than 16 MiB, which esp_image_verify refuses")
+            }
+            guard length % 4 == 0 else {
+                throw damaged("\(what) is not a whole number of 32-bit words, which esp_image_verify refuses")
+            }
             guard length <= bytes.count - offset - 8 else {
-                throw ESPImageError("\(source): segment \(index + 1) of \(count) (load address 0x\(String(load, radix: 16)), \(length) bytes) runs past the end of the file (\(bytes.count) bytes): the file is truncated, copy build/<app>.bin again")
+                throw damaged("\(what) runs past the end of the file (\(bytes.count) bytes)", truncated: true)
             }
             segments.append(Segment(loadAddress: load, offset: offset + 8, length: length))
             for b in bytes[(offset + 8)..<(offset + 8 + length)] { checksum ^= b }
@@ -166,19 +176,19 @@ public struct ESPAppImage: Sendable, Hashable {
         // Zero padding so that the checksum byte is the last of a 16-byte block.
         let checksumAt = offset + (15 - offset % 16)
         guard checksumAt < bytes.count else {
-            throw ESPImageError("\(source) ends before its checksum byte (at \(checksumAt)): the file is truncated, copy build/<app>.bin again")
+            throw damaged("it ends before its checksum byte (at \(checksumAt))", truncated: true)
         }
         guard bytes[checksumAt] == checksum else {
-            throw ESPImageError("\(source): its checksum byte is 0x\(String(bytes[checksumAt], radix: 16)) but its segments give 0x\(String(checksum, radix: 16)): the file is damaged, build it again")
+            throw damaged("its checksum byte is 0x\(String(bytes[checksumAt], radix: 16)) but its segments give 0x\(String(checksum, radix: 16))")
         }
         var end = checksumAt + 1
         if hashAppended {
             guard end + 32 <= bytes.count else {
-                throw ESPImageError("\(source) says a SHA-256 follows its checksum, but the file ends \(bytes.count - end) bytes after it: the file is truncated, copy build/<app>.bin again")
+                throw damaged("it says a SHA-256 follows its checksum, but the file ends \(bytes.count - end) bytes after it", truncated: true)
             }
             let digest = Array(SHA256.hash(data: bytes[0..<end]))
             guard digest[...] == bytes[end..<(end + 32)] else {
-                throw ESPImageError("\(source): its appended SHA-256 does not match its bytes: the file is damaged, build it again")
+                throw damaged("its appended SHA-256 does not match its bytes")
             }
             end += 32
         }
@@ -187,14 +197,62 @@ public struct ESPAppImage: Sendable, Hashable {
         (version, projectName) = Self.appDescription(bytes, segments.first)
     }
 
+    /// The 24-byte header (`esp_image_header_t`), read from a file's first bytes, with what is
+    /// wrong with it as ESP-IDF reads it (`verify_image_header`, `bootloader_common_check_chip_validity`).
+    public struct Header: Sendable, Hashable {
+        public var segmentCount: Int
+        public var spiMode: UInt8
+        public var entryAddress: UInt32
+        public var chip: ESPChip
+        public var minimumRevision: UInt16
+        public var maximumRevision: UInt16
+        public var hashAppendedByte: UInt8
+        public var hashAppended: Bool { hashAppendedByte == 1 }
+
+        /// Reads `head` from its first byte; `head` holds at least 24 bytes.
+        public init(_ head: some RandomAccessCollection<UInt8>) {
+            let b = Array(head.prefix(ESPAppImage.headerSize))
+            segmentCount = Int(b[1])
+            spiMode = b[2]
+            entryAddress = ESPAppImage.le32(b, 4)
+            chip = ESPChip(rawValue: UInt16(b[12]) | UInt16(b[13]) << 8)
+            minimumRevision = UInt16(b[15]) | UInt16(b[16]) << 8
+            maximumRevision = UInt16(b[17]) | UInt16(b[18]) << 8
+            hashAppendedByte = b[23]
+        }
+
+        /// What makes the header one no ESP-IDF device takes, as a phrase; nil: it checks out.
+        public var damage: String? {
+            if segmentCount == 0 { return "it says it has no segments; an app image has 1 to \(ESPAppImage.maxSegments)" }
+            if segmentCount > ESPAppImage.maxSegments {
+                return "it says it has \(segmentCount) segments, more than ESP-IDF's limit of \(ESPAppImage.maxSegments) (ESP_IMAGE_MAX_SEGMENTS)"
+            }
+            if !chip.isKnown {
+                return "its chip id is 0x\(String(chip.rawValue, radix: 16)), which no ESP32 has (\(ESPChip.knownNames.joined(separator: ", ")))"
+            }
+            if spiMode > 5 { return "its SPI flash mode byte is \(spiMode); ESP-IDF writes 0 to 5 (QIO to SLOW_READ)" }
+            if hashAppendedByte > 1 { return "its hash_appended byte is \(hashAppendedByte); ESP-IDF writes 0 or 1" }
+            if maximumRevision != 0xFFFF, maximumRevision < minimumRevision {
+                return "it says it runs on chip revisions \(minimumRevision) to \(maximumRevision) (major × 100 + minor), which no chip is"
+            }
+            return nil
+        }
+    }
+
+    static func le32(_ b: some RandomAccessCollection<UInt8>, _ at: Int) -> UInt32 {
+        let i = b.index(b.startIndex, offsetBy: at)
+        return (0..<4).reduce(UInt32(0)) { $0 | UInt32(b[b.index(i, offsetBy: $1)]) << (8 * $1) }
+    }
+
     /// Refuses the image for a device: `chip` (from `--chip`, or what the device says) must be the
     /// one the image was built for; `partitionSize` (the device's OTA partition) must hold it.
     public func check(chip expected: ESPChip?, partitionSize: Int? = nil) throws(ESPImageError) {
         if let expected, expected != chip {
             throw ESPImageError(.incompatibleDevice, "\(source) is built for \(chip.target) (chip id \(chip.rawValue)), not \(expected.target): build it with `idf.py set-target \(expected.target)`")
         }
-        if let partitionSize, bytes.count > partitionSize {
-            throw ESPImageError(.imageTooLarge, "\(source) is \(bytes.count) bytes, more than the device's OTA partition (\(partitionSize) bytes): shrink the app or give its OTA partitions more room in partitions.csv")
+        if let partitionSize {
+            _ = try ESPPartitionLimit.check(appSize: bytes.count, source: source,
+                                            limit: ESPPartitionLimit(size: partitionSize, what: "the device's OTA partition"))
         }
     }
 
@@ -218,8 +276,8 @@ public struct ESPAppImage: Sendable, Hashable {
         if isMergedFlashImage(bytes) {
             return "\(source) is a merged flash image (bootloader, partition table and app, as `esptool merge_bin` writes it); BLE OTA writes only the app: pass build/<app>.bin"
         }
-        if bytes.starts(with: [0xCF, 0xB6, 0x88, 0x07]) {
-            return "\(source) is a pre-encrypted image (esp_encrypted_img, magic 0x0788b6cf); it goes to a device built with CONFIG_PRE_ENC_OTA, which otaflash does not support yet: pass the plain build/<app>.bin to a device without it"
+        if bytes.starts(with: ESPEncryptedImage.magicBytes) {
+            return "\(source) is a pre-encrypted image (esp_encrypted_img, magic 0x0788b6cf), not a plain app image: only a device built with CONFIG_PRE_ENC_OTA decrypts it; pass the plain build/<app>.bin to a device without it"
         }
         return nil
     }

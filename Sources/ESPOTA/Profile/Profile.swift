@@ -39,6 +39,9 @@ public struct ESPOTAProfile: OTAProfile {
     }
     /// The new image need not run the OTA service: a batch does not connect again to ask.
     public var reportsFirmwareVersion: Bool { false }
+    /// One START per boot, and the component keeps nothing across a reset: a stopped transfer is
+    /// sent again whole once the device was reset.
+    public var resumesTransfer: Bool { false }
 
     public func attach(to connection: any GATTConnection, device: String,
                        discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<ESPOTALink> {
