@@ -250,20 +250,25 @@ public struct DeviceUpdater: Sendable {
         let entry = progress.entry
         let name = namesSessionsByDevice ? device : (entry?.address ?? address).description
         let timeouts = timeouts
-        let connect = { @Sendable () async throws(GATTError) -> any GATTConnection in
+        let connect = { @Sendable (limit: Duration) async throws(GATTError) -> any GATTConnection in
             if let connection = handoff.withLock({ c in defer { c = nil }; return c }) { return connection }
-            if let entry { return try await central.connect(to: entry, timeout: timeouts.connect) }
-            return try await central.connect(to: address, timeout: timeouts.connect)
+            if let entry { return try await central.connect(to: entry, timeout: limit) }
+            return try await central.connect(to: address, timeout: limit)
         }
+        let home = entry?.application ?? address
         var total: OTAResult?
         let (size, crc32) = (plan.size, plan.crc32)
         for (index, part) in plan.parts.enumerated().dropFirst(progress.imagesDone) {
             if plan.parts.count > 1 {
                 events(.image(device: device, index: index, count: plan.parts.count, label: part.label))
             }
+            let profile = part.profile
+            let confirm = { @Sendable () async -> Bool in
+                await Self.confirmActivation(profile, central: central, at: home, timeouts: timeouts)
+            }
             let session = OTASession(device: name, image: part.firmware, config: config, profile: part.profile,
                                      timeouts: timeouts, reconnect: reconnect, journal: journal, clock: central.clock,
-                                     logger: logger, connect: connect)
+                                     logger: logger, confirmActivation: confirm, connectWithin: connect)
             do throws(OTAError) {
                 let result = try await session.run { events(.session($0)) }
                 progress.imagesDone = index + 1
@@ -302,6 +307,19 @@ public struct DeviceUpdater: Sendable {
             logger.debug("could not read the version back", metadata: ["device": "\(address)", "error": "\(error)"])
             return nil
         }
+    }
+
+    /// Connects once, within the connect timeout, to where the device runs its application and
+    /// lets the profile read whether it activated the image (`OTAProfile.confirmsActivation`).
+    private static func confirmActivation(_ profile: any OTAProfile, central: any GATTCentral, at address: DeviceAddress,
+                                          timeouts: SessionTimeouts) async -> Bool {
+        guard let connection = try? await central.connect(to: address, timeout: timeouts.connect) else { return false }
+        let services = try? await withTimeout(timeouts.discovery, clock: connection.clock, "discovering services") { () async throws(GATTError) in
+            try await connection.discoverServices()
+        }
+        let confirmed = if let services { await profile.confirmsActivation(on: connection, services: services) } else { false }
+        await connection.disconnect()
+        return confirmed
     }
 
     private struct Prepared: Sendable {
