@@ -128,9 +128,12 @@ struct Outage {
     /// When the window ends; nil before the first failure.
     var deadline: Duration? { start.map { $0 + policy.window } }
 
-    init(policy: ReconnectPolicy) {
+    /// - Parameter since: when the device was last seen, when the first attempt already follows
+    ///   one that failed (the updater's first connection): the window counts from there.
+    init(policy: ReconnectPolicy, since: Duration? = nil) {
         self.policy = policy
         rng = SeededGenerator(seed: policy.seed)
+        start = since
     }
 
     /// The wait before the next attempt after `failure`.
@@ -217,6 +220,9 @@ public actor OTASession {
     /// the device's next state where it runs its application; true when that shows the image
     /// was activated. Nil: nothing can confirm it.
     private let confirmActivation: (@Sendable () async -> Bool)?
+    /// When an attempt before this session's first (the updater's first connection) began and
+    /// failed to connect: the reconnect window counts from there.
+    private let unreachedSince: Duration?
     /// The last connection's MTU and chunk size, for a result confirmed after it was gone.
     private var lastLink = (mtu: 0, chunk: 0)
     /// When the last connection came up (nil: the attempt under way has not connected yet).
@@ -242,10 +248,11 @@ public actor OTASession {
                 profile: any OTAProfile, timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
                 journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
                 logger: Logger = Logger(label: "otaflash.session"),
-                confirmActivation: (@Sendable () async -> Bool)? = nil,
+                confirmActivation: (@Sendable () async -> Bool)? = nil, unreachedSince: Duration? = nil,
                 connectWithin: @escaping @Sendable (Duration) async throws(GATTError) -> any GATTConnection) {
         let connect = connectWithin
         self.confirmActivation = confirmActivation
+        self.unreachedSince = unreachedSince
         self.journal = journal
         self.device = device
         self.image = image
@@ -296,7 +303,8 @@ public actor OTASession {
             logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
         }
         var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
-        var outage = Outage(policy: reconnect)
+        // Without reconnecting, this session's first attempt is the one attempt it has.
+        var outage = Outage(policy: reconnect, since: reconnect.window > .zero ? unreachedSince : nil)
         let started = clock.now
         // What the first attached connection ran: a later one may run the new image already
         // (SMP reads the device back after its reset on a connection of its own).

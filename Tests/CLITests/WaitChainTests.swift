@@ -26,7 +26,7 @@ struct WaitChainTests {
             Issue.record("no seconds in \(run.stdout)")
             return Ending(code: run.code, seconds: .infinity, error: nil, stderr: run.stderr, notices: [])
         }
-        let notices = events.filter { $0["event"] == .string("notice") }.compactMap { $0["message"]?.string }
+        let notices = events.filter { $0["event"] == .string("note") }.compactMap { $0["message"]?.string }
         return Ending(code: run.code, seconds: seconds, error: done["error"]?.string, stderr: run.stderr, notices: notices)
     }
 
@@ -91,6 +91,18 @@ struct WaitChainTests {
         #expect(end.code == 0, "\(end.stderr)")
         let human = await otaflash(simulator + ["--sim-lose-final-answer", mcuboot])
         #expect(human.code == 0, "\(human.stderr)")
-        #expect(human.stderr.contains("the answer to the reset is lost") || human.stdout.contains("1.3.0"), "\(human.stderr)")
+        #expect(human.stderr.contains("now runs 1.3.0: slot 0 1.3.0 active"), "\(human.stderr)")
+    }
+}
+
+@Suite("otaflash flash, the lost ACTIVATE reply on a native device")
+struct NativeLostFinalAnswerTests {
+    /// The native device reports its running image's CRC: the next connection confirms it.
+    @Test func aLostActivateReplyIsConfirmedByTheRunningImagesCRC() async throws {
+        let run = await otaflash(simulator + ["--json", "--sim-lose-final-answer", samplePath("seeded-4k.bin")])
+        #expect(run.code == 0, "\(run.stderr)")
+        let done = try #require(expectDocumentedLines(run.stdoutLines, section: "otaflash flash").last)
+        #expect(done["result"] == .string("ok"))
+        #expect(done["activated"] == .bool(true))
     }
 }

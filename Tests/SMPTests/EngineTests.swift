@@ -372,7 +372,7 @@ struct SMPEngineTests {
 
     /// Without retries the first request gets the erase allowance once.
     @Test func withoutRetriesTheFirstRequestWaitsTheEraseOnce() throws {
-        var engine = SMPEngine(image: FirmwareImage(bytes: Self.image, source: "t"), config: EngineConfig(commandRetries: 0),
+        var engine = SMPEngine(image: Self.image, config: EngineConfig(commandRetries: 0),
                                settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash))
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
