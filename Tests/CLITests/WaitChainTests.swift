@@ -81,7 +81,8 @@ struct WaitChainTests {
         let end = try await flash(["--sim-lose-final-answer", app])
         #expect(end.code == 21, "\(end.stderr)")
         #expect(end.error == "not_confirmed")
-        #expect(end.stderr.contains("during the last EXECUTE, before its answer came"), "\(end.stderr)")
+        // The bootloader the simulator brings back at its address holds no init packet: it ran the EXECUTE.
+        #expect(end.stderr.contains("during the last EXECUTE and the bootloader has since ended the transfer"), "\(end.stderr)")
         #expect(end.seconds <= 60, "\(end.seconds)")
     }
 
@@ -91,7 +92,7 @@ struct WaitChainTests {
         #expect(end.code == 0, "\(end.stderr)")
         let human = await otaflash(simulator + ["--sim-lose-final-answer", mcuboot])
         #expect(human.code == 0, "\(human.stderr)")
-        #expect(human.stderr.contains("now runs 1.3.0: slot 0 1.3.0 active"), "\(human.stderr)")
+        #expect(human.stdout.contains("now runs 1.3.0: slot 0 1.3.0 active"), "\(human.stdout)")
     }
 }
 
