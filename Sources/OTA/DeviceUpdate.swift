@@ -236,10 +236,12 @@ public struct DeviceUpdater: Sendable {
         var progress = progress
         let device = address.description
         let handoff = Mutex<(any GATTConnection)?>(nil)
+        var unreachedSince: Duration?
         if progress.entry == nil, progress.imagesDone == 0 {
             do throws(OTAError) {
                 let prepared = try await prepare(central: central, address: address, events: events)
                 progress.entry = prepared.entry
+                unreachedSince = prepared.unreachedSince
                 handoff.withLock { $0 = prepared.connection }
                 events(.prepared(device: device, reason: prepared.reason, entry: prepared.entry))
             } catch {
@@ -250,20 +252,27 @@ public struct DeviceUpdater: Sendable {
         let entry = progress.entry
         let name = namesSessionsByDevice ? device : (entry?.address ?? address).description
         let timeouts = timeouts
-        let connect = { @Sendable () async throws(GATTError) -> any GATTConnection in
+        let connect = { @Sendable (limit: Duration) async throws(GATTError) -> any GATTConnection in
             if let connection = handoff.withLock({ c in defer { c = nil }; return c }) { return connection }
-            if let entry { return try await central.connect(to: entry, timeout: timeouts.connect) }
-            return try await central.connect(to: address, timeout: timeouts.connect)
+            if let entry { return try await central.connect(to: entry, timeout: limit) }
+            return try await central.connect(to: address, timeout: limit)
         }
+        let home = entry?.application ?? address
         var total: OTAResult?
         let (size, crc32) = (plan.size, plan.crc32)
+        let firstImage = progress.imagesDone
         for (index, part) in plan.parts.enumerated().dropFirst(progress.imagesDone) {
             if plan.parts.count > 1 {
                 events(.image(device: device, index: index, count: plan.parts.count, label: part.label))
             }
+            let profile = part.profile
+            let confirm = { @Sendable () async -> Bool in
+                await Self.confirmActivation(profile, central: central, at: home, timeouts: timeouts)
+            }
             let session = OTASession(device: name, image: part.firmware, config: config, profile: part.profile,
                                      timeouts: timeouts, reconnect: reconnect, journal: journal, clock: central.clock,
-                                     logger: logger, connect: connect)
+                                     logger: logger, confirmActivation: confirm, unreachedSince: index == firstImage ? unreachedSince : nil,
+                                     connectWithin: connect)
             do throws(OTAError) {
                 let result = try await session.run { events(.session($0)) }
                 progress.imagesDone = index + 1
@@ -304,9 +313,25 @@ public struct DeviceUpdater: Sendable {
         }
     }
 
+    /// Connects once, within the connect timeout, to where the device runs its application and
+    /// lets the profile read whether it activated the image (`OTAProfile.confirmsActivation`).
+    private static func confirmActivation(_ profile: any OTAProfile, central: any GATTCentral, at address: DeviceAddress,
+                                          timeouts: SessionTimeouts) async -> Bool {
+        guard let connection = try? await central.connect(to: address, timeout: timeouts.connect) else { return false }
+        let services = try? await withTimeout(timeouts.discovery, clock: connection.clock, "discovering services") { () async throws(GATTError) in
+            try await connection.discoverServices()
+        }
+        let confirmed = if let services { await profile.confirmsActivation(on: connection, services: services) } else { false }
+        await connection.disconnect()
+        return confirmed
+    }
+
     private struct Prepared: Sendable {
         let reason: String
         let entry: UpdateModeEntry?
+        /// When the first connection was tried, when it failed to connect (the session's
+        /// reconnect window counts from there).
+        var unreachedSince: Duration? = nil
         /// Up and discovered, for the first session to go on with; nil after an entry (the link
         /// is gone) and when the first connection failed.
         let connection: (any GATTConnection)?
@@ -325,6 +350,7 @@ public struct DeviceUpdater: Sendable {
     private func prepare(central: any GATTCentral, address: DeviceAddress,
                          events: @Sendable (Event) -> Void) async throws(OTAError) -> Prepared {
         let unread = Prepared(reason: plan.reason + plan.contents, entry: nil, connection: nil)
+        let tried = central.clock.now
         let connection: any GATTConnection
         do {
             connection = try await central.connect(to: address, timeout: timeouts.connect)
@@ -333,7 +359,9 @@ public struct DeviceUpdater: Sendable {
             let failure = OTAError.from(error, device: address.description)
             if Task.isCancelled { throw Self.interrupted(address) }
             guard failure.resumable, failure.code == .connection || failure.code == .timeout else { throw failure }
-            return unread
+            var unreached = unread
+            unreached.unreachedSince = tried
+            return unreached
         }
         if pairing.pair {
             do throws(OTAError) {

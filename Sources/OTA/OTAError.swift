@@ -17,6 +17,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
             case ledgerFailed
             case checkFailed
             case heldElsewhere
+            case notConfirmed
         }
 
         private let wrapped: Wrapped
@@ -57,6 +58,11 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         public static var checkFailed: Self { Self(.checkFailed) }
         /// Another station holds the device's claim in the shared ledger and flashes it; nothing was sent.
         public static var heldElsewhere: Self { Self(.heldElsewhere) }
+
+        /// The image was sent and the command that activates it went out and was carried out (the
+        /// device reset, as it does to activate), but its answer was lost and the device's next
+        /// state could not be read to confirm the activation: sent and executed, not confirmed.
+        public static var notConfirmed: Self { Self(.notConfirmed) }
 
         /// Every code this version knows; later versions may add more.
         public static var allCases: [Self] { Wrapped.allCases.map(Self.init) }

@@ -351,6 +351,12 @@ public protocol OTAProfile: Sendable {
     func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                          limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry?
 
+    /// After the answer to the command that activates the image was lost
+    /// (`OTAError.Code.notConfirmed`): whether the device, reached where it runs its application
+    /// (`services` discovered there), shows that it activated the image. False: it cannot tell
+    /// (the default).
+    func confirmsActivation(on connection: any GATTConnection, services: [GATTService]) async -> Bool
+
     /// Runs `session` with this profile's concrete types, so that per data packet the session
     /// calls the engine directly rather than through an existential. The default implementation
     /// is the only right one.
@@ -370,6 +376,7 @@ extension OTAProfile {
     public var reportsFirmwareVersion: Bool { true }
     public var readsBackAfterActivation: Bool { false }
     public var resumesTransfer: Bool { true }
+    public func confirmsActivation(on connection: any GATTConnection, services: [GATTService]) async -> Bool { false }
     /// A device of this protocol is always ready as it is.
     public func enterUpdateMode(on connection: any GATTConnection, services: [GATTService], device: DeviceAddress,
                                 limits: UpdateModeLimits) async throws(OTAError) -> UpdateModeEntry? {
@@ -424,20 +431,23 @@ public struct UpdateModeEntry: Sendable, Hashable {
 
 extension GATTCentral {
     /// Connects to a device in its update mode: at the entry's address, or, when nothing answers
-    /// there and the device was given a name to advertise, to the device advertising it. At
-    /// most three times `timeout` (connect, scan, connect).
+    /// there and the device was given a name to advertise, to the device advertising it. Within
+    /// `timeout` in all: with a name, half of it goes to the address, the rest to the scan and
+    /// the connection to what it finds.
     public func connect(to entry: UpdateModeEntry, timeout: Duration) async throws(GATTError) -> any GATTConnection {
+        let deadline = clock.now + timeout
         let missed: GATTError
         do {
-            return try await connect(to: entry.address, timeout: timeout)
+            return try await connect(to: entry.address, timeout: entry.name == nil ? timeout : timeout / 2)
         } catch let error where error.code == .deviceNotFound || error.code == .connectFailed {
             missed = error
         }
         guard let name = entry.name else { throw missed }
-        let found = try await scan(filter: ScanFilter(namePrefix: name), timeout: timeout).first { $0.name == name }
+        let scanFor = max(.milliseconds(1), (deadline - clock.now) / 2)
+        let found = try await scan(filter: ScanFilter(namePrefix: name), timeout: scanFor).first { $0.name == name }
         guard let found else {
-            throw GATTError(missed.code, "\(missed.message); nor did a device advertising '\(name)' appear within \(timeout.seconds) s")
+            throw GATTError(missed.code, "\(missed.message); nor did a device advertising '\(name)' appear within \(scanFor.seconds) s")
         }
-        return try await connect(to: found.address, timeout: timeout)
+        return try await connect(to: found.address, timeout: max(.milliseconds(1), deadline - clock.now))
     }
 }

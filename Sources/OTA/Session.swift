@@ -116,23 +116,33 @@ public struct SessionTimeouts: Sendable, Hashable {
 }
 
 /// The supervisor's reconnects after a link loss: attempts back off within the policy's window,
-/// and a connection that moved the transfer forward ends the outage.
+/// and a connection that moved the transfer forward ends the outage. The window is counted from
+/// the device's last sign of life (the link lost, or the failed attempt's start when it never
+/// connected) and bounds the attempts themselves: none is let run past it (`deadline`).
 struct Outage {
     let policy: ReconnectPolicy
     private var rng: SeededGenerator
     private(set) var attempt = 0
     private var start: Duration?
 
-    init(policy: ReconnectPolicy) {
+    /// When the window ends; nil before the first failure.
+    var deadline: Duration? { start.map { $0 + policy.window } }
+
+    /// - Parameter since: when the device was last seen, when the first attempt already follows
+    ///   one that failed (the updater's first connection): the window counts from there.
+    init(policy: ReconnectPolicy, since: Duration? = nil) {
         self.policy = policy
         rng = SeededGenerator(seed: policy.seed)
+        start = since
     }
 
     /// The wait before the next attempt after `failure`.
+    /// - Parameter since: when the device was last up: the link's loss, or the failed attempt's
+    ///   start when it never connected.
     /// - Throws: `failure`, saying so, once the next attempt would start past the window.
-    mutating func nextDelay(after failure: OTAError, progressed: Bool, at now: Duration) throws(OTAError) -> Duration {
+    mutating func nextDelay(after failure: OTAError, progressed: Bool, since: Duration, at now: Duration) throws(OTAError) -> Duration {
         if progressed || start == nil {
-            start = now
+            start = since
             attempt = 0
         }
         attempt += 1
@@ -202,8 +212,23 @@ public actor OTASession {
     public let reconnect: ReconnectPolicy
     /// Where confirmed progress is recorded (nil: nowhere).
     public let journal: JournalStore?
-    private let connect: @Sendable () async throws(GATTError) -> any GATTConnection
+    /// Connects within the given time (at most `timeouts.connect`; less when the reconnect
+    /// window ends sooner).
+    private let connect: @Sendable (Duration) async throws(GATTError) -> any GATTConnection
     private let clock: any MonotonicClock
+    /// After the answer to the activating command was lost (`OTAError.Code.notConfirmed`): reads
+    /// the device's next state where it runs its application; true when that shows the image
+    /// was activated. Nil: nothing can confirm it.
+    private let confirmActivation: (@Sendable () async -> Bool)?
+    /// When an attempt before this session's first (the updater's first connection) began and
+    /// failed to connect: the reconnect window counts from there.
+    private let unreachedSince: Duration?
+    /// The last connection's MTU and chunk size, for a result confirmed after it was gone.
+    private var lastLink = (mtu: 0, chunk: 0)
+    /// When the last connection came up (nil: the attempt under way has not connected yet).
+    private var connectedAt: Duration?
+    /// How long the device had been silent on the last connection when it failed.
+    private var silentFor = Duration.zero
     private let logger: Logger
     /// Least time between two progress events.
     public static let progressInterval: Duration = .milliseconds(250)
@@ -213,6 +238,21 @@ public actor OTASession {
                 journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
                 logger: Logger = Logger(label: "otaflash.session"),
                 connect: @escaping @Sendable () async throws(GATTError) -> any GATTConnection) {
+        self.init(device: device, image: image, config: config, profile: profile, timeouts: timeouts, reconnect: reconnect,
+                  journal: journal, clock: clock, logger: logger, connectWithin: { _ async throws(GATTError) in try await connect() })
+    }
+
+    /// As above, with a connect that takes its time limit: the reconnect window then bounds each
+    /// attempt too.
+    public init(device: String, image: FirmwareImage, config: EngineConfig = EngineConfig(),
+                profile: any OTAProfile, timeouts: SessionTimeouts = SessionTimeouts(), reconnect: ReconnectPolicy = ReconnectPolicy(),
+                journal: JournalStore? = nil, clock: any MonotonicClock = SystemClock(),
+                logger: Logger = Logger(label: "otaflash.session"),
+                confirmActivation: (@Sendable () async -> Bool)? = nil, unreachedSince: Duration? = nil,
+                connectWithin: @escaping @Sendable (Duration) async throws(GATTError) -> any GATTConnection) {
+        let connect = connectWithin
+        self.confirmActivation = confirmActivation
+        self.unreachedSince = unreachedSince
         self.journal = journal
         self.device = device
         self.image = image
@@ -230,10 +270,9 @@ public actor OTASession {
                 config: EngineConfig = EngineConfig(), profile: any OTAProfile, timeouts: SessionTimeouts = SessionTimeouts(),
                 reconnect: ReconnectPolicy = ReconnectPolicy(), journal: JournalStore? = nil,
                 logger: Logger = Logger(label: "otaflash.session")) {
-        let connectTimeout = timeouts.connect
         self.init(device: address.description, image: image, config: config, profile: profile, timeouts: timeouts, reconnect: reconnect,
-                  journal: journal, clock: central.clock, logger: logger) { () async throws(GATTError) in
-            try await central.connect(to: address, timeout: connectTimeout)
+                  journal: journal, clock: central.clock, logger: logger) { (limit: Duration) async throws(GATTError) in
+            try await central.connect(to: address, timeout: limit)
         }
     }
 
@@ -264,19 +303,27 @@ public actor OTASession {
             logger.debug("journal", metadata: ["device": "\(device)", "confirmed": "\(entry.confirmedOffset)"])
         }
         var stall = StallBudget(limit: max(timeouts.stall, config.replyTimeout))
-        var outage = Outage(policy: reconnect)
+        // Without reconnecting, this session's first attempt is the one attempt it has.
+        var outage = Outage(policy: reconnect, since: reconnect.window > .zero ? unreachedSince : nil)
         let started = clock.now
         // What the first attached connection ran: a later one may run the new image already
         // (SMP reads the device back after its reset on a connection of its own).
         var before: FirmwareVersion?? = nil
         var readBackTried = false
+        // The activating command's answer was lost (`notConfirmed`): what a give-up says.
+        var unconfirmed: OTAError?
         while true {
             try checkCancelled(confirmed: engine.acked)
             events(.connecting(device: device))
             let ackedBefore = engine.acked
             let agreedBefore = engine.furthestAgreed
+            let attemptStart = clock.now
+            // No attempt runs past the reconnect window.
+            let limit = outage.deadline.map { min(timeouts.connect, max(.milliseconds(1), $0 - attemptStart)) } ?? timeouts.connect
+            connectedAt = nil
+            silentFor = .zero
             do {
-                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, before: &before, events: events)
+                var result = try await connectAndDrive(&engine, profile: profile, stall: &stall, before: &before, limit: limit, events: events)
                 if !result.skipped, case .some(let version) = before { result.firmwareBefore = version }
                 journal?.remove(device: device, image: image)
                 result.seconds = (clock.now - started).seconds
@@ -284,19 +331,42 @@ public actor OTASession {
             } catch {
                 if Task.isCancelled { throw interrupted(confirmed: engine.acked) }
                 if error.code == .verifyFailed { journal?.remove(device: device, image: image) }
+                let lostAt = clock.now
+                if error.code == .notConfirmed { unconfirmed = error }
+                if error.code == .notConfirmed, let confirmActivation, await confirmActivation() {
+                    events(.notice(device: device, message: "the answer to the command that activates the image was lost (\(error.message)); the device runs its application again: the image was activated"))
+                    journal?.remove(device: device, image: image)
+                    return OTAResult(device: device, bytes: image.size, crc32: image.crc32, mtu: lastLink.mtu, chunkSize: lastLink.chunk,
+                                     seconds: (clock.now - started).seconds, transferSeconds: 0, activated: true,
+                                     firmwareBefore: before ?? nil, stats: engine.stats)
+                }
                 // A new connection helps a lost or stuck link; it cannot make a device confirm data it
-                // keeps losing (the stall budget is spent) or verify faster.
+                // keeps losing (the stall budget is spent), verify faster, or answer when it kept the
+                // link and answered nothing for a whole stall budget (busy longer than any wait
+                // allowed for, or hung).
                 let exhausted = stall.left <= .zero || (error.code == .timeout && engine.failedIn == .verifying)
+                    || (error.code == .timeout && silentFor >= stall.limit)
                 if reconnect.window == .zero, engine.awaitsNextConnection, !readBackTried {
                     // Reconnecting after link losses is off; the reset's outcome is read all the same, once.
                     readBackTried = true
                     events(.reconnecting(device: device, attempt: 1, reason: error.message, delay: .zero))
                     continue
                 }
-                guard error.resumable, error.code == .connection || error.code == .timeout, reconnect.window > .zero, !exhausted else {
+                // An unconfirmed activation that may not have happened (the device may still wait in
+                // its update mode, where the engine finds out) is looked for there too, within the window.
+                guard error.resumable, error.code == .connection || error.code == .timeout || error.code == .notConfirmed,
+                      reconnect.window > .zero, !exhausted else {
                     throw error
                 }
-                let delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore || engine.furthestAgreed > agreedBefore, at: clock.now)
+                let since = connectedAt == nil ? attemptStart : lostAt
+                let delay: Duration
+                do throws(OTAError) {
+                    delay = try outage.nextDelay(after: error, progressed: engine.acked > ackedBefore || engine.furthestAgreed > agreedBefore,
+                                                 since: since, at: clock.now)
+                } catch {
+                    if let unconfirmed { throw notConfirmed(OTAError(unconfirmed.code, "\(unconfirmed.message); \(error.message)", hint: unconfirmed.hint)) }
+                    throw engine.awaitsNextConnection ? notConfirmed(error) : error
+                }
                 logger.debug("reconnecting", metadata: ["device": "\(device)", "attempt": "\(outage.attempt)", "reason": "\(error.message)"])
                 events(.reconnecting(device: device, attempt: outage.attempt, reason: error.message, delay: delay))
                 do {
@@ -310,9 +380,10 @@ public actor OTASession {
 
     /// One connection: connects, drives the engine over it, and disconnects.
     private func connectAndDrive<Profile: OTAProfile>(_ engine: inout Profile.Engine, profile: Profile, stall: inout StallBudget,
-                                                      before: inout FirmwareVersion??,
+                                                      before: inout FirmwareVersion??, limit: Duration,
                                                       events: @escaping @Sendable (SessionEvent) -> Void) async throws(OTAError) -> OTAResult {
-        let connection = try await connectOrThrow()
+        let connection = try await connectOrThrow(within: limit)
+        connectedAt = connection.clock.now
         do {
             let result = try await drive(&engine, profile: profile, on: connection, stall: &stall, before: &before, events: events)
             await connection.disconnect()
@@ -323,9 +394,9 @@ public actor OTASession {
         }
     }
 
-    private func connectOrThrow() async throws(OTAError) -> any GATTConnection {
+    private func connectOrThrow(within limit: Duration) async throws(OTAError) -> any GATTConnection {
         do {
-            return try await connect()
+            return try await connect(limit)
         } catch {
             throw OTAError.from(error, device: device)
         }
@@ -333,6 +404,17 @@ public actor OTASession {
 
     private func checkCancelled(confirmed: Int) throws(OTAError) {
         if Task.isCancelled { throw interrupted(confirmed: confirmed) }
+    }
+
+    /// The device reset to activate the image (the activating command went out and the link
+    /// dropped) and did not come back within the reconnect window to say what it runs.
+    private func notConfirmed(_ error: OTAError) -> OTAError {
+        if error.code == .notConfirmed {
+            return OTAError(.notConfirmed, "\(error.message); nor did the device's next state confirm the activation",
+                            hint: "check the version it runs before sending it again", cause: error.cause)
+        }
+        return OTAError(.notConfirmed, "\(device) was sent the image and the command that activates it, and reset, but did not come back to confirm it: \(error.message)",
+                        hint: "check the version it runs (otaflash info, or its own tools) before sending it again", cause: error)
     }
 
     private func interrupted(confirmed: Int) -> OTAError {
@@ -439,12 +521,14 @@ public actor OTASession {
         events(.connected(device: device, mtu: mtu, chunkSize: profile.chunkSize(mtu: mtu)))
         logger.debug("connected", metadata: ["device": "\(device)", "protocol": "\(profile.name)", "mtu": "\(mtu)",
                                              "slot": "\(link.summary.slotSize.map(String.init) ?? "?")"])
+        lastLink = (mtu, profile.chunkSize(mtu: mtu))
         var run = ConnectionRun(engine: engine, stall: stall, link: link, control: control, data: data, mtu: mtu,
                                 connection: connection, started: started, events: events)
         defer {
             run.stall.hold(at: clock.now)
             engine = run.engine
             stall = run.stall
+            silentFor = clock.now - run.lastHeard
         }
         run.actions = run.engine.handle(.connected(link.peer, mtu: mtu))
         run.deadline = clock.now + run.engine.currentTimeout
@@ -552,7 +636,7 @@ public actor OTASession {
         if Task.isCancelled { throw interrupted(confirmed: run.engine.acked) }
         if let event = run.connection.pollEvent() {
             if let refusal = pairingRefusal(in: event, on: run.connection) { throw refusal }
-            run.heard = true
+            run.hear()
             if let mapped = run.map(event) {
                 run.engine.observe(time: run.clock.now)
                 run.actions = run.engine.handle(mapped)
@@ -577,12 +661,13 @@ public actor OTASession {
                 run.probed = true
                 if let refusal = await probeSecurity(on: run.connection, profile: profile) { throw refusal }
             }
+            run.engine.observe(time: run.clock.now)
             run.actions = run.engine.handle(.timeout)
             if run.actions.isEmpty { run.deadline = run.clock.now + run.engine.currentTimeout }
             return
         }
         if let refusal = pairingRefusal(in: event, on: run.connection) { throw refusal }
-        run.heard = true
+        run.hear()
         if let mapped = run.map(event) {
             run.engine.observe(time: run.clock.now)
             run.actions = run.engine.handle(mapped)
@@ -746,6 +831,13 @@ struct ConnectionRun<Engine: TransferEngine> {
     /// looked into (`OTASession.probeSecurity`).
     var heard = false
     var probed = false
+    /// When the device last sent anything on this connection (or the connection began).
+    var lastHeard: Duration
+
+    mutating func hear() {
+        heard = true
+        lastHeard = clock.now
+    }
 
     init(engine: Engine, stall: StallBudget, link: AttachedLink<Engine.Peer>, control: GATTCharacteristic, data: GATTCharacteristic,
          mtu: Int, connection: any GATTConnection, started: Duration, events: @escaping @Sendable (SessionEvent) -> Void) {
@@ -762,6 +854,7 @@ struct ConnectionRun<Engine: TransferEngine> {
         roles = link.characteristics.map { (id: $0.value.id, role: $0.key) }
         let now = clock.now
         deadline = now
+        lastHeard = now
         meter = RateMeter(start: now)
         lastProgress = now - OTASession.progressInterval
         journaled = engine.acked

@@ -25,7 +25,8 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
     case ledgerFailed = 18
     case checkFailed = 19
     case heldElsewhere = 20
-    case ledgerInconsistent = 21
+    case notConfirmed = 21
+    case ledgerInconsistent = 22
     case interrupted = 130
 
     /// The code's name in JSON output, e.g. `verify_failed`.
@@ -57,6 +58,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .ledgerFailed: "the ledger (--ledger) could not be opened or written: locked, read-only, corrupt, a full disk, a newer schema; no device is flashed whose record cannot be written"
         case .checkFailed: "--confirm-after-check: the new image booted but failed its check (no answer to an SMP echo, a reset during the check, or --check-command failed or ran out of time); it was left unconfirmed, so MCUboot reverts it at the next reset"
         case .heldElsewhere: "another station holds the device's claim in the shared ledger (it is flashing it); nothing was sent: leave it to that station, or run again once its lease has ended"
+        case .notConfirmed: "sent and executed, not confirmed: the image was sent and the command that activates it carried out (the device reset), but its answer was lost and the device's next state could not be read to confirm it; check the version it runs before sending it again"
         case .ledgerInconsistent: "otaflash ledger --check: the books do not check out (a device with two ok records for one image, a done claim without its record, a claim left held by a station that stopped, counts that do not add up); each finding is one line"
         case .interrupted: "interrupted by SIGINT, SIGTERM or SIGHUP; run the same command again to resume (a protocol that cannot resume says to reset the device first)"
         }
@@ -98,6 +100,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .ledgerFailed: self = .ledgerFailed
         case .checkFailed: self = .checkFailed
         case .heldElsewhere: self = .heldElsewhere
+        case .notConfirmed: self = .notConfirmed
         default: self = .internalError
         }
     }

@@ -126,6 +126,8 @@ public enum Ranges {
     /// The image management group's error codes (Zephyr's `IMG_MGMT_ERR_*`, 1 to 33).
     public static let smpRefuseUpload = Bounds("--sim-smp-refuse-upload", 1...33)
     public static let smpBusyAbove = Bounds("--sim-smp-busy-above", 1...32)
+    /// The simulated SMP server's slot erase at a new upload: up to ten minutes.
+    public static let smpEraseSeconds = Bounds("--sim-smp-erase-seconds", 0...600.0, unit: " seconds")
     /// Bluetooth Core 5.x, Vol 3, Part F, 3.2.8: ATT_MTU of LE is at least 23; 517 holds the longest attribute value.
     public static let mtu = Bounds("--sim-mtu", 23...517)
     /// Bluetooth Core 5.x, Vol 6, Part B, 4.5.1: a connection interval is 7.5 ms to 4 s.
@@ -182,7 +184,7 @@ public enum Ranges {
                                    smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, probeTimeout, interval, dropRate, corruptRate, gattErrorRate,
-                                         lostNotificationRate, slowFlash, pairTimeout, checkTimeout]
+                                         lostNotificationRate, slowFlash, pairTimeout, checkTimeout, smpEraseSeconds]
         var texts = Ranges.texts(whole: ints, numbers: doubles)
         texts[seed.option] = "a whole number " + seed.text
         for b in [simSoftDevice, sdAfterUpdate] { texts[b.option] = "a SoftDevice FWID like 0xAF, " + b.text }

@@ -35,12 +35,19 @@ public struct FaultPlan: Sendable, Hashable {
     /// data is ignored and commands are acknowledged at the ATT level but never answered (a
     /// firmware that hung). Nil: never.
     public var stopAnsweringAt: Int?
+    /// The answer to the command that activates the image is lost: the device carries the
+    /// command out (it activates and resets) but its answer never reaches the central, as when
+    /// its disconnect overtakes it. Each protocol's device model applies it to its own last
+    /// answer (Secure DFU: the last EXECUTE's; SMP: the reset's).
+    public var loseFinalAnswer: Bool
 
     public init(seed: UInt64 = 1, dropRate: Double = 0, disconnectAt: [Int] = [], rebootAt: [Int] = [],
                 rebootDuration: Duration = .milliseconds(500), corruptRate: Double = 0, corruptAt: [Int] = [],
                 gattErrorRate: Double = 0, lostNotificationRate: Double = 0, slowFlashPerKiB: Duration = .zero,
-                flashBitFlipAt: Int? = nil, refuseConnectionsAfter: Int? = nil, stopAnsweringAt: Int? = nil) {
+                flashBitFlipAt: Int? = nil, refuseConnectionsAfter: Int? = nil, stopAnsweringAt: Int? = nil,
+                loseFinalAnswer: Bool = false) {
         self.stopAnsweringAt = stopAnsweringAt
+        self.loseFinalAnswer = loseFinalAnswer
         self.seed = seed
         self.dropRate = dropRate
         self.disconnectAt = disconnectAt

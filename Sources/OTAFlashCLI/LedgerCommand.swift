@@ -57,7 +57,7 @@ struct LedgerCommand: AsyncParsableCommand {
     @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
     var summary = false
 
-    @Flag(help: "Check the books instead: every ok device has one ok record per image, every done claim its record, no claim left held by a station that stopped, each station's counts add up; exit 21 with a line per finding when not.")
+    @Flag(help: "Check the books instead: every ok device has one ok record per image, every done claim its record, no claim left held by a station that stopped, each station's counts add up; exit 22 with a line per finding when not.")
     var check = false
 
     mutating func validate() throws {

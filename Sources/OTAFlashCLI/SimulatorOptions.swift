@@ -251,6 +251,9 @@ public struct FaultOptions: ParsableArguments {
     @Option(name: .customLong("sim-stop-answering-at"), parsing: .unconditional, help: Ranges.stopAnsweringAt.help("The device hangs when it receives this offset: it ignores data and answers no command", valueName: "offset"))
     var stopAnsweringAt: Int?
 
+    @Flag(name: .customLong("sim-lose-final-answer"), help: "The answer to the command that activates the image is lost: the device activates and resets, its answer never arrives")
+    var loseFinalAnswer = false
+
     public func validate() throws {
         for (bounds, rate) in [(Ranges.dropRate, dropRate), (Ranges.corruptRate, corruptRate),
                                (Ranges.gattErrorRate, gattErrorRate), (Ranges.lostNotificationRate, lostNotificationRate)] {
@@ -268,6 +271,7 @@ public struct FaultOptions: ParsableArguments {
         FaultPlan(seed: seed, dropRate: dropRate, disconnectAt: disconnectAt, rebootAt: rebootAt,
                   corruptRate: corruptRate, corruptAt: corruptAt, gattErrorRate: gattErrorRate,
                   lostNotificationRate: lostNotificationRate,
-                  slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt, stopAnsweringAt: stopAnsweringAt)
+                  slowFlashPerKiB: Ranges.slowFlash.duration(slowFlashMs), flashBitFlipAt: flashBitflipAt, stopAnsweringAt: stopAnsweringAt,
+                  loseFinalAnswer: loseFinalAnswer)
     }
 }

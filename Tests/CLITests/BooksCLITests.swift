@@ -105,18 +105,18 @@ struct BooksCLITests {
         // Flashed again as asked (a flash the user starts): a second ok record with one image.
         #expect(await otaflash(simulator + ["--ledger", ledger, Self.image]).code == 0)
         let check = await otaflash(["ledger", "--ledger", ledger, "--check"])
-        #expect(check.code == 21, "\(check.stderr)")
+        #expect(check.code == 22, "\(check.stderr)")
         #expect(check.stdout.contains("flashed_twice: C0:FF:EE:00:00:01 has 2 ok records"), "\(check.stdout)")
         #expect(check.errorLines.count == 1 && check.errorLines[0].contains("do not check out"), "\(check.stderr)")
         let json = await otaflash(["ledger", "--ledger", ledger, "--check", "--format", "json"])
-        #expect(json.code == 21 && json.jsonEvents.first?["finding"] as? String == "flashed_twice")
+        #expect(json.code == 22 && json.jsonEvents.first?["finding"] as? String == "flashed_twice")
         #expect(json.jsonEvents.last?["passed"] as? Bool == false)
         // A claim left held past its lease: its station stopped mid-flash.
         let store = try SQLiteLedger(path: ledger)
         _ = try await store.claim("C0:FF:EE:00:00:09", image: String(repeating: "0", count: 64), by: ClaimHolder(station: "st-dead", run: "r"), lease: .milliseconds(100))
         try await Task.sleep(for: .milliseconds(300))
         let held = await otaflash(["ledger", "--ledger", ledger, "--check", "--since", "1h"])
-        #expect(held.code == 21 && held.stdout.contains("held_by_stopped_station: C0:FF:EE:00:00:09: claimed by station st-dead"), "\(held.stdout)")
+        #expect(held.code == 22 && held.stdout.contains("held_by_stopped_station: C0:FF:EE:00:00:09: claimed by station st-dead"), "\(held.stdout)")
     }
 
     /// A report whose last line lacks its newline gets one before the next row.

@@ -493,7 +493,7 @@ func sampleKeyCheck() throws -> NordicDFUBootloader.SignatureCheck {
         bench.activationCountsAsFinished = false
         bench.linkLossAfterRequest = { request, device in request == .execute && device.resetPending }
         guard case .failed(let e) = bench.run() else { Issue.record("expected a failure"); return }
-        #expect(e.code == .connection)
+        #expect(e.code == .notConfirmed)
         #expect(e.resumable)
         #expect(bench.engine.finalExecuteUnconfirmed)
         #expect(e.message.contains("last EXECUTE"))
@@ -510,6 +510,7 @@ func sampleKeyCheck() throws -> NordicDFUBootloader.SignatureCheck {
         guard case .failed(let e) = bench.run() else { Issue.record("expected a failure"); return }
         #expect(bench.engine.stats.connections == 2)
         #expect(!e.resumable)
+        #expect(e.code == .notConfirmed)
         #expect(e.message.contains("ended the transfer"), "\(e.message)")
         #expect(bench.device.activations.map(\.image) == [Self.fw])
         // The second connection asked where the device stands and created nothing.

@@ -102,6 +102,23 @@ import Testing
         #expect(activations.isEmpty)
     }
 
+    /// `--sim-lose-final-answer`: the bootloader activates and resets, its answer never comes.
+    /// The session, with nothing to confirm it at an application address, looks for the
+    /// bootloader, which holds no init packet any more (it ran the EXECUTE): not_confirmed, the
+    /// image activated once, within the reconnect window of the loss.
+    @Test func aLostLastAnswerEndsNotConfirmedWithTheImageActivatedOnce() async throws {
+        let (result, activations) = await flash(FaultPlan(loseFinalAnswer: true))
+        guard case .failure(let error) = result else { Issue.record("a lost last answer reported success with nothing to confirm it"); return }
+        #expect(error.code == .notConfirmed, "\(error)")
+        #expect(error.message.contains("last EXECUTE"), "\(error.message)")
+        #expect(activations == [Self.firmware])
+        // Without reconnecting, the same.
+        let (once, activatedOnce) = await flash(FaultPlan(loseFinalAnswer: true), reconnect: .never)
+        guard case .failure(let e) = once else { Issue.record("succeeded"); return }
+        #expect(e.code == .notConfirmed)
+        #expect(activatedOnce == [Self.firmware])
+    }
+
     @Test func aDeviceGoneForGoodRefusesTheReconnection() async {
         let (result, activations) = await flash(FaultPlan(disconnectAt: [5000], refuseConnectionsAfter: 1),
                                                 reconnect: ReconnectPolicy(window: .seconds(3), seed: 1))

@@ -133,6 +133,43 @@ struct EngineRewindBoundTests {
     }
 }
 
+/// A device that is gone: no attempt connects. The reconnect window counts from the first
+/// attempt's start and bounds the attempts themselves, so the run ends within it, not a connect
+/// timeout (or three, with a fallback scan) later.
+@Suite("The reconnect window bounds the attempts")
+struct ReconnectWindowTests {
+    final class Limits: @unchecked Sendable {
+        // Touched only from the session's own task.
+        var values: [Duration] = []
+    }
+
+    @Test(arguments: [(20.0, 60.0), (20.0, 30.0), (5.0, 60.0)])
+    func aGoneDeviceEndsWithinTheWindowOfItsLastSignOfLife(connect: Double, window: Double) async throws {
+        let clock = VirtualClock()
+        let limits = Limits()
+        let session = OTASession(device: "gone", image: BoundedEndTests.image, profile: NativeProfile(),
+                                 timeouts: SessionTimeouts(connect: .seconds(connect)), reconnect: ReconnectPolicy(window: .seconds(window)),
+                                 clock: clock) { (limit: Duration) async throws(GATTError) -> any GATTConnection in
+            limits.values.append(limit)
+            try? await clock.sleep(for: limit)
+            throw GATTError(.connectFailed, "no answer within \(limit.seconds) s")
+        }
+        do {
+            _ = try await session.run()
+            Issue.record("connected to a device that is gone")
+        } catch {
+            #expect(error.code == .connection)
+            #expect(error.message.contains("gave up reconnecting"), "\(error.message)")
+        }
+        #expect(clock.now <= .seconds(window), "\(clock.now)")
+        // It gives up when the next attempt would start past the window: at most one backoff early.
+        #expect(clock.now >= .seconds(window) - ReconnectPolicy().maxDelay, "\(clock.now)")
+        #expect(limits.values.first == .seconds(connect))
+        #expect(limits.values.count > 1)
+        #expect(limits.values.allSatisfy { $0 <= .seconds(connect) && $0 > .zero })
+    }
+}
+
 final class Counter: @unchecked Sendable {
     // Touched only from the session's own task.
     private(set) var value = 0

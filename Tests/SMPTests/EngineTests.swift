@@ -345,27 +345,41 @@ struct SMPEngineTests {
         #expect(error.code == .verifyFailed && engine.startOvers == 0)
     }
 
-    /// While the first upload request goes unanswered, each timeout says what the engine waits
-    /// for (the slot's erase) before it asks again.
-    @Test func anUnansweredFirstRequestIsExplainedAtEachTimeout() throws {
+    /// The first upload request is asked again once after the reply timeout, said with what the
+    /// engine waits for (the slot's erase); then the erase allowance, and the chain ends: under a
+    /// minute in all, not four erase allowances.
+    @Test func anUnansweredFirstRequestIsAskedAgainOnceThenWaitedForTheErase() throws {
         var engine = Self.engine()
         var server = ScriptedServer()
         _ = engine.handle(.connected(Self.link, mtu: 247))
         _ = try server.drain(&engine)
         #expect(engine.notes.isEmpty)
+        #expect(engine.currentTimeout == EngineConfig().replyTimeout)
+        #expect(engine.handle(.timeout).isEmpty)
+        #expect(engine.notes.count == 1)
+        #expect(engine.notes.last?.contains("has not answered the first upload request in 5 s") == true)
+        #expect(engine.notes.last?.contains("erases its slot for the \(Self.image.size)-byte image") == true)
+        #expect(engine.notes.last?.hasSuffix("waiting up to 45 s for the erase") == true, "\(engine.notes)")
+        let again = try server.drain(&engine)
+        guard case .imageUpload(let u)? = again.first?.request else { Issue.record("not asked again"); return }
+        #expect(u.offset == 0)
         #expect(engine.currentTimeout == SMPEngine.firstRequestTimeout)
-        for retry in 1...EngineConfig().commandRetries {
-            #expect(engine.handle(.timeout).isEmpty)
-            #expect(engine.notes.count == retry)
-            #expect(engine.notes.last?.contains("has not answered the first upload request in 40 s") == true)
-            #expect(engine.notes.last?.contains("erases its slot for the \(Self.image.size)-byte image") == true)
-            #expect(engine.notes.last?.hasSuffix("\(retry) of \(EngineConfig().commandRetries)") == true)
-            let again = try server.drain(&engine)
-            guard case .imageUpload(let u)? = again.first?.request else { Issue.record("not asked again"); return }
-            #expect(u.offset == 0)
-        }
         guard case .failed(let error)? = engine.handle(.timeout).first else { Issue.record("no failure"); return }
         #expect(error.code == .timeout && error.resumable)
+        #expect(error.message.contains("kept the link but did not answer the first upload request in 50 s"), "\(error.message)")
+        #expect(EngineConfig().replyTimeout + SMPEngine.firstRequestTimeout <= .seconds(60))
+    }
+
+    /// Without retries the first request gets the erase allowance once.
+    @Test func withoutRetriesTheFirstRequestWaitsTheEraseOnce() throws {
+        var engine = SMPEngine(image: Self.image, config: EngineConfig(commandRetries: 0),
+                               settings: SMPUploadSettings(fileSHA256: Self.sha, imageHash: Self.hash))
+        var server = ScriptedServer()
+        _ = engine.handle(.connected(Self.link, mtu: 247))
+        _ = try server.drain(&engine)
+        #expect(engine.currentTimeout == SMPEngine.firstRequestTimeout)
+        guard case .failed(let error)? = engine.handle(.timeout).first else { Issue.record("no failure"); return }
+        #expect(error.message.contains("in 45 s"), "\(error.message)")
     }
 
     @Test func withoutParametersOneRequestIsInFlightInOneWrite() throws {

@@ -73,6 +73,8 @@ public struct FaultyDevice: Sendable {
         let response = target.handleControl(bytes, from: central)
         let activated = bytes.first == OTAOpcode.activate.rawValue && response.count >= 3
             && response[2] == OTAStatus.success.rawValue
+        // `--sim-lose-final-answer`: the ACTIVATE reply is lost as the device reboots into the image.
+        if activated, injector.plan.loseFinalAnswer { return .handled(response: response, notify: false, activated: true) }
         return .handled(response: response, notify: !injector.losesNotification(), activated: activated)
     }
 

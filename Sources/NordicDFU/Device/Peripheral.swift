@@ -123,7 +123,10 @@ public struct NordicDFUPeripheral: PeripheralModel {
         busyUntil = ready
         let response = bootloader.handleControl(bytes)
         var outputs: [PeripheralTimed] = []
-        let notified = !injector.losesNotification()
+        // `--sim-lose-final-answer`: the bootloader's disconnect as it resets overtakes the last
+        // EXECUTE's answer (nRF5 SDK 15.3 `nrf_dfu_req_handler.c` answers, then resets).
+        let lostFinal = injector.plan.loseFinalAnswer && bootloader.resetPending
+        let notified = !injector.losesNotification() && !lostFinal
         if notified {
             outputs.append(PeripheralTimed(at: ready, .notify(SecureDFUService.controlPointUUID, response)))
         }

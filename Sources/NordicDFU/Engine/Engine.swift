@@ -352,8 +352,11 @@ public struct NordicDFUEngine: TransferEngine {
             guard !isFinished, phase != .idle else { return [] }
             if isFinalExecute {
                 state = .failed(in: stage, finalExecuteUnconfirmed: true)
-                return [.failed(OTAError(.connection, "\(reason) during the last EXECUTE: the bootloader may have validated and activated the image, or not",
-                                         hint: "run the same command again: a bootloader still in DFU mode continues where it stopped", resumable: true))]
+                // nRF5 SDK: the bootloader answers the last EXECUTE, then resets into the image;
+                // its disconnect can overtake the answer. Its next state says which it was.
+                return [.failed(OTAError(.notConfirmed, "\(reason) during the last EXECUTE, before its answer came: the bootloader validated the image and reset into it, or did not",
+                                         hint: "check the version the device runs; a bootloader still in DFU mode continues where it stopped when the same command runs again",
+                                         resumable: true))]
             }
             let held = confirmed > 0 ? " (\(confirmed) of \(firmware.size) bytes confirmed)" : ""
             return fail(OTAError(.connection, "\(reason)\(held)", hint: "run the same command again to resume", resumable: true))
@@ -417,7 +420,7 @@ public struct NordicDFUEngine: TransferEngine {
             // ran it dropped the transfer after validating the image (and activated it) or after
             // rejecting it. Sending it all again would activate it a second time.
             state = .failed(in: stage, finalExecuteUnconfirmed: true)
-            return [.failed(OTAError(.connection, "the link was lost during the last EXECUTE and the bootloader has since ended the transfer: it validated and activated the image, or rejected it",
+            return [.failed(OTAError(.notConfirmed, "the link was lost during the last EXECUTE and the bootloader has since ended the transfer: it validated and activated the image, or rejected it",
                                      hint: "check the firmware version the device runs; to send the image anew run the same command again"))]
         }
         objectType = .command

@@ -121,3 +121,14 @@ private struct ButtonlessEntry {
         await connection.disconnect()
     }
 }
+
+extension NordicDFUProfile {
+    /// After the last EXECUTE's answer was lost: the device answers where it runs its
+    /// application and exposes no Secure DFU control point, so it left its bootloader, which it
+    /// does only into a validated image (nRF5 SDK `nrf_bootloader.c`: a bootloader whose transfer
+    /// failed stays in DFU mode until its inactivity timeout, 120 s by default). The buttonless
+    /// service, when the application has it, shows that it is the application that answers.
+    public func confirmsActivation(on connection: any GATTConnection, services: [GATTService]) async -> Bool {
+        !services.isEmpty && !services.contains { $0.uuid == SecureDFUService.serviceUUID && $0.characteristic(SecureDFUService.controlPointUUID) != nil }
+    }
+}

@@ -54,7 +54,7 @@ public struct NordicDFUSoak: SoakStrategy {
                 if activations.count != 1 { verdict.violate("reported ok with \(activations.count) activations") }
             case .failure(let e):
                 if !activations.isEmpty {
-                    if e.code == .connection, e.message.contains("during the last EXECUTE"), activations.count == 1 {
+                    if e.code == .notConfirmed, e.message.contains("during the last EXECUTE"), activations.count == 1 {
                         verdict.unconfirmedActivation = true
                     } else {
                         verdict.activatedOnFailure = true
@@ -70,6 +70,6 @@ public struct NordicDFUSoak: SoakStrategy {
         let unconfirmed = records.filter(\.verdict.unconfirmedActivation).count
         let onFailure = records.filter(\.verdict.activatedOnFailure).count
         let okOnce = records.filter(\.passed).count
-        return ["activations: \(okOnce) runs ok with the image sent activated once, byte-identical, its hash matched; \(unconfirmed) failed runs activated it while the link was lost during the last EXECUTE (a connection error that says so); other failed runs that activated anything: \(onFailure)"]
+        return ["activations: \(okOnce) runs ok with the image sent activated once, byte-identical, its hash matched; \(unconfirmed) failed runs activated it while the link was lost during the last EXECUTE (not_confirmed, saying so); other failed runs that activated anything: \(onFailure)"]
     }
 }

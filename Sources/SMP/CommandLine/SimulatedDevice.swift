@@ -60,6 +60,9 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     @Option(name: .customLong("sim-smp-busy-above"), parsing: .unconditional, help: Ranges.smpBusyAbove.help("The simulated SMP server reports --sim-smp-buf-count buffers but answers an upload request with MGMT_ERR_EBUSY (10) when it finds this many requests still held (a buffer pool shared with other users); otaflash goes on with one request in flight. Use with --sim-slow-flash-ms, or no request is ever held", valueName: "n"))
     var busyAbove: Int?
 
+    @Option(name: .customLong("sim-smp-erase-seconds"), parsing: .unconditional, help: Ranges.smpEraseSeconds.help("The simulated SMP server erases its slot for this long at a new upload's first request, before it answers (Zephyr's img_mgmt without progressive erase: 20-40 s for 1 MiB on nRF52/nRF5340)", valueName: "s"))
+    var eraseSeconds: Double = 0
+
     @Option(name: .customLong("sim-smp-refuse-upload"), parsing: .unconditional, help: Ranges.smpRefuseUpload.help("The simulated SMP server refuses the first upload request with this image management error code (3 no image, 24 invalid hash, 30 too large, 31 data overrun…)", valueName: "rc"))
     var refuseUpload: Int?
 
@@ -91,6 +94,7 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
         try Ranges.smpBufferCount.check(bufferCount)
         try Ranges.smpRefuseUpload.check(refuseUpload)
         try Ranges.smpBusyAbove.check(busyAbove)
+        try Ranges.smpEraseSeconds.check(eraseSeconds)
         if pending, unconfirmed {
             throw ValidationError("--sim-smp-pending and --sim-smp-unconfirmed are two states of slot 1; give one")
         }
@@ -100,7 +104,8 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     public static let names: Set<String> = ["--sim-smp-buf-size", "--sim-smp-buf-count", "--sim-smp-pending", "--sim-smp-unconfirmed",
                                      "--sim-smp-downgrade-check", "--sim-smp-busy", "--sim-smp-refuse-upload", "--sim-smp-busy-above",
                                      "--sim-smp-no-params", "--sim-smp-cbor", "--sim-smp-key",
-                                     "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade", "--sim-smp-network-core"]
+                                     "--sim-smp-crashing-image", "--sim-smp-mode", "--sim-smp-no-downgrade", "--sim-smp-network-core",
+                                     "--sim-smp-erase-seconds"]
 
     var given: [String] {
         [bufferSize != 384 ? "--sim-smp-buf-size" : nil, bufferCount != 4 ? "--sim-smp-buf-count" : nil,
@@ -109,7 +114,8 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
          refuseUpload != nil ? "--sim-smp-refuse-upload" : nil, busyAbove != nil ? "--sim-smp-busy-above" : nil, noParameters ? "--sim-smp-no-params" : nil,
          cbor != nil ? "--sim-smp-cbor" : nil, key != nil ? "--sim-smp-key" : nil,
          crashingImage ? "--sim-smp-crashing-image" : nil, mode != nil ? "--sim-smp-mode" : nil,
-         noDowngrade ? "--sim-smp-no-downgrade" : nil, networkCore ? "--sim-smp-network-core" : nil].compactMap { $0 }
+         noDowngrade ? "--sim-smp-no-downgrade" : nil, networkCore ? "--sim-smp-network-core" : nil,
+         eraseSeconds > 0 ? "--sim-smp-erase-seconds" : nil].compactMap { $0 }
     }
 
     /// What slot 1 holds at the start.
@@ -127,8 +133,10 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
                     resetDelay: Duration = .milliseconds(100), fileSystem: SMPFileSystem.Config = SMPFileSystem.Config()) -> SMPPeripheral {
         var server = serverConfig(slotSize: slotSize)
         server.fileSystem = fileSystem
-        return SMPPeripheral(config: server, firmwareVersion: firmwareVersion, leftover: leftover, signatureKey: signatureKey,
-                             faults: faults, resetDelay: resetDelay)
+        var device = SMPPeripheral(config: server, firmwareVersion: firmwareVersion, leftover: leftover, signatureKey: signatureKey,
+                                   faults: faults, resetDelay: resetDelay)
+        device.eraseTime = Ranges.smpEraseSeconds.duration(eraseSeconds)
+        return device
     }
 
     /// The server these options describe, with slots of `slotSize` bytes.

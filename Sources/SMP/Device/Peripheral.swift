@@ -40,6 +40,10 @@ public struct SMPPeripheral: PeripheralModel {
     public var bootDuration: Duration
     /// How long the server takes for each request, besides the flash.
     public var requestTime: Duration
+    /// How long a new upload's first request erases the slot before it is answered, besides
+    /// the flash time per KiB (Zephyr's `img_mgmt_upload` erases in the request's handler; the
+    /// link and the ATT layer go on, the SMP answer waits).
+    public var eraseTime: Duration = .zero
     public var manufacturer: String
     public var modelNumber: String
 
@@ -249,7 +253,7 @@ public struct SMPPeripheral: PeripheralModel {
             work += injector.flashTime(bytes: chunk.data.count)
             if chunk.offset == 0, !Self.resumed(before, server.upload) {
                 // A new upload erases the slot first.
-                work += injector.flashTime(bytes: Int(clamping: chunk.length ?? 0))
+                work += injector.flashTime(bytes: Int(clamping: chunk.length ?? 0)) + eraseTime
             }
         }
         let done = max(busyUntil, now) + work
@@ -258,7 +262,10 @@ public struct SMPPeripheral: PeripheralModel {
         reports += uploadReports(chunk, before: before, response: response)
 
         var outputs: [PeripheralTimed] = []
-        if injector.losesNotification() {
+        if injector.plan.loseFinalAnswer, resetRequested {
+            // `--sim-lose-final-answer`: the reset overtakes its answer.
+            reports.append(.note("injected fault: the answer to the reset is lost; the device resets"))
+        } else if injector.losesNotification() {
             reports.append(.note("injected fault: the answer to \(frame.header) is not notified"))
         } else {
             for segment in SMPFraming.segments(server.reply(response, to: frame.header).encoded, maxWrite: maxWrite) {

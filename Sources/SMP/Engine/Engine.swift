@@ -109,8 +109,10 @@ public struct SMPEngine: TransferEngine {
     /// Requests in flight at most, by default: Zephyr's default is 4 SMP buffers.
     public static let defaultMaxWindow = 4
     /// How long the first upload request may take: a server erases its slot before answering
-    /// (smpclient allows 40 s).
-    public static let firstRequestTimeout: Duration = .seconds(40)
+    /// (Zephyr's `img_mgmt_upload` erases the image's length before it writes the first chunk
+    /// and answers; 20-40 s for a 1 MiB slot on nRF52/nRF5340). smpclient and Nordic's Android
+    /// library allow 40 s; this leaves room for a 40 s erase and the chunk's own write.
+    public static let firstRequestTimeout: Duration = .seconds(45)
     /// How often an upload the server found wrong is sent again from 0 on this run.
     public static let maxStartOvers = 1
 
@@ -255,7 +257,12 @@ public struct SMPEngine: TransferEngine {
     public var currentTimeout: Duration {
         if waitingOutBusy { return busyBackoff }
         switch state {
-        case .erasing, .opening: return max(config.replyTimeout, Self.firstRequestTimeout)
+        case .erasing: return max(config.replyTimeout, Self.firstRequestTimeout)
+        case .opening:
+            // The first request is asked again once after a reply timeout (a server busy erasing
+            // queues it and answers both; one that lost the first starts erasing now), then the
+            // erase is waited for: the whole wait stays under a minute.
+            return retries == 0 && config.commandRetries > 0 ? config.replyTimeout : max(config.replyTimeout, Self.firstRequestTimeout)
         case .verifying: return config.verifyTimeout
         case .activating, .rebooting: return max(config.replyTimeout, config.activateTimeout)
         case .idle, .streaming, .checking, .done, .failed: return config.replyTimeout
@@ -904,6 +911,13 @@ public struct SMPEngine: TransferEngine {
         }
         retries += 1
         if let busy, retries > config.commandRetries { return fail(refusal(busy.refusal)) }
+        if case .opening = state, !afterBusy, retries > 1 || config.commandRetries == 0 {
+            // The link is up, the request was written, and nothing came back for the whole erase allowance.
+            let waited = Int((timeout + (retries > 1 ? config.replyTimeout : .zero)).seconds.rounded())
+            return fail(OTAError(.timeout, "the device kept the link but did not answer the first upload request in \(waited) s: it erases its slot for longer than that, or it hung",
+                                 hint: "reset the device (power cycle) and run the same command again; for a slot that takes longer to erase, raise --reply-timeout (the first request waits at least that long)",
+                                 resumable: true))
+        }
         if case .checking(let c) = state, retries > config.commandRetries {
             return fail(checkFailed("it did not answer \(c.request) within \(timeout.seconds) s, \(retries) times"))
         }
@@ -915,7 +929,7 @@ public struct SMPEngine: TransferEngine {
         tally.stats.commandRetries += 1
         if case .opening = state, !afterBusy {
             let waited = timeout.seconds == timeout.seconds.rounded() ? "\(Int(timeout.seconds))" : "\(timeout.seconds)"
-            notes.append("the device has not answered the first upload request in \(waited) s (it erases its slot for the \(image.size)-byte image before it answers): asking again, \(retries) of \(config.commandRetries)")
+            notes.append("the device has not answered the first upload request in \(waited) s (it erases its slot for the \(image.size)-byte image before it answers): asking again, and waiting up to \(Int(currentTimeout.seconds)) s for the erase")
         }
         switch state {
         case .erasing(let c): return send(c.request, as: { .erasing($0) })

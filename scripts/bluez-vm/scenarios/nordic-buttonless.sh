@@ -12,6 +12,10 @@
 #      .bin, and the device back in its application at S (simulate's moved events, a scan).
 #   4. The same package again through S: only an application answers Enter Bootloader, so this
 #      shows the device really came back (and its bootloader advertises at S+1 a second time).
+# With LOSE_FINAL_ANSWER=1 (run.sh --env LOSE_FINAL_ANSWER=1) simulate loses the last EXECUTE's
+# answer (--sim-lose-final-answer): the bootloader activates and resets, and each flash must end
+# done/ok all the same, confirmed by the application at S (a notice says so), not by a reconnect
+# to S+1.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -80,8 +84,10 @@ out=$(load_irks "${CENTRAL_HCI#hci}" "$APP_ADDR" "$IRK_APP" "$BL_ADDR" "$IRK_BL"
 step "$CENTRAL_HCI: $(tr -s ' \t\n' ' ' <<<"$out")(identities $APP_ADDR, $BL_ADDR)"
 
 # ------------------------------------------------------------------ 2. serve, scan
+LOSE=()
+[ "${LOSE_FINAL_ANSWER:-0}" = 1 ] && LOSE=(--sim-lose-final-answer)
 start_sim buttonless "$APP_HCI" "$STORE" --verbose --protocol nordic-dfu --buttonless --bootloader-adapter "$BL_HCI" \
-	--address "$APP_ADDR" --public-key "$NORDIC/test-key-public.pem"
+	--address "$APP_ADDR" --public-key "$NORDIC/test-key-public.pem" "${LOSE[@]}"
 SIMOUT=$SIM_OUT
 serving=$(grep -m1 '"event":"serving"' "$SIMOUT")
 [ "$(jfield "$serving" bootloader_adapter)" = "$BL_HCI" ] || fail "the serving line does not name $BL_HCI as the bootloader's adapter: $serving"
@@ -112,6 +118,11 @@ flash_buttonless() {
 	fi
 	grep -q '"result":"ok"' <<<"$done_line" || fail "flash $n did not end done/ok: $done_line"
 	[ "$(jfield "$done_line" bootloader)" = "$BL_ADDR" ] || fail "flash $n: the done line does not name the bootloader $BL_ADDR: $done_line"
+	if [ "${LOSE_FINAL_ANSWER:-0}" = 1 ]; then
+		grep -q 'the device runs its application again: the image was activated' "$f" ||
+			fail "flash $n: the last EXECUTE's answer was to be lost, and no notice says the application confirmed the activation"
+		step "flash $n: $(grep -m1 'the image was activated' "$f" | cut -f2-)"
+	fi
 	wait_for_line "$SIMOUT" '"event":"activated"' 15 && [ "$(count '"event":"activated"')" -gt "$before" ] ||
 		fail "flash $n: simulate reported no new activation"
 	[ -f "$STORE/$CRC.bin" ] || fail "no stored image $CRC.bin (store: $(ls "$STORE" | tr '\n' ' '))"

@@ -9,6 +9,10 @@
 #      in between and otaflash reconnecting; both stored images byte-identical to the package's.
 # Prints per package: images, seconds, kB/s. Run it with run.sh --gatt-channels 1 (one ATT bearer,
 # as an nRF5 SDK bootloader has): each package is then sent once, nothing twice.
+# With LOSE_FINAL_ANSWER=1 (run.sh --env LOSE_FINAL_ANSWER=1) simulate loses the last EXECUTE's
+# answer (--sim-lose-final-answer) and blinky-app.zip alone is flashed: the bootloader activates the
+# image and resets; given at the bootloader's address, nothing can confirm it, so the run must end
+# with not_confirmed (exit 21) within a minute, the image activated once.
 set -euo pipefail
 # shellcheck source=lib/common.sh
 . "$(dirname "$0")/lib/common.sh"
@@ -19,8 +23,10 @@ CLEANUP_DEVICES+=("$CENTRAL_HCI $PERIPHERAL_ADDR")
 step "otaflash: $OTAFLASH; central $CENTRAL_HCI, peripheral $PERIPHERAL_HCI $PERIPHERAL_ADDR"
 
 # ------------------------------------------------------------------ 1. serve
+LOSE=()
+[ "${LOSE_FINAL_ANSWER:-0}" = 1 ] && LOSE=(--sim-lose-final-answer)
 start_sim nordic "$PERIPHERAL_HCI" "$STORE" --verbose --protocol nordic-dfu \
-	--public-key "$NORDIC/test-key-public.pem" --sd-after-update 0xB6
+	--public-key "$NORDIC/test-key-public.pem" --sd-after-update 0xB6 "${LOSE[@]}"
 SIMOUT=$SIM_OUT
 grep -q '"protocol":"nordic-dfu"' "$SIMOUT" || fail "simulate did not report serving nordic-dfu: $(head -n 1 "$SIMOUT")"
 
@@ -81,8 +87,20 @@ flash_package() {
 	step "$(basename "$zip"): ${#bins[@]} image(s), $(jfield "$done_line" seconds) s, $(jfield "$done_line" bytes) B: $done_line"
 }
 
-flash_package "$NORDIC/blinky-app.zip"
-flash_package "$NORDIC/blinky-sd-bl-app.zip"
+if [ "${LOSE_FINAL_ANSWER:-0}" = 1 ]; then
+	f=$RESULTS_DIR/flash-lost-answer.stamped rc=0
+	stamped "$f" 240 "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$NORDIC/blinky-app.zip" --json || rc=$?
+	done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2-)
+	[ "$rc" = 21 ] || { tail -n 3 "$f.stderr" || true; fail "the lost last answer ended with exit $rc, want 21 (not_confirmed): ${done_line:-no done event}"; }
+	grep -q '"error":"not_confirmed"' <<<"$done_line" || fail "the done line does not say not_confirmed: $done_line"
+	wait_for_line "$SIMOUT" '"event":"activated"' 15 || fail "simulate reported no activation"
+	[ "$(activations)" = 1 ] || fail "simulate reported $(activations) activations, want 1"
+	step "lost last answer: exit $rc after $(jfield "$done_line" seconds) s, activated once: $done_line"
+	step "lost last answer: $(tail -n 1 "$f.stderr")"
+else
+	flash_package "$NORDIC/blinky-app.zip"
+	flash_package "$NORDIC/blinky-sd-bl-app.zip"
+fi
 
 stop_sim "$SIM_PID" "$SIMOUT" || fail "otaflash simulate exited with $? after SIGINT"
 grep -q '"event":"done"' "$SIMOUT" || fail "otaflash simulate printed no done event"
