@@ -157,7 +157,7 @@ struct ESPOTADeviceSessionTests {
         case .lostLastACK:
             // The device restarts into the image; nothing tells the central so.
             let failure = try #require(result.failure)
-            #expect(failure.message.hasPrefix("sent and executed, not confirmed"))
+            #expect(failure.code == .notConfirmed && failure.message.hasPrefix("sent and executed, not confirmed"))
             #expect(model.activations == [Self.image])
         default:
             #expect(result.failure == nil)

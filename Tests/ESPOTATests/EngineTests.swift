@@ -172,7 +172,7 @@ import Testing
             Issue.record("no result")
             return
         }
-        #expect(error.message.hasPrefix("sent and executed, not confirmed"))
+        #expect(error.code == .notConfirmed && error.message.hasPrefix("sent and executed, not confirmed"))
         // Before the last sector went out: a plain link loss.
         var early = started()
         _ = drain(&early)

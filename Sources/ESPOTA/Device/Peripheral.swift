@@ -549,7 +549,10 @@ public struct ESPOTAPeripheral: PeripheralModel {
                 }
             }
         }
-        if espFaults.loseACKOfSector.remove(sector) == nil {
+        // --sim-lose-final-answer: the last sector's ACK never reaches the central (the restart
+        // overtakes it, as it does on a real device without a delay before esp_restart).
+        let lostFinal = injector.plan.loseFinalAnswer && totalLength > 0 && (sector + 1) * ESPOTAService.sectorSize >= totalLength
+        if espFaults.loseACKOfSector.remove(sector) == nil, !lostFinal {
             notify(ESPSectorAck(sector: UInt16(sector), status: .success,
                                 expected: config.component == .nimble ? nil : UInt16(truncatingIfNeeded: currentSector)), at: handAt, &outputs)
         }

@@ -447,7 +447,7 @@ public struct ESPOTAEngine: TransferEngine {
                 // Every sector went out whole, no NACK open: where the ACK of the last one was lost,
                 // the device restarts just so. Nothing here tells that from a link lost before the
                 // device took the last packet.
-                return fail(OTAError(.verifyFailed, "sent and executed, not confirmed: every sector of the \(image.size)-byte image went out and the device ACKed \(ackedBytes) bytes; then \(reason) before the ACK of the last sector, as when the device restarts into the new image and that ACK was lost",
+                return fail(OTAError(.notConfirmed, "sent and executed, not confirmed: every sector of the \(image.size)-byte image went out and the device ACKed \(ackedBytes) bytes; then \(reason) before the ACK of the last sector, as when the device restarts into the new image and that ACK was lost",
                                      hint: "check what the device runs (its version) before anything else; if it still runs the old image, " + resetHint))
             }
             return fail(OTAError(.connection, "\(reason) at sector \(stream.sector) of \(sectorCount) (\(ackedBytes) of \(image.size) bytes acknowledged): Espressif's BLE OTA cannot resume; nothing was booted",

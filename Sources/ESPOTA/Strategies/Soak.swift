@@ -82,7 +82,7 @@ public struct ESPOTASoak: SoakStrategy {
         case .success:
             if activations.count != 1 { verdict.violate("reported ok with \(activations.count) restarts into the new image") }
         case .failure(let error):
-            if error.message.hasPrefix(notConfirmed) {
+            if error.code == .notConfirmed {
                 // The link dropped after the last sector and before its ACK: booted or not, the
                 // result says it is not confirmed.
                 if !activations.isEmpty { verdict.unconfirmedActivation = true }
