@@ -90,6 +90,18 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         self.cause = cause
     }
 
+    /// The advice a resumable failure ends with: what a device that keeps its progress wants.
+    public static let resumeAdvice = "run the same command again to resume"
+
+    /// This error as a device of a protocol that cannot resume leaves it: the advice to run again
+    /// to resume becomes to reset the device first, and the error is no longer resumable.
+    public func startingOver(protocolName: String) -> OTAError {
+        guard resumable || hint?.contains(Self.resumeAdvice) == true else { return self }
+        let reset = "reset the device (power cycle, or its reset button), then run the same command again: the \(protocolName) protocol cannot resume"
+        let advice = hint.map { $0.contains(Self.resumeAdvice) ? $0.replacingOccurrences(of: Self.resumeAdvice, with: reset) : "\($0); \(reset)" } ?? reset
+        return OTAError(code, message, hint: advice, resumable: false, cause: cause)
+    }
+
     /// The one line a person reads: what failed, then what to do.
     public var description: String { hint.map { "\(message); \($0)" } ?? message }
 
@@ -145,7 +157,7 @@ public struct OTAError: Error, Sendable, Hashable, CustomStringConvertible {
         case .connectFailed:
             OTAError(.connection, error.message, hint: "move it closer or power-cycle it, then retry", resumable: true, cause: error)
         case .notConnected:
-            OTAError(.connection, "link to \(device) lost (\(error.message))", hint: "run the same command again to resume",
+            OTAError(.connection, "link to \(device) lost (\(error.message))", hint: OTAError.resumeAdvice,
                      resumable: true, cause: error)
         case .timeout:
             OTAError(.timeout, "\(error.message)", resumable: true, cause: error)

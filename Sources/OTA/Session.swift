@@ -149,7 +149,7 @@ struct Outage {
         let delay = policy.delay(attempt: attempt, using: &rng)
         guard let start, now + delay - start <= policy.window else {
             throw OTAError(failure.code, "\(failure.message) (gave up reconnecting after \(attempt - 1) attempts in \(Int(policy.window.seconds)) s)",
-                           hint: "check that the device is powered and in range, then run the same command again to resume", resumable: true,
+                           hint: "check that the device is powered and in range, then \(OTAError.resumeAdvice)", resumable: true,
                            cause: failure.cause)
         }
         return delay
@@ -288,7 +288,12 @@ public actor OTASession {
     /// Throws `OTAError` with a one-line message. Cancelling the task stops it between two writes,
     /// leaving the device resumable (`interrupted`).
     public func run(events: @escaping @Sendable (SessionEvent) -> Void = { _ in }) async throws(OTAError) -> OTAResult {
-        try await profile.run(self, events: events)
+        do {
+            return try await profile.run(self, events: events)
+        } catch {
+            // A device whose protocol cannot resume is told to be reset, whatever stopped it.
+            throw profile.resumesTransfer ? error : error.startingOver(protocolName: profile.name)
+        }
     }
 
     /// `run` with the profile's type known, so the engine is a concrete value in the hot loop
@@ -435,7 +440,7 @@ public actor OTASession {
         guard error.code == .protocolError, error.cause is GATTError,
               case .disconnected(let reason)? = await connection.nextEvent(timeout: Self.linkLossGrace) else { return error }
         return OTAError(.connection, "\(reason) while setting up (\(error.message))",
-                        hint: "run the same command again to resume", resumable: true, cause: error)
+                        hint: OTAError.resumeAdvice, resumable: true, cause: error)
     }
 
     /// Whether setting up failed (or succeeded only) because the device wants pairing: it refused
@@ -754,7 +759,7 @@ public actor OTASession {
         run.stall.hold(at: run.clock.now)
         let stats = run.engine.stats
         throw OTAError(.timeout, "\(device) confirmed no new data in \(run.stall.limit.seconds) s of connected time (\(run.engine.acked) of \(image.size) bytes confirmed, \(stats.rewinds) rewinds, \(stats.rollbacks) rollbacks)",
-                       hint: "the link loses or corrupts the data, the device writes its flash too slowly, or it stopped answering: check the link and the device, then run the same command again to resume",
+                       hint: "the link loses or corrupts the data, the device writes its flash too slowly, or it stopped answering: check the link and the device, then \(OTAError.resumeAdvice)",
                        resumable: true)
     }
 
