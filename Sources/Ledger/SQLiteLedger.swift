@@ -313,6 +313,9 @@ public final class SQLiteLedger: LedgerStore {
         if error is CancellationError {
             return LedgerError(.interrupted, "\(doing) the ledger \(path) was interrupted: the run is being stopped")
         }
+        if let network = networkFilesystem(of: path) {
+            return LedgerError(.failed, "\(doing) the ledger \(path) failed (\(reason(error))): it is on a network filesystem (\(network)), where SQLite's write-ahead log does not work; keep it on a local disk (--ledger PATH), or share records through a postgres:// ledger")
+        }
         guard let db = error as? DatabaseError else {
             return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(reason(error))")
         }
@@ -340,6 +343,27 @@ public final class SQLiteLedger: LedgerStore {
         default:
             return LedgerError(.failed, "\(doing) the ledger \(path) failed: \(what)")
         }
+    }
+}
+
+extension SQLiteLedger {
+    /// The network filesystem `path` is on (the longest mount point of `/proc/self/mounts` above
+    /// it), or nil for a local one.
+    static func networkFilesystem(of path: String, mounts: String? = try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) -> String? {
+        let absolute = URL(fileURLWithPath: path).standardizedFileURL.path
+        guard let mounts else { return nil }
+        var best: (point: String, type: String)?
+        for line in mounts.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count >= 3 else { continue }
+            let point = fields[1].replacingOccurrences(of: "\\040", with: " ")
+            guard absolute == point || absolute.hasPrefix(point == "/" ? "/" : point + "/"),
+                  point.count >= (best?.point.count ?? 0) else { continue }
+            best = (point, String(fields[2]))
+        }
+        let network = ["nfs": "NFS", "nfs4": "NFS", "9p": "9p", "cifs": "SMB", "smb3": "SMB", "smbfs": "SMB",
+                       "ceph": "Ceph", "afs": "AFS", "fuse.sshfs": "SSHFS"]
+        return best.flatMap { network[$0.type] }
     }
 }
 

@@ -1,5 +1,5 @@
 import Foundation
-import Ledger
+@testable import Ledger
 import Testing
 
 /// A fresh folder for one test's ledger files, removed at the end.
@@ -225,5 +225,25 @@ struct LedgerSummaryTests {
         #expect(Ledger.defaultPath(environment: ["XDG_STATE_HOME": "/s", "HOME": "/h"]) == "/s/otaflash/ledger.sqlite")
         #expect(Ledger.defaultPath(environment: ["XDG_STATE_HOME": "rel", "HOME": "/h"]) == "/h/.local/state/otaflash/ledger.sqlite")
         #expect(Ledger.defaultPath(environment: ["HOME": "/h"]) == "/h/.local/state/otaflash/ledger.sqlite")
+    }
+}
+
+/// A SQLite ledger on a network filesystem: SQLite's write-ahead log does not work there, and a
+/// failure to open one says so (the mount table read as /proc/self/mounts gives it).
+@Suite("A ledger on a network filesystem")
+struct NetworkFilesystemTests {
+    static let mounts = """
+        /dev/vda1 / ext4 rw,relatime 0 0
+        tmpfs /tmp tmpfs rw 0 0
+        host0 /run/otaflash 9p rw,trans=virtio 0 0
+        server:/export /mnt/line nfs4 rw 0 0
+        //nas/share /mnt/nas\\040box cifs rw 0 0
+        """
+
+    @Test(arguments: [("/run/otaflash/results/state/ledger.sqlite", "9p"), ("/mnt/line/ledger.sqlite", "NFS"),
+                      ("/mnt/nas box/a/ledger.sqlite", "SMB"), ("/tmp/ledger.sqlite", nil), ("/home/ana/ledger.sqlite", nil),
+                      ("/run/otaflashy/ledger.sqlite", nil)] as [(String, String?)])
+    func theFilesystemIsFoundFromTheLongestMountAbove(path: String, network: String?) {
+        #expect(SQLiteLedger.networkFilesystem(of: path, mounts: Self.mounts) == network)
     }
 }

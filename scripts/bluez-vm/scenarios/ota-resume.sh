@@ -7,6 +7,10 @@
 #      the link itself when that offset arrives.
 # Each flash must end done/ok with at least one reconnect event, the stored
 # image byte-identical, and bytes_sent < 1.5 x the image size.
+#   3. the central killed: SIGKILL to otaflash once it reports 100000 bytes
+#      sent, then the same command again at once (no --restart): it must resume
+#      (bytes_sent of the second run below the image size) and end done/ok with
+#      the stored image byte-identical.
 # Prints the bytes sent and the number of reconnects of each.
 #
 # Data go through --write-path write-value by default ($RESUME_WRITE_PATH to
@@ -77,6 +81,47 @@ if grep -q 'injected fault: disconnect' "$SIM_OUT" && ! grep -q '"event":"reconn
 	step "NOTE: the peripheral's disconnect fault fired but the central never lost the link; bluetoothd: $(grep -i 'failed to disconnect' "$OTAFLASH_VM_LOGS/bluetoothd.log" | tail -n 1 || echo '-')"
 	step "NOTE: simulate: $(grep -m1 'disconnect(reason' "$RESULTS_DIR/sim2.stderr" | cut -c1-200 || true) ... then $(grep '"event":"\(activated\|disconnected\)"' "$SIM_OUT" | tr '\n' ' ')"
 fi
+stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
+
+# ------------------------------------------------------------------ 3. kill -9
+start_sim sim3 "$PERIPHERAL_HCI" "$RESULTS_DIR/store3" --verbose
+SIM=$SIM_PID
+# A state folder of its own: the resume point is this run's journal, not an earlier one's. On the
+# guest's own disk: the results folder is the host's over 9p, where SQLite's WAL (the ledger) fails.
+XDG_STATE_HOME=$(mktemp -d /tmp/otaflash-state3-XXXXXX)
+export XDG_STATE_HOME
+killed=( "$OTAFLASH" --adapter "$CENTRAL_HCI" --device "$PERIPHERAL_ADDR" "$IMAGE" --json --write-path "$WRITE_PATH" --reconnect-window 60 )
+f=$RESULTS_DIR/flash-killed.stamped
+stamped "$f" 240 "${killed[@]}" &
+flash_pid=$!
+BG+=("$flash_pid")
+reported() { grep '"event":"progress"' "$f" 2>/dev/null | tail -n 1 | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p'; }
+deadline=$((SECONDS + 120))
+until [ "$(reported)" -ge "$DISCONNECT_AT" ] 2>/dev/null; do
+	((SECONDS < deadline)) || fail "flash-killed reported no progress to $DISCONNECT_AT bytes within 120 s"
+	sleep 0.05
+done
+# The otaflash process itself (the stamped pipeline's timeout runs it as a child).
+victim=$(pgrep -n -f -- "--device $PERIPHERAL_ADDR $IMAGE --json --write-path $WRITE_PATH --reconnect-window 60" | grep -v "^$flash_pid\$" | tail -n 1 || true)
+[ -n "$victim" ] || fail "flash-killed: no otaflash process to kill"
+kill -9 "$victim"
+wait "$flash_pid" || true
+step "kill -9 at $(reported) bytes (pid $victim): the same command again at once"
+f=$RESULTS_DIR/flash-after-kill.stamped
+rc=0
+stamped "$f" 240 "${killed[@]}" || rc=$?
+done_line=$(grep '"event":"done"' "$f" | tail -n 1 | cut -f2- || true)
+if [ "$rc" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$done_line"; then
+	tail -n 3 "$f.stderr" || true
+	ERRORS+=("after kill -9: the same command exited with $rc: ${done_line:-no done event}")
+else
+	sent=$(jfield "$done_line" bytes_sent)
+	step "FIGURES after-kill: bytes_sent $sent for a $IMAGE_SIZE-byte image ($(awk -v a="$sent" -v b="$IMAGE_SIZE" 'BEGIN { printf "%.3f", a / b }') x), $(jfield "$done_line" seconds) s"
+	FIGS+=("$(jq -nc --argjson sent "$sent" --argjson s "$(jfield "$done_line" seconds)" '{"after-kill": {bytes_sent: $sent, seconds: $s}}')")
+	((sent < IMAGE_SIZE)) || ERRORS+=("after kill -9: bytes_sent $sent is not below the image size: it did not resume")
+	check_stored "$SIM_OUT" "$IMAGE"
+fi
+unset XDG_STATE_HOME
 stop_sim "$SIM" "$SIM_OUT" || fail "otaflash simulate exited with $? after SIGINT"
 
 printf '%s\n' "${FIGS[@]}" | jq -s --argjson size "$IMAGE_SIZE" --arg wp "$WRITE_PATH" 'add + {image_size: $size, write_path: $wp}' >"$RESULTS_DIR/figures.json"
