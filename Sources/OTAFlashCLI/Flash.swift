@@ -90,11 +90,8 @@ public struct OutputOptions: ParsableArguments {
 struct Flash: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
-        discussion: """
-            The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol; a Nordic Secure \
-            DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; or an MCUboot image \
-            (`imgtool sign`, .signed.bin or .signed.hex), sent over MCUmgr's SMP to a Zephyr or nRF Connect SDK \
-            device. --protocol auto picks from the file, checks it against the services the device exposes, and \
+        discussion: ProtocolTexts.flashImage(ProtocolCommandLine.all) + " " + """
+            --protocol auto picks from the file, checks it against the services the device exposes, and \
             says what it picked. A Nordic device that runs its application with the buttonless DFU service is asked \
             into its bootloader first, which is then flashed where it answers (the application's address with its \
             last octet one higher). Nothing is activated before the device checked the whole image (CRC32, or the \
@@ -110,19 +107,15 @@ struct Flash: AsyncParsableCommand {
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
 
-            Exit codes:
-            \(ExitCode.helpTable)
+            The exit codes follow the options.
             """
     )
 
-    @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), a Nordic Secure DFU package (.zip), or an MCUboot image (imgtool sign, .bin or .hex) for an SMP device.", valueName: "image"),
-              completion: .file(extensions: Self.imageExtensions))
+    @Argument(help: ArgumentHelp(ProtocolTexts.imageArgument(ProtocolCommandLine.all), valueName: "image"),
+              completion: .file(extensions: ProtocolTexts.imageExtensions(ProtocolCommandLine.all)))
     var image: String
 
-    /// The files a shell offers for the image: raw and MCUboot images (.bin, .signed.bin, .hex), Nordic packages.
-    static let imageExtensions = ["bin", "hex", "zip"]
-
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol; auto picks from the image (a Nordic .zip means nordic-dfu, an MCUboot image smp) and checks the device's services.", valueName: "name"))
+    @Option(name: .customLong("protocol"), help: ArgumentHelp(ProtocolTexts.protocolOption(ProtocolCommandLine.all), valueName: "name"))
     var protocolChoice: ProtocolChoice = .auto
 
     @OptionGroup var target: TargetOptions

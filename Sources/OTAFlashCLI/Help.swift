@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import OTA
+import OTACommandLine
 
 /// `otaflash help simulator` (also `otaflash simulator`): the simulated peripheral's options, by
 /// what they set up. `flash --simulator` and `otaflash simulate` take them; `flash --help` leaves
@@ -10,10 +11,9 @@ struct SimulatorTopic: ParsableCommand {
         commandName: "simulator",
         abstract: "The built-in simulated peripheral: its options, for `otaflash --simulator` (flash) and `otaflash simulate`.",
         usage: "otaflash [flash] --simulator [--sim-... <value>] <image>\notaflash simulate [--protocol <name>] [--sim-... <value>]",
-        discussion: """
-            With --simulator, flash sends the image to a simulated device in this process instead of a Bluetooth \
-            device: a native OTA target for a .bin or .hex, a Secure DFU bootloader for a Nordic .zip, a Zephyr SMP \
-            server with MCUboot for an MCUboot image. `otaflash simulate` serves the same devices through BlueZ, \
+        discussion: "With --simulator, flash sends the image to a simulated device in this process instead of a Bluetooth device: "
+            + ProtocolTexts.simulatedDevices(ProtocolCommandLine.all) + " " + """
+            `otaflash simulate` serves the same devices through BlueZ, \
             under the same --sim-* names. An option for another protocol's device is refused (exit 2).
 
             With --count N (flash only), N simulated devices C0:FF:EE:00:00:01 and up are flashed as a batch; \
@@ -120,6 +120,14 @@ extension Flash {
         let simulator = SimulatorTopic.optionNames
         return HelpText(help).removing { entry in entry.names.contains { simulator.contains($0) || $0.hasPrefix("--sim-") } }
     }
+
+    /// `flash`'s help with the exit codes after the options, where a reader finds them once past
+    /// the usage line.
+    static func withExitCodes(_ help: String) -> String {
+        var text = help
+        while text.last?.isNewline == true { text.removeLast() }
+        return text + "\n\nEXIT CODES:\n" + ExitCode.helpTable(ProtocolCommandLine.all)
+    }
 }
 
 /// `otaflash --help`: what a person flashing devices uses, on one screen. Every option it names is
@@ -130,7 +138,10 @@ enum RootHelp {
         let text: String
     }
 
-    static var text: String {
+    static var text: String { text(ProtocolCommandLine.all) }
+
+    /// The help with `protocols` as the protocols registered.
+    static func text(_ protocols: [ProtocolCommandLine]) -> String {
         let defaults = try? Flash.parse(["image.bin"])
         func value<T>(_ get: (Flash) -> T) -> String { defaults.map { "\(get($0))" } ?? "?" }
         let sections: [(String, [Line])] = [
@@ -142,7 +153,7 @@ enum RootHelp {
                 Line(names: "--simulator", text: "A simulated device instead (otaflash help simulator)"),
             ]),
             ("PROTOCOL", [
-                Line(names: "--protocol <name>", text: "auto (default: by the image), " + ProtocolRegistry.cli.names.joined(separator: ", ")),
+                Line(names: "--protocol <name>", text: "auto (default: by the image), " + protocols.map(\.name).joined(separator: ", ")),
                 Line(names: "--hw-version, --sd-req", text: "nordic-dfu: the device's hardware, SoftDevice"),
                 Line(names: "--confirm, --no-reset", text: "smp: confirm at once; no reset after the upload"),
                 Line(names: "--confirm-after-check", text: "smp: confirm once the image ran (--check-command)"),
@@ -171,8 +182,7 @@ enum RootHelp {
             "",
             "IMAGE:",
         ]
-        out += wrap("  .bin or .hex: otaflash's own protocol (native); a Nordic DFU package (.zip): Secure DFU "
-                    + "(nordic-dfu); an MCUboot image (imgtool sign, .signed.bin or .signed.hex): SMP (smp).", indent: "  ")
+        out += wrap("  " + ProtocolTexts.rootImage(protocols), indent: "  ")
         for (title, lines) in sections {
             out += ["", "\(title):"]
             let indent = String(repeating: " ", count: width + 4)

@@ -14,7 +14,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds (a simulated Secure DFU bootloader: its bank)", valueName: "bytes"))
     public var slotSize: Int = 1 << 20
 
-    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version a native or SMP device runs before the update (default 1.0.0).", valueName: "version"))
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp(ProtocolTexts.simFirmwareVersion(ProtocolCommandLine.all), valueName: "version"))
     var firmwareVersionOption: String?
 
     public var firmwareVersion: String { firmwareVersionOption ?? "1.0.0" }

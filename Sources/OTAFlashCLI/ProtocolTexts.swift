@@ -1,0 +1,64 @@
+import OTACommandLine
+
+/// The texts that list every protocol, each built from the protocols' registrations
+/// (`ProtocolCommandLine.texts`), so that a protocol registered is in every one of them. Each takes
+/// the protocols to list (the command line's: `ProtocolCommandLine.all`).
+enum ProtocolTexts {
+    /// `flash`'s description of the image: what each protocol sends, over what, to which devices.
+    static func flashImage(_ protocols: [ProtocolCommandLine]) -> String {
+        "The image is " + list(protocols.map { "\($0.texts.images), sent over \($0.texts.title) (\($0.name)) to \($0.texts.devices)" }) + "."
+    }
+
+    /// `flash`'s image argument.
+    static func imageArgument(_ protocols: [ProtocolCommandLine]) -> String {
+        "Firmware image: " + list(protocols.map { "\($0.texts.images) for \($0.texts.devices)" }) + "."
+    }
+
+    /// `flash --protocol`.
+    static func protocolOption(_ protocols: [ProtocolCommandLine]) -> String {
+        "The update protocol: auto (the default) picks it from the image ("
+            + protocols.map { "\($0.texts.images): \($0.name)" }.joined(separator: "; ")
+            + ") and checks it against the services the device exposes."
+    }
+
+    /// `otaflash --help`'s IMAGE section, as one line to wrap.
+    static func rootImage(_ protocols: [ProtocolCommandLine]) -> String {
+        protocols.map { "\($0.texts.images): \($0.texts.title) (\($0.name))" }.joined(separator: "; ") + "."
+    }
+
+    /// The file endings a shell offers for `flash`'s image, each once.
+    static func imageExtensions(_ protocols: [ProtocolCommandLine]) -> [String] {
+        protocols.flatMap(\.texts.extensions).reduce(into: []) { if !$0.contains($1) { $0.append($1) } }
+    }
+
+    /// `scan --ota-only`.
+    static func otaOnly(_ protocols: [ProtocolCommandLine]) -> String {
+        "Only devices that speak a protocol otaflash updates over (" + protocols.map(\.texts.title).joined(separator: ", ")
+            + "); those whose advertisement names no service are counted, not listed (see --probe)."
+    }
+
+    /// `--sim-firmware-version` (`flash --simulator`'s and `simulate`'s): the protocols whose
+    /// simulated device takes it.
+    static func simFirmwareVersion(_ protocols: [ProtocolCommandLine]) -> String {
+        protocols.filter { $0.takes.contains("--sim-firmware-version") }.map(\.name).joined(separator: ", ")
+            + ": the firmware version the device runs before an update (default 1.0.0)."
+    }
+
+    /// `otaflash help simulator`'s simulated devices, one a protocol.
+    static func simulatedDevices(_ protocols: [ProtocolCommandLine]) -> String {
+        list(protocols.map { "the \($0.device) for \($0.texts.images)" }) + "."
+    }
+
+    /// `simulate`'s paragraphs on the devices it serves, one a protocol, the first the default.
+    static func served(_ protocols: [ProtocolCommandLine]) -> String {
+        protocols.enumerated().map { index, registration in
+            "--protocol \(registration.name)" + (index == 0 ? " (the default) " : " ") + registration.texts.served
+        }.joined(separator: "\n\n")
+    }
+
+    /// "a; b; or c": the items hold commas of their own.
+    static func list(_ items: [String]) -> String {
+        guard items.count > 1, let last = items.last else { return items.first ?? "" }
+        return items.dropLast().joined(separator: "; ") + "; or " + last
+    }
+}
