@@ -389,7 +389,7 @@ struct Flash: AsyncParsableCommand {
             printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                            + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
             if let after {
-                printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.state)")
+                printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.stateText)")
             } else if plan.profile.readsBackAfterActivation, result.activated {
                 printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
             }

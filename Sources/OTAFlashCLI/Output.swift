@@ -238,7 +238,7 @@ public final class EventPrinter: CommandOutput {
             note("connected: MTU \(mtu), \(chunk) image bytes per packet")
         case .deviceInfo(_, let info):
             let slot = info.slotSize.map { ", slot \(formatBytes($0))" } ?? ""
-            note("device firmware \(info.firmwareVersion?.description ?? "unknown")\(slot), state \(info.state)")
+            note("device firmware \(info.firmwareVersion?.description ?? "unknown")\(slot), state \(info.stateText)")
         case .transferStarted(_, let offset, let total):
             if offset > 0 { note("resuming at \(formatBytes(offset)) of \(formatBytes(total))") }
         case .progress(let p):
