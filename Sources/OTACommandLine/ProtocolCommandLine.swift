@@ -103,16 +103,23 @@ public struct ProtocolCommandLine: Sendable {
         /// What `otaflash simulate` serves for it, after "--protocol <name>": "serves a Zephyr
         /// device with MCUmgr's SMP server and MCUboot (…)".
         public var served: String
+        /// The name that device advertises unless `--name` gives one: "otaflash-smp".
+        public var servedName: String
+        /// Its options `otaflash --help` shows, one line each: ("--confirm, --no-reset", "confirm at
+        /// once; no reset after the upload").
+        public var mainOptions: [(names: String, text: String)]
         /// What an exit code also covers with this protocol, for its meaning (`ExitCode.meaning(_:)`).
         public var exitCodes: [ExitCode: String]
 
-        public init(title: String, images: String, devices: String, extensions: [String], served: String,
-                    exitCodes: [ExitCode: String] = [:]) {
+        public init(title: String, images: String, devices: String, extensions: [String], served: String, servedName: String,
+                    mainOptions: [(names: String, text: String)] = [], exitCodes: [ExitCode: String] = [:]) {
             self.title = title
             self.images = images
             self.devices = devices
             self.extensions = extensions
             self.served = served
+            self.servedName = servedName
+            self.mainOptions = mainOptions
             self.exitCodes = exitCodes
         }
     }

@@ -129,10 +129,10 @@ struct Flash: AsyncParsableCommand {
     /// Each protocol's own options (Protocols.swift).
     @OptionGroup var protocols: ProtocolOptions
 
-    @Flag(name: .customLong("no-activate"), help: "native, smp: stop after the device verified the image; do not activate it.")
+    @Flag(name: .customLong("no-activate"), help: ArgumentHelp(ProtocolTexts.noActivate(ProtocolCommandLine.all)))
     var noActivate = false
 
-    @Flag(name: .long, help: "native, smp: ignore any partial transfer the device holds and send the whole image.")
+    @Flag(name: .long, help: ArgumentHelp(ProtocolTexts.restart(ProtocolCommandLine.all)))
     var restart = false
 
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's reply to a command", valueName: "seconds"))

@@ -153,11 +153,10 @@ enum RootHelp {
                 Line(names: "--simulator", text: "A simulated device instead (otaflash help simulator)"),
             ]),
             ("PROTOCOL", [
-                Line(names: "--protocol <name>", text: "auto (default: by the image), " + protocols.map(\.name).joined(separator: ", ")),
-                Line(names: "--hw-version, --sd-req", text: "nordic-dfu: the device's hardware, SoftDevice"),
-                Line(names: "--confirm, --no-reset", text: "smp: confirm at once; no reset after the upload"),
-                Line(names: "--confirm-after-check", text: "smp: confirm once the image ran (--check-command)"),
-            ]),
+                Line(names: "--protocol <name>", text: "auto (the default), " + protocols.map(\.name).joined(separator: ", ")),
+            ] + protocols.flatMap { registration in
+                registration.texts.mainOptions.map { Line(names: $0.names, text: "\(registration.name): \($0.text)") }
+            }),
             ("TUNING", [
                 Line(names: "--connect-timeout <s>", text: "Seconds to find and connect (default \(value { $0.target.connectTimeout.optionText }))"),
                 Line(names: "--reconnect-window <s>", text: "Seconds to reconnect after link loss (default \(value { $0.reconnectWindow.optionText }))"),

@@ -37,11 +37,34 @@ enum ProtocolTexts {
             + "); those whose advertisement names no service are counted, not listed (see --probe)."
     }
 
-    /// `--sim-firmware-version` (`flash --simulator`'s and `simulate`'s): the protocols whose
-    /// simulated device takes it.
+    /// The help of `option`, which only some protocols take: "native, smp: " and `text`.
+    static func owned(_ option: String, _ text: String, _ protocols: [ProtocolCommandLine]) -> String {
+        protocols.filter { $0.takes.contains(option) }.map(\.name).joined(separator: ", ") + ": " + text
+    }
+
+    /// `--sim-firmware-version` (`flash --simulator`'s and `simulate`'s).
     static func simFirmwareVersion(_ protocols: [ProtocolCommandLine]) -> String {
-        protocols.filter { $0.takes.contains("--sim-firmware-version") }.map(\.name).joined(separator: ", ")
-            + ": the firmware version the device runs before an update (default 1.0.0)."
+        owned("--sim-firmware-version", "the firmware version the device runs before an update (default 1.0.0).", protocols)
+    }
+
+    /// `flash --no-activate`.
+    static func noActivate(_ protocols: [ProtocolCommandLine]) -> String {
+        owned("--no-activate", "stop after the device verified the image; do not activate it.", protocols)
+    }
+
+    /// `flash --restart`.
+    static func restart(_ protocols: [ProtocolCommandLine]) -> String {
+        owned("--restart", "ignore any partial transfer the device holds and send the whole image.", protocols)
+    }
+
+    /// `--sim-data-without-write-without-response`.
+    static func dataWithoutWriteWithoutResponse(_ protocols: [ProtocolCommandLine]) -> String {
+        owned("--sim-data-without-write-without-response", "the data characteristic lacks write-without-response.", protocols)
+    }
+
+    /// `simulate --name`: each protocol's served device's own name.
+    static func servedName(_ protocols: [ProtocolCommandLine]) -> String {
+        "Name to advertise; by default, " + protocols.map { "\($0.name): \($0.texts.servedName)" }.joined(separator: "; ") + "."
     }
 
     /// `otaflash help simulator`'s simulated devices, one a protocol.

@@ -47,7 +47,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks.", valueName: "name"))
     var served: ServedProtocol = .native
 
-    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --sim-buttonless's application; otaflash-smp for smp).")
+    @Option(name: .long, help: ArgumentHelp(ProtocolTexts.servedName(ProtocolCommandLine.all)))
     var name: String?
 
     @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --sim-buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"), completion: .adapters)

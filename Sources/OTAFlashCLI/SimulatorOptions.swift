@@ -90,7 +90,7 @@ public struct SimulatedLinkOptions: ParsableArguments {
     @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one native device, not a batch).", valueName: "dir"), completion: .directory)
     public var stateDir: String?
 
-    @Flag(name: .customLong("sim-data-without-write-without-response"), help: "native: the data characteristic lacks write-without-response.")
+    @Flag(name: .customLong("sim-data-without-write-without-response"), help: ArgumentHelp(ProtocolTexts.dataWithoutWriteWithoutResponse(ProtocolCommandLine.all)))
     public var dataWithoutWriteWithoutResponse = false
 
     @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: "kind"))

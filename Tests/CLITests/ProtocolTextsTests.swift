@@ -25,11 +25,15 @@ private struct SixthProfile: OTAProfile {
 @Suite("texts that list the protocols")
 struct ProtocolTextsTests {
     static let sixth = ProtocolCommandLine(
-        profile: SixthProfile(), loader: nil, takes: ["--sim-firmware-version"], refuses: [:], device: "sixth board",
+        profile: SixthProfile(), loader: nil, takes: Set(ownedOptions), refuses: [:], device: "sixth board",
         texts: .init(title: "the Sixth Protocol", images: "a sixth image (.six, trailer 0x66)", devices: "a sixth-generation board",
-                     extensions: ["six"], served: "serves a sixth-generation board that takes .six files",
+                     extensions: ["six"], served: "serves a sixth-generation board that takes .six files", servedName: "sixth-sim",
+                     mainOptions: [("--sixth-key <key>", "the key the board checks")],
                      exitCodes: [.imageFile: "a .six file without its trailer", .verifyFailed: "the trailer's checksum"]),
         simulatedDevice: { _ in throw CLIFailure(.internalError, "no simulated sixth board") })
+
+    /// The options only some protocols take whose help names those that take them.
+    static let ownedOptions = ["--sim-firmware-version", "--no-activate", "--restart", "--sim-data-without-write-without-response"]
 
     /// Each text, built for `protocols`, by what it is.
     static func texts(_ protocols: [ProtocolCommandLine]) -> [(what: String, text: String)] {
@@ -39,6 +43,10 @@ struct ProtocolTextsTests {
          ("otaflash --help", RootHelp.text(protocols)),
          ("scan --ota-only", ProtocolTexts.otaOnly(protocols)),
          ("--sim-firmware-version", ProtocolTexts.simFirmwareVersion(protocols)),
+         ("flash --no-activate", ProtocolTexts.noActivate(protocols)),
+         ("flash --restart", ProtocolTexts.restart(protocols)),
+         ("--sim-data-without-write-without-response", ProtocolTexts.dataWithoutWriteWithoutResponse(protocols)),
+         ("simulate --name", ProtocolTexts.servedName(protocols)),
          ("simulate's description", ProtocolTexts.served(protocols)),
          ("help simulator", ProtocolTexts.simulatedDevices(protocols)),
          ("the exit codes", ExitCode.helpTable(protocols)),
@@ -52,8 +60,11 @@ struct ProtocolTextsTests {
         case "flash's image argument": [registration.texts.images, registration.texts.devices]
         case "flash --protocol": [registration.texts.images + ": " + registration.name]
         case "otaflash --help": [registration.texts.images + ": " + registration.texts.title + " (" + registration.name + ")"]
+            + registration.texts.mainOptions.flatMap { [$0.names, "\(registration.name): \($0.text)"] }
         case "scan --ota-only": [registration.texts.title]
-        case "--sim-firmware-version": registration.takes.contains("--sim-firmware-version") ? [registration.name] : []
+        case let owned where ownedOptions.contains(owned.replacing("flash ", with: "")):
+            registration.takes.contains(owned.replacing("flash ", with: "")) ? [registration.name] : []
+        case "simulate --name": [registration.name + ": " + registration.texts.servedName]
         case "simulate's description": ["--protocol \(registration.name)", registration.texts.served]
         case "help simulator": ["the \(registration.device) for \(registration.texts.images)"]
         case "the exit codes": registration.texts.exitCodes.map { "; \(registration.name): \($0.value)" }
@@ -83,11 +94,12 @@ struct ProtocolTextsTests {
 
     /// The texts the command line shows are those built from its registrations.
     @Test(arguments: [
-        (["help", "flash"], ["flash's description", "flash's image argument", "flash --protocol", "the exit codes"]),
+        (["help", "flash"], ["flash's description", "flash's image argument", "flash --protocol", "the exit codes",
+                             "flash --no-activate", "flash --restart"]),
         (["--help"], ["otaflash --help"]),
         (["scan", "--help"], ["scan --ota-only"]),
-        (["help", "simulator"], ["--sim-firmware-version", "help simulator"]),
-        (["simulate", "--help"], ["--sim-firmware-version", "simulate's description"]),
+        (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-data-without-write-without-response"]),
+        (["simulate", "--help"], ["--sim-firmware-version", "simulate's description", "simulate --name"]),
     ])
     func theCommandLineShowsTheTextsBuiltFromItsRegistrations(arguments: [String], whats: [String]) async {
         let run = await otaflash(arguments)

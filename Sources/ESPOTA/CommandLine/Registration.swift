@@ -37,6 +37,8 @@ extension ProtocolCommandLine {
                     + "4 KiB sectors, each acknowledged, with --sim-slot-size its OTA partition and --sim-firmware-version the "
                     + "version it runs; once the last sector is in, it checks the app image and restarts into it. It cannot "
                     + "resume: every transfer sends the whole image.",
+                servedName: "\(ESPOTAService.nimbleName), as Espressif's NimBLE example (\(ESPOTAService.bluedroidName) makes it the Bluedroid one)",
+                mainOptions: [("--chip <chip>", "the chip the devices are, e.g. esp32c3")],
                 exitCodes: [.imageFile: "an ESP-IDF app image that does not check out (segments, chip, checksum, appended SHA-256), "
                                 + "or another file of the build (a merged flash image, the ELF)",
                             .imageTooLarge: "the OTA partition --esp-partition-size or --partition-table gives (without them, over 4 MiB)",

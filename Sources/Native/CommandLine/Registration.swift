@@ -62,6 +62,7 @@ extension ProtocolCommandLine {
                     + "central's commands fail with ATT error 0x89 (busy). --sim-device-version 2 serves a protocol version 2 device on "
                     + "NOR flash (docs/PROTOCOL.md) with the C device library (Sources/COTADevice) in lockstep: every write goes to "
                     + "both, and any difference between their answers is reported when serving stops, with exit 1.",
+                servedName: "otaflash-sim",
                 exitCodes: [.internalError: "a simulated version 2 device's C device library answered differently from its Swift model",
                             .verifyFailed: "the CRC32 of the whole image"]),
             simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) })

@@ -32,6 +32,8 @@ extension ProtocolCommandLine {
                     + "address must be --adapter's + 1 (e.g. random static addresses set with `btmgmt static-addr`); once it "
                     + "activated an application, the device answers on --adapter again. --name is the application's name; the "
                     + "bootloader advertises DfuTarg, or the name the central gave it.",
+                servedName: "DfuTarg, as Nordic's bootloaders (otaflash-app for --sim-buttonless's application)",
+                mainOptions: [("--hw-version, --sd-req", "the device's hardware, SoftDevice")],
                 exitCodes: [.imageFile: "a package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format)",
                             .imageTooLarge: "the bootloader's bank or object size",
                             .incompatibleDevice: "a bootloader that refuses the package: other hardware, another SoftDevice, a downgrade, "

@@ -26,6 +26,9 @@ extension ProtocolCommandLine {
                     + "resume by the file's SHA-256; an image marked for test is swapped in at the next reset and runs unconfirmed, "
                     + "a second reset without a confirm reverts it; one confirmed stays. `smpmgr --ble <address> upgrade --slot 1 "
                     + "app.signed.bin` or `otaflash --protocol smp --device <address> app.signed.bin` can update it.",
+                servedName: "otaflash-smp",
+                mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload"),
+                              ("--confirm-after-check", "confirm once the image ran (--check-command)")],
                 exitCodes: [.imageFile: "an MCUboot image that does not check out (magic, header, TLVs, hash, encrypted or non-bootable), "
                                 + "or the device refusing its header or TLVs",
                             .imageTooLarge: "the device's slot (MCUmgr image error 30), or a file its file system cannot hold (`files put`)",
