@@ -29,7 +29,8 @@ struct Station: AsyncParsableCommand {
             devices are done, and none is flashed twice.
 
             With --simulator it runs on a simulated line (--sim-devices, --sim-arrivals, --sim-dwell, --sim-fail) \
-            on virtual time, and needs --ledger PATH; it ends when the last device has left.
+            on virtual time, and needs --ledger PATH; it ends when the last device has left. The simulated \
+            peripheral's options (--sim-*): `otaflash help simulator`.
 
             Examples:
               otaflash station --adapter hci0,hci1 --per-adapter 4 --station line-3 \\
@@ -54,9 +55,11 @@ struct Station: AsyncParsableCommand {
     /// `flash`'s options a station refuses (`validate()`): its help leaves them out.
     static let refusedOptions: Set<String> = ["--device", "--devices-file", "--scan", "--count", "--sim-device-fault", "--sim-state", "--no-ledger"]
 
-    /// `station`'s help without the options it refuses.
+    /// `station`'s help without the options it refuses, and without the simulated peripheral's
+    /// (`otaflash help simulator`), as `flash --help`.
     static func shortened(_ help: String) -> String {
-        HelpText(help).removing { entry in entry.names.contains(where: refusedOptions.contains) }
+        let simulator = SimulatorTopic.optionNames
+        return HelpText(help).removing { entry in entry.names.contains { refusedOptions.contains($0) || simulator.contains($0) } }
     }
 
     mutating func validate() throws {

@@ -57,6 +57,16 @@ struct HelpLayoutTests {
         #expect(run.stdout.contains("  21   not_confirmed"))
     }
 
+    /// `help station` leaves the simulated peripheral's options to `otaflash help simulator`, as
+    /// `flash --help` does, and keeps the simulated line's.
+    @Test func stationHelpLeavesTheSimulatorsOptionsToTheirTopic() async {
+        let help = await otaflash(["help", "station"])
+        let names = CommandLineShapeTests.entryNames(help.stdout)
+        #expect(names.intersection(SimulatorTopic.optionNames).isEmpty, "\(names.intersection(SimulatorTopic.optionNames).sorted())")
+        #expect(names.isSuperset(of: ["--simulator", "--sim-devices", "--sim-arrivals", "--sim-dwell", "--sim-fail", "--ledger"]), "\(names.sorted())")
+        #expect(help.stdout.contains("otaflash help simulator"))
+    }
+
     /// `help station` lists none of `flash`'s options a station refuses, and each of those is refused.
     @Test(arguments: Station.refusedOptions.sorted())
     func stationHelpLeavesOutWhatStationRefuses(option: String) async {
