@@ -108,11 +108,14 @@ public struct ProtocolCommandLine: Sendable {
         /// Its options `otaflash --help` shows, one line each: ("--confirm, --no-reset", "confirm at
         /// once; no reset after the upload").
         public var mainOptions: [(names: String, text: String)]
+        /// Where its images carry their version, which `--skip-if-version image` reads (the
+        /// loader's `FlashPlan.imageVersion`): "an MCUboot image's header"; nil: they carry none.
+        public var imageVersion: String?
         /// What an exit code also covers with this protocol, for its meaning (`ExitCode.meaning(_:)`).
         public var exitCodes: [ExitCode: String]
 
         public init(title: String, images: String, devices: String, extensions: [String], served: String, servedName: String,
-                    mainOptions: [(names: String, text: String)] = [], exitCodes: [ExitCode: String] = [:]) {
+                    mainOptions: [(names: String, text: String)] = [], imageVersion: String? = nil, exitCodes: [ExitCode: String] = [:]) {
             self.title = title
             self.images = images
             self.devices = devices
@@ -120,6 +123,7 @@ public struct ProtocolCommandLine: Sendable {
             self.served = served
             self.servedName = servedName
             self.mainOptions = mainOptions
+            self.imageVersion = imageVersion
             self.exitCodes = exitCodes
         }
     }

@@ -418,7 +418,7 @@ extension Flash {
         var config = engineConfig
         if batch.skipIfVersion == .imageOwn {
             guard let version = plan.imageVersion else {
-                throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (only an MCUboot image does); give the version, e.g. --skip-if-version 1.2.3")
+                throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (the version is read from \(ProtocolTexts.imageVersions(ProtocolCommandLine.all)) only); give the version, e.g. --skip-if-version 1.2.3")
             }
             config.skipIfVersion = version
         }

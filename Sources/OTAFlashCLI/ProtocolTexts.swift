@@ -79,6 +79,20 @@ enum ProtocolTexts {
         }.joined(separator: "\n\n")
     }
 
+    /// Where the images that carry their version carry it, for `--skip-if-version image`:
+    /// "an MCUboot image's header or …".
+    static func imageVersions(_ protocols: [ProtocolCommandLine]) -> String {
+        let carriers = protocols.compactMap(\.texts.imageVersion)
+        guard carriers.count > 1, let last = carriers.last else { return carriers.first ?? "no image" }
+        return carriers.dropLast().joined(separator: ", ") + " or " + last
+    }
+
+    /// `--skip-if-version`.
+    static func skipIfVersion(_ protocols: [ProtocolCommandLine]) -> String {
+        "Leave devices that already report this firmware version alone; 'image' for the version the image carries (in "
+            + imageVersions(protocols) + ")."
+    }
+
     /// "a; b; or c": the items hold commas of their own.
     static func list(_ items: [String]) -> String {
         guard items.count > 1, let last = items.last else { return items.first ?? "" }

@@ -28,7 +28,7 @@ struct ProtocolTextsTests {
         profile: SixthProfile(), loader: nil, takes: Set(ownedOptions), refuses: [:], device: "sixth board",
         texts: .init(title: "the Sixth Protocol", images: "a sixth image (.six, trailer 0x66)", devices: "a sixth-generation board",
                      extensions: ["six"], served: "serves a sixth-generation board that takes .six files", servedName: "sixth-sim",
-                     mainOptions: [("--sixth-key <key>", "the key the board checks")],
+                     mainOptions: [("--sixth-key <key>", "the key the board checks")], imageVersion: "a .six file's trailer",
                      exitCodes: [.imageFile: "a .six file without its trailer", .verifyFailed: "the trailer's checksum"]),
         simulatedDevice: { _ in throw CLIFailure(.internalError, "no simulated sixth board") })
 
@@ -47,6 +47,7 @@ struct ProtocolTextsTests {
          ("flash --restart", ProtocolTexts.restart(protocols)),
          ("--sim-data-without-write-without-response", ProtocolTexts.dataWithoutWriteWithoutResponse(protocols)),
          ("simulate --name", ProtocolTexts.servedName(protocols)),
+         ("--skip-if-version", ProtocolTexts.skipIfVersion(protocols)),
          ("simulate's description", ProtocolTexts.served(protocols)),
          ("help simulator", ProtocolTexts.simulatedDevices(protocols)),
          ("the exit codes", ExitCode.helpTable(protocols)),
@@ -65,6 +66,7 @@ struct ProtocolTextsTests {
         case let owned where ownedOptions.contains(owned.replacing("flash ", with: "")):
             registration.takes.contains(owned.replacing("flash ", with: "")) ? [registration.name] : []
         case "simulate --name": [registration.name + ": " + registration.texts.servedName]
+        case "--skip-if-version": registration.texts.imageVersion.map { [$0] } ?? []
         case "simulate's description": ["--protocol \(registration.name)", registration.texts.served]
         case "help simulator": ["the \(registration.device) for \(registration.texts.images)"]
         case "the exit codes": registration.texts.exitCodes.map { "; \(registration.name): \($0.value)" }
@@ -95,7 +97,7 @@ struct ProtocolTextsTests {
     /// The texts the command line shows are those built from its registrations.
     @Test(arguments: [
         (["help", "flash"], ["flash's description", "flash's image argument", "flash --protocol", "the exit codes",
-                             "flash --no-activate", "flash --restart"]),
+                             "flash --no-activate", "flash --restart", "--skip-if-version"]),
         (["--help"], ["otaflash --help"]),
         (["scan", "--help"], ["scan --ota-only"]),
         (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-data-without-write-without-response"]),

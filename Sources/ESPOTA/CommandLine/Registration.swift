@@ -39,6 +39,7 @@ extension ProtocolCommandLine {
                     + "resume: every transfer sends the whole image.",
                 servedName: "\(ESPOTAService.nimbleName), as Espressif's NimBLE example (\(ESPOTAService.bluedroidName) makes it the Bluedroid one)",
                 mainOptions: [("--chip <chip>", "the chip the devices are, e.g. esp32c3")],
+                imageVersion: "an ESP-IDF app image's esp_app_desc_t",
                 exitCodes: [.imageFile: "an ESP-IDF app image that does not check out (segments, chip, checksum, appended SHA-256), "
                                 + "or another file of the build (a merged flash image, the ELF)",
                             .imageTooLarge: "the OTA partition --esp-partition-size or --partition-table gives (without them, over 4 MiB)",

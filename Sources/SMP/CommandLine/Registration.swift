@@ -29,6 +29,7 @@ extension ProtocolCommandLine {
                 servedName: "otaflash-smp",
                 mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload"),
                               ("--confirm-after-check", "confirm once the image ran (--check-command)")],
+                imageVersion: "an MCUboot image's header",
                 exitCodes: [.imageFile: "an MCUboot image that does not check out (magic, header, TLVs, hash, encrypted or non-bootable), "
                                 + "or the device refusing its header or TLVs",
                             .imageTooLarge: "the device's slot (MCUmgr image error 30), or a file its file system cannot hold (`files put`)",
