@@ -108,6 +108,10 @@ public struct ProtocolCommandLine: Sendable {
         /// Its options `otaflash --help` shows, one line each: ("--confirm, --no-reset", "confirm at
         /// once; no reset after the upload").
         public var mainOptions: [(names: String, text: String)]
+        /// What `flash`'s description says of this protocol alone, in sentences: "A Nordic device
+        /// that runs its application with the buttonless DFU service is asked into its bootloader
+        /// first, …"; nil: nothing.
+        public var flashNote: String?
         /// Where its images carry their version, which `--skip-if-version image` reads (the
         /// loader's `FlashPlan.imageVersion`): "an MCUboot image's header"; nil: they carry none.
         public var imageVersion: String?
@@ -115,7 +119,8 @@ public struct ProtocolCommandLine: Sendable {
         public var exitCodes: [ExitCode: String]
 
         public init(title: String, images: String, devices: String, extensions: [String], served: String, servedName: String,
-                    mainOptions: [(names: String, text: String)] = [], imageVersion: String? = nil, exitCodes: [ExitCode: String] = [:]) {
+                    mainOptions: [(names: String, text: String)] = [], flashNote: String? = nil, imageVersion: String? = nil,
+                    exitCodes: [ExitCode: String] = [:]) {
             self.title = title
             self.images = images
             self.devices = devices
@@ -123,6 +128,7 @@ public struct ProtocolCommandLine: Sendable {
             self.served = served
             self.servedName = servedName
             self.mainOptions = mainOptions
+            self.flashNote = flashNote
             self.imageVersion = imageVersion
             self.exitCodes = exitCodes
         }

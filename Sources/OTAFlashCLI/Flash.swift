@@ -90,13 +90,8 @@ public struct OutputOptions: ParsableArguments {
 struct Flash: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
-        discussion: ProtocolTexts.flashImage(ProtocolCommandLine.all) + " " + """
-            --protocol auto picks from the file, checks it against the services the device exposes, and \
-            says what it picked. A Nordic device that runs its application with the buttonless DFU service is asked \
-            into its bootloader first, which is then flashed where it answers (the application's address with its \
-            last octet one higher). Nothing is activated before the device checked the whole image (CRC32, or the \
-            image's SHA-256). A transfer that stops (link loss, Ctrl-C) resumes where it stopped when the same \
-            command runs again. An option that does not apply to the image's protocol is refused (exit 2).
+        discussion: ProtocolTexts.flashDescription(ProtocolCommandLine.all) + """
+            An option that does not apply to the image's protocol is refused (exit 2).
 
             The simulated peripheral's options (--sim-*): `otaflash help simulator`.
 
@@ -104,6 +99,7 @@ struct Flash: AsyncParsableCommand {
               otaflash --device AA:BB:CC:DD:EE:FF app.bin
               otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
               otaflash --device AA:BB:CC:DD:EE:FF zephyr.signed.bin
+              otaflash --device AA:BB:CC:DD:EE:FF --chip esp32c3 build/app.bin
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
 

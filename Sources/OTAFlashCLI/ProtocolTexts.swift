@@ -9,6 +9,19 @@ enum ProtocolTexts {
         "The image is " + list(protocols.map { "\($0.texts.images), sent over \($0.texts.title) (\($0.name)) to \($0.texts.devices)" }) + "."
     }
 
+    /// `flash`'s description but its last sentence: the images, how `auto` picks, each protocol's
+    /// note, how each device checks an image, and which transfers resume.
+    static func flashDescription(_ protocols: [ProtocolCommandLine]) -> String {
+        let checks = protocols.map { "the \($0.device) \($0.profile.imageCheck)" }.joined(separator: "; ")
+        let restarting = protocols.filter { !$0.profile.resumesTransfer }.map(\.name)
+        let resumes = "A transfer that stops (link loss, Ctrl-C) resumes where it stopped when the same command runs again"
+            + (restarting.isEmpty ? "." : " (\(restarting.joined(separator: ", ")): reset the device first, and the whole image goes again).")
+        return ([flashImage(protocols),
+                 "--protocol auto picks from the file, checks it against the services the device exposes, and says what it picked."]
+                + protocols.compactMap(\.texts.flashNote)
+                + ["Nothing is activated before the device checked the whole image: \(checks).", resumes, ""]).joined(separator: " ")
+    }
+
     /// `flash`'s image argument.
     static func imageArgument(_ protocols: [ProtocolCommandLine]) -> String {
         "Firmware image: " + list(protocols.map { "\($0.texts.images) for \($0.texts.devices)" }) + "."

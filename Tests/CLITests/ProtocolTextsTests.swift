@@ -11,6 +11,8 @@ private struct SixthProfile: OTAProfile {
     let name = "sixth"
     let serviceUUID = BluetoothUUID(uint16: 0x6666)
     let imageFormats: Set<ImageFormat.Kind> = [ImageFormat.Kind("sixth-image")]
+    var imageCheck: String { "checks the trailer's checksum" }
+    var resumesTransfer: Bool { false }
 
     func attach(to connection: any GATTConnection, device: String,
                 discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<Native.DeviceInfo> {
@@ -28,7 +30,8 @@ struct ProtocolTextsTests {
         profile: SixthProfile(), loader: nil, takes: Set(ownedOptions), refuses: [:], device: "sixth board",
         texts: .init(title: "the Sixth Protocol", images: "a sixth image (.six, trailer 0x66)", devices: "a sixth-generation board",
                      extensions: ["six"], served: "serves a sixth-generation board that takes .six files", servedName: "sixth-sim",
-                     mainOptions: [("--sixth-key <key>", "the key the board checks")], imageVersion: "a .six file's trailer",
+                     mainOptions: [("--sixth-key <key>", "the key the board checks")], flashNote: "A sixth-generation board is woken by a knock first.",
+                     imageVersion: "a .six file's trailer",
                      exitCodes: [.imageFile: "a .six file without its trailer", .verifyFailed: "the trailer's checksum"]),
         simulatedDevice: { _ in throw CLIFailure(.internalError, "no simulated sixth board") })
 
@@ -37,7 +40,7 @@ struct ProtocolTextsTests {
 
     /// Each text, built for `protocols`, by what it is.
     static func texts(_ protocols: [ProtocolCommandLine]) -> [(what: String, text: String)] {
-        [("flash's description", ProtocolTexts.flashImage(protocols)),
+        [("flash's description", ProtocolTexts.flashDescription(protocols)),
          ("flash's image argument", ProtocolTexts.imageArgument(protocols)),
          ("flash --protocol", ProtocolTexts.protocolOption(protocols)),
          ("otaflash --help", RootHelp.text(protocols)),
@@ -57,7 +60,8 @@ struct ProtocolTextsTests {
     /// What of `registration` each text must say (whitespace folded).
     static func expected(_ registration: ProtocolCommandLine, in what: String) -> [String] {
         switch what {
-        case "flash's description": [registration.texts.images, registration.texts.title, registration.texts.devices]
+        case "flash's description": [registration.texts.images, registration.texts.title, registration.texts.devices,
+                                     "the \(registration.device) \(registration.profile.imageCheck)"] + (registration.texts.flashNote.map { [$0] } ?? [])
         case "flash's image argument": [registration.texts.images, registration.texts.devices]
         case "flash --protocol": [registration.texts.images + ": " + registration.name]
         case "otaflash --help": [registration.texts.images + ": " + registration.texts.title + " (" + registration.name + ")"]
@@ -91,6 +95,8 @@ struct ProtocolTextsTests {
             }
         }
         #expect(ExitCode.verifyFailed.meaning(protocols).hasSuffix("; sixth: the trailer's checksum"))
+        // It cannot resume, as ESP32s cannot.
+        #expect(ProtocolTexts.flashDescription(protocols).contains("(esp-ota, sixth: reset the device first, and the whole image goes again)"))
         #expect(ExitCode.timeout.meaning(protocols) == ExitCode.timeout.meaning)
     }
 

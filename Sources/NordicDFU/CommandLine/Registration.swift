@@ -34,6 +34,8 @@ extension ProtocolCommandLine {
                     + "bootloader advertises DfuTarg, or the name the central gave it.",
                 servedName: "DfuTarg, as Nordic's bootloaders (otaflash-app for --sim-buttonless's application)",
                 mainOptions: [("--hw-version, --sd-req", "the device's hardware, SoftDevice")],
+                flashNote: "A Nordic device that runs its application with the buttonless DFU service is asked into its bootloader "
+                    + "first, which is then flashed where it answers (the application's address with its last octet one higher).",
                 exitCodes: [.imageFile: "a package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format)",
                             .imageTooLarge: "the bootloader's bank or object size",
                             .incompatibleDevice: "a bootloader that refuses the package: other hardware, another SoftDevice, a downgrade, "
