@@ -103,7 +103,8 @@ struct Flash: AsyncParsableCommand {
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
 
-            The exit codes follow the options.
+            \(Flash.exitCodesTitle)
+            \(ExitCode.helpTable(ProtocolCommandLine.all))
             """
     )
 

@@ -121,12 +121,21 @@ extension Flash {
         return HelpText(help).removing { entry in entry.names.contains { simulator.contains($0) || $0.hasPrefix("--sim-") } }
     }
 
-    /// `flash`'s help with the exit codes after the options, where a reader finds them once past
-    /// the usage line.
+    /// The line before the exit codes in `flash`'s description (which its man page shows after
+    /// the synopsis).
+    static let exitCodesTitle = "Exit codes:"
+
+    /// `flash`'s help with the exit codes moved from its description to after the options, so that
+    /// a reader meets the usage line first.
     static func withExitCodes(_ help: String) -> String {
-        var text = help
-        while text.last?.isNewline == true { text.removeLast() }
-        return text + "\n\nEXIT CODES:\n" + ExitCode.helpTable(ProtocolCommandLine.all)
+        var lines = help.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        guard let start = lines.firstIndex(of: exitCodesTitle),
+              let usage = lines[start...].firstIndex(where: { $0.hasPrefix("USAGE:") }) else { return help }
+        var table = Array(lines[(start + 1)..<usage])
+        lines.removeSubrange(start..<usage)
+        while lines.last?.isEmpty == true { lines.removeLast() }
+        while table.last?.isEmpty == true { table.removeLast() }
+        return (lines + ["", "EXIT CODES:"] + table).joined(separator: "\n")
     }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import OTACommandLine
 @testable import OTAFlashCLI
 import Testing
 
@@ -55,6 +56,9 @@ struct HelpLayoutTests {
         let options = try #require(run.stdout.range(of: "OPTIONS:"))
         #expect(usage.lowerBound < options.lowerBound && options.lowerBound < codes.lowerBound)
         #expect(run.stdout.contains("  21   not_confirmed"))
+        #expect(run.stdout.ranges(of: "EXIT CODES:").count == 1 && !run.stdout.contains(Flash.exitCodesTitle))
+        // The description keeps them, for the man page, which puts the synopsis first.
+        #expect(Flash.configuration.discussion.contains(Flash.exitCodesTitle + "\n" + ExitCode.helpTable(ProtocolCommandLine.all)))
     }
 
     /// `help station` leaves the simulated peripheral's options to `otaflash help simulator`, as
