@@ -24,6 +24,7 @@ struct SimulatorTopic: ParsableCommand {
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
               otaflash --simulator --sim-buttonless unbonded app_dfu_package.zip
               otaflash --simulator --sim-smp-buf-size 2475 zephyr.signed.bin
+              otaflash --simulator --sim-esp-component raw build/app.bin
             """,
         shouldDisplay: false
     )
