@@ -105,6 +105,9 @@ public struct ProtocolCommandLine: Sendable {
         public var served: String
         /// The name that device advertises unless `--name` gives one: "otaflash-smp".
         public var servedName: String
+        /// What `--sim-slot-size` is of its simulated device, where that is not plainly its image
+        /// slot: "each of its two slots"; nil: its slot.
+        public var slot: String?
         /// Its options `otaflash --help` shows, one line each: ("--confirm, --no-reset", "confirm at
         /// once; no reset after the upload").
         public var mainOptions: [(names: String, text: String)]
@@ -119,7 +122,7 @@ public struct ProtocolCommandLine: Sendable {
         public var exitCodes: [ExitCode: String]
 
         public init(title: String, images: String, devices: String, extensions: [String], served: String, servedName: String,
-                    mainOptions: [(names: String, text: String)] = [], flashNote: String? = nil, imageVersion: String? = nil,
+                    slot: String? = nil, mainOptions: [(names: String, text: String)] = [], flashNote: String? = nil, imageVersion: String? = nil,
                     exitCodes: [ExitCode: String] = [:]) {
             self.title = title
             self.images = images
@@ -127,6 +130,7 @@ public struct ProtocolCommandLine: Sendable {
             self.extensions = extensions
             self.served = served
             self.servedName = servedName
+            self.slot = slot
             self.mainOptions = mainOptions
             self.flashNote = flashNote
             self.imageVersion = imageVersion

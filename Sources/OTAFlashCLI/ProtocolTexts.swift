@@ -75,6 +75,12 @@ enum ProtocolTexts {
         owned("--sim-data-without-write-without-response", "the data characteristic lacks write-without-response.", protocols)
     }
 
+    /// `--sim-slot-size` (`flash --simulator`'s and `simulate`'s), before its range.
+    static func simSlotSize(_ protocols: [ProtocolCommandLine], default value: Int? = nil) -> String {
+        let slots = protocols.compactMap { registration in registration.texts.slot.map { "\(registration.name): \($0)" } }
+        return "Bytes the device's image slot holds (" + (slots + (value.map { ["default \($0)"] } ?? [])).joined(separator: "; ") + ")"
+    }
+
     /// `simulate --name`: each protocol's served device's own name.
     static func servedName(_ protocols: [ProtocolCommandLine]) -> String {
         "Name to advertise; by default, " + protocols.map { "\($0.name): \($0.texts.servedName)" }.joined(separator: "; ") + "."

@@ -56,7 +56,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("address"), help: ArgumentHelp("With --sim-buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
     var applicationAddress: String?
 
-    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds (default 1048576)", valueName: "bytes"))
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help(ProtocolTexts.simSlotSize(ProtocolCommandLine.all, default: 1 << 20), valueName: "bytes"))
     var slotSizeOption: Int?
 
     @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp(ProtocolTexts.simFirmwareVersion(ProtocolCommandLine.all), valueName: "version"))

@@ -11,7 +11,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device (its options: otaflash help simulator).")
     public var enabled = false
 
-    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds (a simulated Secure DFU bootloader: its bank)", valueName: "bytes"))
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help(ProtocolTexts.simSlotSize(ProtocolCommandLine.all), valueName: "bytes"))
     public var slotSize: Int = 1 << 20
 
     @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp(ProtocolTexts.simFirmwareVersion(ProtocolCommandLine.all), valueName: "version"))

@@ -29,7 +29,7 @@ struct ProtocolTextsTests {
     static let sixth = ProtocolCommandLine(
         profile: SixthProfile(), loader: nil, takes: Set(ownedOptions), refuses: [:], device: "sixth board",
         texts: .init(title: "the Sixth Protocol", images: "a sixth image (.six, trailer 0x66)", devices: "a sixth-generation board",
-                     extensions: ["six"], served: "serves a sixth-generation board that takes .six files", servedName: "sixth-sim",
+                     extensions: ["six"], served: "serves a sixth-generation board that takes .six files", servedName: "sixth-sim", slot: "its trailer-checked bank",
                      mainOptions: [("--sixth-key <key>", "the key the board checks")], flashNote: "A sixth-generation board is woken by a knock first.",
                      imageVersion: "a .six file's trailer",
                      exitCodes: [.imageFile: "a .six file without its trailer", .verifyFailed: "the trailer's checksum"]),
@@ -51,6 +51,7 @@ struct ProtocolTextsTests {
          ("--sim-data-without-write-without-response", ProtocolTexts.dataWithoutWriteWithoutResponse(protocols)),
          ("simulate --name", ProtocolTexts.servedName(protocols)),
          ("--skip-if-version", ProtocolTexts.skipIfVersion(protocols)),
+         ("--sim-slot-size", ProtocolTexts.simSlotSize(protocols)),
          ("simulate's description", ProtocolTexts.served(protocols)),
          ("help simulator", ProtocolTexts.simulatedDevices(protocols)),
          ("the exit codes", ExitCode.helpTable(protocols)),
@@ -71,6 +72,7 @@ struct ProtocolTextsTests {
             registration.takes.contains(owned.replacing("flash ", with: "")) ? [registration.name] : []
         case "simulate --name": [registration.name + ": " + registration.texts.servedName]
         case "--skip-if-version": registration.texts.imageVersion.map { [$0] } ?? []
+        case "--sim-slot-size": registration.texts.slot.map { ["\(registration.name): \($0)"] } ?? []
         case "simulate's description": ["--protocol \(registration.name)", registration.texts.served]
         case "help simulator": ["the \(registration.device) for \(registration.texts.images)"]
         case "the exit codes": registration.texts.exitCodes.map { "; \(registration.name): \($0.value)" }
@@ -106,7 +108,7 @@ struct ProtocolTextsTests {
                              "flash --no-activate", "flash --restart", "--skip-if-version"]),
         (["--help"], ["otaflash --help"]),
         (["scan", "--help"], ["scan --ota-only"]),
-        (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-data-without-write-without-response"]),
+        (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-data-without-write-without-response", "--sim-slot-size"]),
         (["simulate", "--help"], ["--sim-firmware-version", "simulate's description", "simulate --name"]),
     ])
     func theCommandLineShowsTheTextsBuiltFromItsRegistrations(arguments: [String], whats: [String]) async {

@@ -38,6 +38,7 @@ extension ProtocolCommandLine {
                     + "version it runs; once the last sector is in, it checks the app image and restarts into it. It cannot "
                     + "resume: every transfer sends the whole image.",
                 servedName: "\(ESPOTAService.nimbleName), as Espressif's NimBLE example (\(ESPOTAService.bluedroidName) makes it the Bluedroid one)",
+                slot: "its OTA partition",
                 mainOptions: [("--chip <chip>", "the chip the devices are, e.g. esp32c3")],
                 imageVersion: "an ESP-IDF app image's esp_app_desc_t",
                 exitCodes: [.imageFile: "an ESP-IDF app image that does not check out (segments, chip, checksum, appended SHA-256), "

@@ -33,6 +33,7 @@ extension ProtocolCommandLine {
                     + "activated an application, the device answers on --adapter again. --name is the application's name; the "
                     + "bootloader advertises DfuTarg, or the name the central gave it.",
                 servedName: "DfuTarg, as Nordic's bootloaders (otaflash-app for --sim-buttonless's application)",
+                slot: "its bootloader's bank",
                 mainOptions: [("--hw-version, --sd-req", "the device's hardware, SoftDevice")],
                 flashNote: "A Nordic device that runs its application with the buttonless DFU service is asked into its bootloader "
                     + "first, which is then flashed where it answers (the application's address with its last octet one higher).",

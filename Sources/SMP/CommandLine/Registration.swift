@@ -26,7 +26,7 @@ extension ProtocolCommandLine {
                     + "resume by the file's SHA-256; an image marked for test is swapped in at the next reset and runs unconfirmed, "
                     + "a second reset without a confirm reverts it; one confirmed stays. `smpmgr --ble <address> upgrade --slot 1 "
                     + "app.signed.bin` or `otaflash --protocol smp --device <address> app.signed.bin` can update it.",
-                servedName: "otaflash-smp",
+                servedName: "otaflash-smp", slot: "each of its two slots",
                 mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload"),
                               ("--confirm-after-check", "confirm once the image ran (--check-command)")],
                 imageVersion: "an MCUboot image's header",
