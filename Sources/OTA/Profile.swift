@@ -268,17 +268,36 @@ public struct DeviceSummary: Sendable, Hashable {
     public var protocolVersion: Int?
     /// The version the device runs now, when the protocol tells it.
     public var firmwareVersion: FirmwareVersion?
-    /// The device's transfer state in the protocol's words: "idle", "receiving".
-    public var state: String
+    /// Where the device's transfer stands, in terms every protocol shares.
+    public var state: State
+    /// The same in the protocol's words, with what else it told: "slot 0 1.0.0 active confirmed;
+    /// 4 × 384 B buffers".
+    public var stateText: String
     /// The largest image the device takes, when it says.
     public var slotSize: Int?
 
+    /// Where a device's transfer stands when a session attaches to it (`device_info`'s `state`).
+    public enum State: String, CaseIterable, Sendable, Hashable {
+        /// It holds no part of an image and takes a new one.
+        case idle
+        /// It holds part of an image, from an earlier transfer.
+        case receiving
+        /// It holds a whole image it checked, not yet activated.
+        case verified
+        /// It runs a bootloader that says where a transfer stands only once one begins (Secure DFU).
+        case bootloader
+        /// It reports a state this otaflash does not know (`stateText` says which).
+        case unknown
+    }
+
+    /// - Parameter stateText: nil: the state's name.
     public init(protocolName: String, protocolVersion: Int? = nil, firmwareVersion: FirmwareVersion? = nil,
-                state: String, slotSize: Int? = nil) {
+                state: State, stateText: String? = nil, slotSize: Int? = nil) {
         self.protocolName = protocolName
         self.protocolVersion = protocolVersion
         self.firmwareVersion = firmwareVersion
         self.state = state
+        self.stateText = stateText ?? state.rawValue
         self.slotSize = slotSize
     }
 }

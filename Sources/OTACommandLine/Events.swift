@@ -23,7 +23,7 @@ extension JSONEvent {
 }
 
 /// How a run or one device of it ended.
-public enum EventResult: String, Encodable, Sendable {
+public enum EventResult: String, CaseIterable, Encodable, Sendable {
     case ok
     /// `--skip-if-version`: the device already ran that version; nothing was sent.
     case skipped

@@ -34,19 +34,20 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         String(describing: self).replacing(/[A-Z]/) { "_" + $0.output.lowercased() }
     }
 
-    /// What the code means, as the README states it.
+    /// What the code means with any protocol, as the README states it without the protocols' own
+    /// cases (`meaning(_:)`).
     public var meaning: String {
         switch self {
         case .success: "the image was sent, verified by the device and (unless --no-activate) activated"
-        case .internalError: "a bug in otaflash; please report it with the output of --verbose (among them: a simulated version 2 device's C device library answered differently from its Swift model)"
+        case .internalError: "a bug in otaflash; please report it with the output of --verbose"
         case .usage: "invalid command line: unknown option, bad value, malformed device address"
-        case .imageFile: "the image file cannot be used: missing, unreadable, not a regular file, empty, over 64 MiB, malformed Intel HEX, not an image (ELF, archive, …), a Nordic DFU package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format), or an MCUboot image that does not (magic, header, TLVs, hash, encrypted or non-bootable); the device refusing an SMP image's header or TLVs"
-        case .imageTooLarge: "the image does not fit the device's slot (a Secure DFU bootloader's bank or object size; an SMP device's slot, MCUmgr image error 30; a file its file system cannot hold, `files put`)"
+        case .imageFile: "the image file cannot be used: missing, unreadable, not a regular file, empty, over 64 MiB, malformed Intel HEX, not an image (ELF, archive, …), not an image the protocol sends"
+        case .imageTooLarge: "the image does not fit the device's slot"
         case .deviceNotFound: "no device with that address was found within the scan timeout"
         case .connection: "connecting failed or the link was lost; run the same command again to resume"
-        case .incompatibleDevice: "the device lacks the OTA service, a characteristic, or a property the protocol needs, or refuses the package: other hardware, another SoftDevice, a downgrade, a missing or untrusted signature (or --hw-version/--sd-req shows it would, before any radio time); an SMP device that refuses a downgrade (MCUmgr image error 27) or lacks an MCUmgr command"
-        case .verifyFailed: "the device's whole-image check did not match at verify (its CRC; an SMP slot's hash or SHA-256); nothing was activated"
-        case .protocolError: "the device refused a command (busy, bad state; an SMP device's MCUmgr error, e.g. no free slot while a test image waits or runs unconfirmed) or broke the protocol"
+        case .incompatibleDevice: "the device lacks the OTA service, a characteristic, or a property the protocol needs, or refuses the image"
+        case .verifyFailed: "the device's whole-image check did not match at verify, and nothing was activated"
+        case .protocolError: "the device refused a command (busy, bad state) or broke the protocol"
         case .timeout: "a phase timed out (connect, discovery, a reply, verify, activate)"
         case .bluetoothUnavailable: "bluetoothd is not running, or there is no powered adapter"
         case .permission: "D-Bus permission denied, or the device requires pairing (pass --pair)"
@@ -56,7 +57,7 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         case .outputFailed: "output could not be written (stdout closed early, e.g. piped into head; a full disk; a report file that cannot be written); the run stopped cleanly"
         case .bondLeft: "--unpair-after could not remove the bond, even after one more try once bluetoothd was back; the image may have gone through: remove the bond with otaflash unpair"
         case .ledgerFailed: "the ledger (--ledger) could not be opened or written: locked, read-only, corrupt, a full disk, a newer schema; no device is flashed whose record cannot be written"
-        case .checkFailed: "--confirm-after-check: the new image booted but failed its check (no answer to an SMP echo, a reset during the check, or --check-command failed or ran out of time); it was left unconfirmed, so MCUboot reverts it at the next reset"
+        case .checkFailed: "the new image booted but failed the check asked for after activation, and was left unconfirmed"
         case .heldElsewhere: "another station holds the device's claim in the shared ledger (it is flashing it); nothing was sent: leave it to that station, or run again once its lease has ended"
         case .notConfirmed: "sent and executed, not confirmed: the image was sent and the command that activates it carried out (the device reset), but its answer was lost and the device's next state could not be read to confirm it; check the version it runs before sending it again"
         case .ledgerInconsistent: "otaflash ledger --check: the books do not check out (a device with two ok records for one image, a done claim without its record, a claim left held by a station that stopped, counts that do not add up); each finding is one line"
@@ -64,12 +65,18 @@ public enum ExitCode: Int32, CaseIterable, Sendable {
         }
     }
 
-    /// Every code with its name, and its meaning wrapped below it, for `otaflash help flash`.
-    public static var helpTable: String {
+    /// What the code means with `protocols`: its meaning, then what each protocol adds to it
+    /// ("; smp: …"), as README's table states it.
+    public func meaning(_ protocols: [ProtocolCommandLine]) -> String {
+        meaning + protocols.compactMap { registration in registration.texts.exitCodes[self].map { "; \(registration.name): \($0)" } }.joined()
+    }
+
+    /// Every code with its name, and its meaning with `protocols` wrapped below it, for `otaflash help flash`.
+    public static func helpTable(_ protocols: [ProtocolCommandLine]) -> String {
         allCases.map { code in
             var lines = ["  " + String(code.rawValue).padding(toLength: 5, withPad: " ", startingAt: 0) + code.name]
             var line = ""
-            for word in code.meaning.split(separator: " ") {
+            for word in code.meaning(protocols).split(separator: " ") {
                 if !line.isEmpty, line.count + word.count >= 70 {
                     lines.append("       " + line)
                     line = ""

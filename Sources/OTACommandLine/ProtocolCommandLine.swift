@@ -37,6 +37,10 @@ public struct ProtocolCommandLine: Sendable {
     public let refuses: [String: String]
     /// What its simulated device is, for the line that refuses another protocol's options.
     public let device: String
+    /// What a person reads of it where a text lists every protocol: `flash`'s help, `otaflash
+    /// --help`, `scan --ota-only`, `simulate`'s help, the exit codes. Those texts are built from
+    /// the registrations, so that none can leave a protocol out.
+    public let texts: Texts
     /// The device `flash --simulator` sends a plan of this protocol to. The device
     /// `otaflash simulate` serves is its `ServedOptionGroup`'s.
     public let simulatedDevice: @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice
@@ -76,13 +80,62 @@ public struct ProtocolCommandLine: Sendable {
     public var soak: (any SoakStrategy)?
 
     public init(profile: any OTAProfile, loader: Loader?, takes: Set<String>, refuses: [String: String],
-                device: String, simulatedDevice: @escaping @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice) {
+                device: String, texts: Texts, simulatedDevice: @escaping @Sendable (SimulatedDeviceRequest) throws -> SimulatedDevice) {
         self.profile = profile
         self.loader = loader
         self.takes = takes
         self.refuses = refuses
         self.device = device
+        self.texts = texts
         self.simulatedDevice = simulatedDevice
+    }
+
+    /// A protocol's words in the texts that list every protocol.
+    public struct Texts: Sendable {
+        /// The protocol as people call it: "MCUmgr's SMP".
+        public var title: String
+        /// The images it sends: "an MCUboot image (`imgtool sign`, .signed.bin or .signed.hex)".
+        public var images: String
+        /// The devices it updates, after "to": "a Zephyr or nRF Connect SDK device".
+        public var devices: String
+        /// The endings of its image files, which a shell offers for `flash`'s image.
+        public var extensions: [String]
+        /// What `otaflash simulate` serves for it, after "--protocol <name>": "serves a Zephyr
+        /// device with MCUmgr's SMP server and MCUboot (…)".
+        public var served: String
+        /// The name that device advertises unless `--name` gives one: "otaflash-smp".
+        public var servedName: String
+        /// What `--sim-slot-size` is of its simulated device, where that is not plainly its image
+        /// slot: "each of its two slots"; nil: its slot.
+        public var slot: String?
+        /// Its options `otaflash --help` shows, one line each: ("--confirm, --no-reset", "confirm at
+        /// once; no reset after the upload").
+        public var mainOptions: [(names: String, text: String)]
+        /// What `flash`'s description says of this protocol alone, in sentences: "A Nordic device
+        /// that runs its application with the buttonless DFU service is asked into its bootloader
+        /// first, …"; nil: nothing.
+        public var flashNote: String?
+        /// Where its images carry their version, which `--skip-if-version image` reads (the
+        /// loader's `FlashPlan.imageVersion`): "an MCUboot image's header"; nil: they carry none.
+        public var imageVersion: String?
+        /// What an exit code also covers with this protocol, for its meaning (`ExitCode.meaning(_:)`).
+        public var exitCodes: [ExitCode: String]
+
+        public init(title: String, images: String, devices: String, extensions: [String], served: String, servedName: String,
+                    slot: String? = nil, mainOptions: [(names: String, text: String)] = [], flashNote: String? = nil, imageVersion: String? = nil,
+                    exitCodes: [ExitCode: String] = [:]) {
+            self.title = title
+            self.images = images
+            self.devices = devices
+            self.extensions = extensions
+            self.served = served
+            self.servedName = servedName
+            self.slot = slot
+            self.mainOptions = mainOptions
+            self.flashNote = flashNote
+            self.imageVersion = imageVersion
+            self.exitCodes = exitCodes
+        }
     }
 
     public var name: String { profile.name }

@@ -45,7 +45,7 @@ public struct BatchCLIOptions: ParsableArguments {
     @Option(name: .customLong("log-dir"), help: ArgumentHelp("Write one JSON Lines log per device into this folder (closed as each device ends).", valueName: "dir"), completion: .directory)
     public var logDir: String?
 
-    @Option(name: .customLong("skip-if-version"), help: ArgumentHelp("Leave devices that already report this firmware version alone; 'image' for the version an MCUboot image's header carries (an SMP device reports what its active slot runs).", valueName: "version|image"))
+    @Option(name: .customLong("skip-if-version"), help: ArgumentHelp(ProtocolTexts.skipIfVersion(ProtocolCommandLine.all), valueName: "version|image"))
     var skipIfVersion: SkipVersion?
 
     @Option(name: .long, help: ArgumentHelp("Append a CSV row per device to this file as each device ends (docs/EVENTS.md, \"The report\"); a new file gets a header.", valueName: "file"), completion: .file(extensions: ["csv"]))

@@ -51,7 +51,7 @@ struct ServedProtocol: ExpressibleByArgument, Hashable, Sendable, CustomStringCo
     var description: String { name }
 }
 
-/// `--skip-if-version`: a firmware version, or `image` for the version an MCUboot image's header carries.
+/// `--skip-if-version`: a firmware version, or `image` for the version the image carries.
 enum SkipVersion: ExpressibleByArgument, Hashable, Sendable {
     case version(FirmwareVersion)
     case imageOwn
@@ -67,7 +67,7 @@ enum SkipVersion: ExpressibleByArgument, Hashable, Sendable {
     }
 
     /// What the line that refuses another value says is expected.
-    static let expected = "a version like 1.2.3, or 'image' (the version in an MCUboot image's header)"
+    static var expected: String { "a version like 1.2.3, or 'image' (the version in \(ProtocolTexts.imageVersions(ProtocolCommandLine.all)))" }
 }
 
 /// `--sim-device-fault N:mode`: simulated device N (1-based) of a batch fails in that way.

@@ -72,9 +72,12 @@ public enum FlashEvents {
         /// The profile's name: "native", "nordic-dfu".
         public var protocolName: String
         public var `protocol`: Int?
+        /// `DeviceSummary.State`'s name.
         public var state: String
         public var slotSize: Int?
         public var firmwareVersion: String?
+        /// The state in the protocol's words.
+        public var stateText: String
     }
 
     public struct Connected: JSONEvent {
@@ -220,8 +223,8 @@ public enum FlashEvents {
         case .connected(let device, let mtu, let chunk):
             Connected(device: device, mtu: mtu, chunk: chunk)
         case .deviceInfo(let device, let info):
-            DeviceInfo(device: device, protocolName: info.protocolName, protocol: info.protocolVersion, state: info.state,
-                       slotSize: info.slotSize, firmwareVersion: info.firmwareVersion?.description)
+            DeviceInfo(device: device, protocolName: info.protocolName, protocol: info.protocolVersion, state: info.state.rawValue,
+                       slotSize: info.slotSize, firmwareVersion: info.firmwareVersion?.description, stateText: info.stateText)
         case .transferStarted(let device, let offset, let total):
             Transfer(device: device, resumeOffset: offset, total: total)
         case .progress(let p):
@@ -405,7 +408,8 @@ public enum EventCatalog {
             FlashEvents.Start(device: device, image: "app.bin", size: 4096, crc32: 0xa1206a16, simulator: true, protocol: "native"),
             FlashEvents.Batch(devices: 3, parallel: 4, adapters: ["default"]),
             FlashEvents.Connecting(device: device),
-            FlashEvents.DeviceInfo(device: device, protocolName: "native", protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0"),
+            FlashEvents.DeviceInfo(device: device, protocolName: "native", protocol: 1, state: "idle", slotSize: 1 << 20, firmwareVersion: "1.0.0",
+                                   stateText: "idle"),
             FlashEvents.Connected(device: device, mtu: 247, chunk: 240),
             FlashEvents.Transfer(device: device, resumeOffset: 0, total: 4096),
             FlashEvents.Progress(device: device, bytes: 2048, confirmed: 1024, total: 4096, rate: 20_000, eta: 0.1, elapsed: 0.1),

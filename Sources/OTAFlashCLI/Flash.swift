@@ -90,16 +90,8 @@ public struct OutputOptions: ParsableArguments {
 struct Flash: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a firmware image to a device, have it verified, and activate it (the default command).",
-        discussion: """
-            The image is a raw binary (.bin) or Intel HEX (.hex), sent over otaflash's own protocol; a Nordic Secure \
-            DFU package (.zip from `nrfutil pkg generate`), sent to an nRF5 SDK bootloader; or an MCUboot image \
-            (`imgtool sign`, .signed.bin or .signed.hex), sent over MCUmgr's SMP to a Zephyr or nRF Connect SDK \
-            device. --protocol auto picks from the file, checks it against the services the device exposes, and \
-            says what it picked. A Nordic device that runs its application with the buttonless DFU service is asked \
-            into its bootloader first, which is then flashed where it answers (the application's address with its \
-            last octet one higher). Nothing is activated before the device checked the whole image (CRC32, or the \
-            image's SHA-256). A transfer that stops (link loss, Ctrl-C) resumes where it stopped when the same \
-            command runs again. An option that does not apply to the image's protocol is refused (exit 2).
+        discussion: ProtocolTexts.flashDescription(ProtocolCommandLine.all) + """
+            An option that does not apply to the image's protocol is refused (exit 2).
 
             The simulated peripheral's options (--sim-*): `otaflash help simulator`.
 
@@ -107,22 +99,20 @@ struct Flash: AsyncParsableCommand {
               otaflash --device AA:BB:CC:DD:EE:FF app.bin
               otaflash --device AA:BB:CC:DD:EE:FF app_dfu_package.zip
               otaflash --device AA:BB:CC:DD:EE:FF zephyr.signed.bin
+              otaflash --device AA:BB:CC:DD:EE:FF --chip esp32c3 build/app.bin
               otaflash --simulator --json firmware-samples/seeded-256k.bin
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
 
-            Exit codes:
-            \(ExitCode.helpTable)
+            \(Flash.exitCodesTitle)
+            \(ExitCode.helpTable(ProtocolCommandLine.all))
             """
     )
 
-    @Argument(help: ArgumentHelp("Firmware image: .bin (raw), .hex (Intel HEX), a Nordic Secure DFU package (.zip), or an MCUboot image (imgtool sign, .bin or .hex) for an SMP device.", valueName: "image"),
-              completion: .file(extensions: Self.imageExtensions))
+    @Argument(help: ArgumentHelp(ProtocolTexts.imageArgument(ProtocolCommandLine.all), valueName: "image"),
+              completion: .file(extensions: ProtocolTexts.imageExtensions(ProtocolCommandLine.all)))
     var image: String
 
-    /// The files a shell offers for the image: raw and MCUboot images (.bin, .signed.bin, .hex), Nordic packages.
-    static let imageExtensions = ["bin", "hex", "zip"]
-
-    @Option(name: .customLong("protocol"), help: ArgumentHelp("The update protocol; auto picks from the image (a Nordic .zip means nordic-dfu, an MCUboot image smp) and checks the device's services.", valueName: "name"))
+    @Option(name: .customLong("protocol"), help: ArgumentHelp(ProtocolTexts.protocolOption(ProtocolCommandLine.all), valueName: "name"))
     var protocolChoice: ProtocolChoice = .auto
 
     @OptionGroup var target: TargetOptions
@@ -136,10 +126,10 @@ struct Flash: AsyncParsableCommand {
     /// Each protocol's own options (Protocols.swift).
     @OptionGroup var protocols: ProtocolOptions
 
-    @Flag(name: .customLong("no-activate"), help: "native, smp: stop after the device verified the image; do not activate it.")
+    @Flag(name: .customLong("no-activate"), help: ArgumentHelp(ProtocolTexts.noActivate(ProtocolCommandLine.all)))
     var noActivate = false
 
-    @Flag(name: .long, help: "native, smp: ignore any partial transfer the device holds and send the whole image.")
+    @Flag(name: .long, help: ArgumentHelp(ProtocolTexts.restart(ProtocolCommandLine.all)))
     var restart = false
 
     @Option(name: .customLong("reply-timeout"), parsing: .unconditional, help: Ranges.replyTimeout.help("Seconds to wait for the device's reply to a command", valueName: "seconds"))
@@ -396,7 +386,7 @@ struct Flash: AsyncParsableCommand {
             printer.result("\(device): \(formatBytes(result.bytes)) \(what), CRC32 \(hex32(result.crc32)), "
                            + String(format: "%.1f s, ", result.seconds) + formatRate(result.throughput))
             if let after {
-                printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.state)")
+                printer.result("\(device) now runs \(after.firmwareVersion.map { "\($0)" } ?? "a version it does not tell"): \(after.stateText)")
             } else if plan.profile.readsBackAfterActivation, result.activated {
                 printer.note("\(device) did not come back within --connect-timeout after its reset; check it with otaflash image list")
             }
@@ -425,7 +415,7 @@ extension Flash {
         var config = engineConfig
         if batch.skipIfVersion == .imageOwn {
             guard let version = plan.imageVersion else {
-                throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (only an MCUboot image does); give the version, e.g. --skip-if-version 1.2.3")
+                throw CLIFailure(.usage, "--skip-if-version image takes the version an image carries, and \(image) carries none (the version is read from \(ProtocolTexts.imageVersions(ProtocolCommandLine.all)) only); give the version, e.g. --skip-if-version 1.2.3")
             }
             config.skipIfVersion = version
         }

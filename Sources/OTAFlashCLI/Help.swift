@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import OTA
+import OTACommandLine
 
 /// `otaflash help simulator` (also `otaflash simulator`): the simulated peripheral's options, by
 /// what they set up. `flash --simulator` and `otaflash simulate` take them; `flash --help` leaves
@@ -10,10 +11,9 @@ struct SimulatorTopic: ParsableCommand {
         commandName: "simulator",
         abstract: "The built-in simulated peripheral: its options, for `otaflash --simulator` (flash) and `otaflash simulate`.",
         usage: "otaflash [flash] --simulator [--sim-... <value>] <image>\notaflash simulate [--protocol <name>] [--sim-... <value>]",
-        discussion: """
-            With --simulator, flash sends the image to a simulated device in this process instead of a Bluetooth \
-            device: a native OTA target for a .bin or .hex, a Secure DFU bootloader for a Nordic .zip, a Zephyr SMP \
-            server with MCUboot for an MCUboot image. `otaflash simulate` serves the same devices through BlueZ, \
+        discussion: "With --simulator, flash sends the image to a simulated device in this process instead of a Bluetooth device: "
+            + ProtocolTexts.simulatedDevices(ProtocolCommandLine.all) + " " + """
+            `otaflash simulate` serves the same devices through BlueZ, \
             under the same --sim-* names. An option for another protocol's device is refused (exit 2).
 
             With --count N (flash only), N simulated devices C0:FF:EE:00:00:01 and up are flashed as a batch; \
@@ -24,6 +24,7 @@ struct SimulatorTopic: ParsableCommand {
               otaflash --simulator --sim-drop-rate 0.01 --sim-disconnect-at 100000 app.hex
               otaflash --simulator --sim-buttonless unbonded app_dfu_package.zip
               otaflash --simulator --sim-smp-buf-size 2475 zephyr.signed.bin
+              otaflash --simulator --sim-esp-component raw build/app.bin
             """,
         shouldDisplay: false
     )
@@ -120,6 +121,23 @@ extension Flash {
         let simulator = SimulatorTopic.optionNames
         return HelpText(help).removing { entry in entry.names.contains { simulator.contains($0) || $0.hasPrefix("--sim-") } }
     }
+
+    /// The line before the exit codes in `flash`'s description (which its man page shows after
+    /// the synopsis).
+    static let exitCodesTitle = "Exit codes:"
+
+    /// `flash`'s help with the exit codes moved from its description to after the options, so that
+    /// a reader meets the usage line first.
+    static func withExitCodes(_ help: String) -> String {
+        var lines = help.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        guard let start = lines.firstIndex(of: exitCodesTitle),
+              let usage = lines[start...].firstIndex(where: { $0.hasPrefix("USAGE:") }) else { return help }
+        var table = Array(lines[(start + 1)..<usage])
+        lines.removeSubrange(start..<usage)
+        while lines.last?.isEmpty == true { lines.removeLast() }
+        while table.last?.isEmpty == true { table.removeLast() }
+        return (lines + ["", "EXIT CODES:"] + table).joined(separator: "\n")
+    }
 }
 
 /// `otaflash --help`: what a person flashing devices uses, on one screen. Every option it names is
@@ -130,7 +148,10 @@ enum RootHelp {
         let text: String
     }
 
-    static var text: String {
+    static var text: String { text(ProtocolCommandLine.all) }
+
+    /// The help with `protocols` as the protocols registered.
+    static func text(_ protocols: [ProtocolCommandLine]) -> String {
         let defaults = try? Flash.parse(["image.bin"])
         func value<T>(_ get: (Flash) -> T) -> String { defaults.map { "\(get($0))" } ?? "?" }
         let sections: [(String, [Line])] = [
@@ -142,11 +163,10 @@ enum RootHelp {
                 Line(names: "--simulator", text: "A simulated device instead (otaflash help simulator)"),
             ]),
             ("PROTOCOL", [
-                Line(names: "--protocol <name>", text: "auto (default: by the image), " + ProtocolRegistry.cli.names.joined(separator: ", ")),
-                Line(names: "--hw-version, --sd-req", text: "nordic-dfu: the device's hardware, SoftDevice"),
-                Line(names: "--confirm, --no-reset", text: "smp: confirm at once; no reset after the upload"),
-                Line(names: "--confirm-after-check", text: "smp: confirm once the image ran (--check-command)"),
-            ]),
+                Line(names: "--protocol <name>", text: "auto (the default), " + protocols.map(\.name).joined(separator: ", ")),
+            ] + protocols.flatMap { registration in
+                registration.texts.mainOptions.map { Line(names: $0.names, text: "\(registration.name): \($0.text)") }
+            }),
             ("TUNING", [
                 Line(names: "--connect-timeout <s>", text: "Seconds to find and connect (default \(value { $0.target.connectTimeout.optionText }))"),
                 Line(names: "--reconnect-window <s>", text: "Seconds to reconnect after link loss (default \(value { $0.reconnectWindow.optionText }))"),
@@ -171,8 +191,7 @@ enum RootHelp {
             "",
             "IMAGE:",
         ]
-        out += wrap("  .bin or .hex: otaflash's own protocol (native); a Nordic DFU package (.zip): Secure DFU "
-                    + "(nordic-dfu); an MCUboot image (imgtool sign, .signed.bin or .signed.hex): SMP (smp).", indent: "  ")
+        out += wrap("  " + ProtocolTexts.rootImage(protocols), indent: "  ")
         for (title, lines) in sections {
             out += ["", "\(title):"]
             let indent = String(repeating: " ", count: width + 4)

@@ -8,6 +8,7 @@ struct LedgerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ledger",
         abstract: "Show, export or summarise the ledger: one record per device attempt (docs/LEDGER.md).",
+        usage: "otaflash ledger [--ledger <path>] [--summary | --check] [<options>]",
         discussion: """
             Times are UTC, ISO 8601 (2026-11-26, 2026-11-26T06:00, 2026-11-26T06:00:00Z) or an age (30m, 8h, 7d).
 

@@ -81,9 +81,13 @@ private func runCommand(_ arguments: [String], output: any OutputSink) async -> 
         let message = Otaflash.fullMessage(for: error)
         if code == .success {
             // --help, --version; flash's help leaves the simulator's options to `otaflash help simulator`.
-            let isFlashHelp = Otaflash.commandPath(arguments) == ["flash"] && !arguments.contains("--help-hidden") && !arguments.contains("--version")
-            let isSimulatorTopic = Otaflash.commandPath(arguments) == [SimulatorTopic._commandName]
-            output.out((isFlashHelp ? Flash.shortened(message) : isSimulatorTopic ? SimulatorTopic.simulatorOnly(message) : message) + "\n")
+            let isFlash = Otaflash.commandPath(arguments) == ["flash"] && !arguments.contains("--version")
+            let isFlashHelp = isFlash && !arguments.contains("--help-hidden")
+            let path = Otaflash.commandPath(arguments)
+            let help = isFlashHelp ? Flash.shortened(message)
+                : path == [SimulatorTopic._commandName] ? SimulatorTopic.simulatorOnly(message)
+                : path == [Station._commandName] && !arguments.contains("--help-hidden") ? Station.shortened(message) : message
+            output.out((isFlash ? Flash.withExitCodes(help) : help) + "\n")
             return ExitCode.success.rawValue
         }
         let lines = message.split(separator: "\n").map(String.init)
@@ -112,6 +116,13 @@ extension Otaflash {
     /// The subcommands' names, as `otaflash help <name>` takes them.
     static var commandNames: [String] {
         configuration.subcommands.filter { $0.configuration.shouldDisplay }.map { $0._commandName } + ["help"]
+    }
+
+    /// Every command's path below `command`, a command before its subcommands: ["image"], ["image", "list"]…
+    static func commandPaths(below command: any ParsableCommand.Type = Otaflash.self, _ prefix: [String] = []) -> [[String]] {
+        command.configuration.subcommands.flatMap { sub in
+            [prefix + [sub._commandName]] + commandPaths(below: sub, prefix + [sub._commandName])
+        }
     }
 
     /// What `otaflash help <name>` takes: the commands and the simulator topic.

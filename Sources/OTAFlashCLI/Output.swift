@@ -185,19 +185,34 @@ public final class EventPrinter: CommandOutput {
         sink.err("otaflash: warning: \(text)\n")
     }
 
-    /// A table for people (human mode only), columns aligned, on stdout.
+    /// A table for people (human mode only), columns aligned, on stdout. A cell of a column
+    /// before the last that is longer than `Self.cellWidth` (a failure's reason) is cut at a word
+    /// and marked [n]; its whole text follows the table, on a line of its own that starts with [n].
     public func table(_ rows: [[String]]) {
         guard mode == .human, let header = rows.first else { return }
         clearBar()
+        var whole: [String] = []
+        let shown = rows.map { row in
+            row.enumerated().map { i, cell in
+                guard i < row.count - 1, cell.count > Self.cellWidth else { return cell }
+                whole.append(cell)
+                let mark = " [\(whole.count)]"
+                return LiveView.cut(cell, to: Self.cellWidth - mark.count) + mark
+            }
+        }
         var widths = header.map(\.count)
-        for row in rows { for (i, cell) in row.enumerated() where i < widths.count { widths[i] = max(widths[i], min(cell.count, 60)) } }
-        for row in rows {
+        for row in shown { for (i, cell) in row.enumerated() where i < widths.count { widths[i] = max(widths[i], cell.count) } }
+        for row in shown {
             let cells = row.enumerated().map { i, cell in
                 i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
             }
             sink.out(cells.joined(separator: "  ") + "\n")
         }
+        for (index, text) in whole.enumerated() { sink.out("[\(index + 1)] \(text)\n") }
     }
+
+    /// The widest a table's cell is shown before the last column.
+    static let cellWidth = 60
 
     /// Emits one JSON Lines event (JSON mode only).
     public func json(_ event: some JSONEvent) {
@@ -238,7 +253,7 @@ public final class EventPrinter: CommandOutput {
             note("connected: MTU \(mtu), \(chunk) image bytes per packet")
         case .deviceInfo(_, let info):
             let slot = info.slotSize.map { ", slot \(formatBytes($0))" } ?? ""
-            note("device firmware \(info.firmwareVersion?.description ?? "unknown")\(slot), state \(info.state)")
+            note("device firmware \(info.firmwareVersion?.description ?? "unknown")\(slot), state \(info.stateText)")
         case .transferStarted(_, let offset, let total):
             if offset > 0 { note("resuming at \(formatBytes(offset)) of \(formatBytes(total))") }
         case .progress(let p):

@@ -59,6 +59,7 @@ struct Pair: AsyncParsableCommand {
 struct Unpair: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Remove the bond with a device (BlueZ Adapter1.RemoveDevice); no error when there is none.",
+        usage: "otaflash unpair [--device <address> | --simulator] [<options>]",
         discussion: """
             Example:
               otaflash unpair --device AA:BB:CC:DD:EE:FF

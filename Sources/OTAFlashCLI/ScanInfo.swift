@@ -28,7 +28,7 @@ struct Scan: AsyncParsableCommand {
     @Option(name: .long, parsing: .unconditional, help: Ranges.scanTimeout.help("Seconds to scan", valueName: "seconds"))
     var timeout: Double = 5
 
-    @Flag(name: .customLong("ota-only"), help: "Only devices that speak a protocol otaflash updates over (native, Secure DFU, SMP); those whose advertisement names no service are counted, not listed (see --probe).")
+    @Flag(name: .customLong("ota-only"), help: ArgumentHelp(ProtocolTexts.otaOnly(ProtocolCommandLine.all)))
     var otaOnly = false
 
     @Flag(name: .customLong("probe"), help: "Connect to each device whose advertisement names no protocol of otaflash's, and look at its services (one at a time, --probe-timeout each).")
@@ -123,6 +123,7 @@ struct Scan: AsyncParsableCommand {
 struct Info: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Read a device's Device Information Service and OTA state.",
+        usage: "otaflash info [--device <address> | --simulator] [<options>]",
         discussion: """
             Example:
               otaflash info --device AA:BB:CC:DD:EE:FF

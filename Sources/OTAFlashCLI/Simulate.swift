@@ -18,36 +18,7 @@ struct Simulate: AsyncParsableCommand {
             adapter or machine lists this one and `otaflash --device <its address> image` updates it. The device is \
             the same model the built-in simulator runs, with the same fault options and timing.
 
-            --protocol native (the default) serves otaflash's own OTA service and the Device Information Service: \
-            after an ACTIVATE it answers, then reboots into the image, refusing centrals for the reboot time. One \
-            central's transfer at a time: a second central's commands fail with ATT error 0x89 (busy). \
-            --sim-device-version 2 serves a protocol version 2 device on NOR flash (docs/PROTOCOL.md) with the C device \
-            library (Sources/COTADevice) in lockstep: every write goes to both, and any difference between their \
-            answers is reported when serving stops, with exit 1.
-
-            --protocol nordic-dfu serves a Secure DFU bootloader (service 0xFE59, nRF5 SDK rules: object sizes, \
-            init packet checks of hardware, SoftDevice, version and signature, the image's SHA-256), so \
-            `otaflash --device <address> app_dfu_package.zip` can be tried without a Nordic board. It activates an \
-            image once its hash matched and resets into it.
-
-            --protocol smp serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service \
-            8D53DC1D with its characteristic DA2E7828, write without response and notify): --sim-smp-buf-size and \
-            --sim-smp-buf-count are its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), \
-            --sim-slot-size each of its two slots, --sim-firmware-version the version of the image it runs in slot 0, \
-            --sim-smp-cbor how it encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). \
-            Uploads go to slot 1 and resume by the file's SHA-256; an image marked for test is swapped in at the \
-            next reset and runs unconfirmed, a second reset without a confirm reverts it; one confirmed stays. \
-            `smpmgr --ble <address> upgrade --slot 1 app.signed.bin` or `otaflash --protocol smp --device \
-            <address> app.signed.bin` can update it.
-
-            --sim-buttonless unbonded (with --protocol nordic-dfu) serves the device's application first, with Nordic's \
-            buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its \
-            Secure DFU bootloader answers at the address whose least significant octet is one higher. A BlueZ \
-            adapter cannot change its address, so the bootloader is served and advertised on \
-            --bootloader-adapter, a second adapter whose address must be --adapter's + 1 (e.g. random static \
-            addresses set with `btmgmt static-addr`); once it activated an application, the device answers on \
-            --adapter again. --name is the application's name; the bootloader advertises DfuTarg, or the name \
-            the central gave it.
+            \(ProtocolTexts.served(ProtocolCommandLine.all))
 
             The device options have the names `otaflash --simulator` gives the same devices (`otaflash help simulator`); \
             their former names (--slot-size, --firmware-version, --public-key, --buf-size, --buf-count, --cbor, \
@@ -58,10 +29,15 @@ struct Simulate: AsyncParsableCommand {
             Examples:
               otaflash simulate --adapter hci1 --store /tmp/images
               otaflash simulate --adapter hci1 --sim-device-version 2
-              otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 --sim-disconnect-at 100000
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-public-key firmware-samples/nordic/test-key-public.pem
-              otaflash simulate --adapter hci1 --protocol nordic-dfu --sim-buttonless unbonded --bootloader-adapter hci2
-              otaflash simulate --adapter hci1 --protocol smp --sim-smp-buf-size 2475 --sim-slot-size 262144
+              otaflash simulate --adapter hci1 --json --sim-drop-rate 0.01 \\
+                  --sim-disconnect-at 100000
+              otaflash simulate --adapter hci1 --protocol nordic-dfu \\
+                  --sim-public-key firmware-samples/nordic/test-key-public.pem
+              otaflash simulate --adapter hci1 --protocol nordic-dfu \\
+                  --sim-buttonless unbonded --bootloader-adapter hci2
+              otaflash simulate --adapter hci1 --protocol smp --sim-smp-buf-size 2475 \\
+                  --sim-slot-size 262144
+              otaflash simulate --adapter hci1 --protocol esp-ota --name ESP-C919
             """
     )
 
@@ -71,7 +47,7 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("protocol"), help: ArgumentHelp("The protocol the served device speaks.", valueName: "name"))
     var served: ServedProtocol = .native
 
-    @Option(name: .long, help: "Name to advertise (default: otaflash-sim; DfuTarg for nordic-dfu, as Nordic's bootloaders; otaflash-app for --sim-buttonless's application; otaflash-smp for smp).")
+    @Option(name: .long, help: ArgumentHelp(ProtocolTexts.servedName(ProtocolCommandLine.all)))
     var name: String?
 
     @Option(name: .customLong("bootloader-adapter"), help: ArgumentHelp("With --sim-buttonless: the adapter the bootloader answers on, whose address is --adapter's + 1 (an adapter cannot change its address).", valueName: "hciN"), completion: .adapters)
@@ -80,10 +56,10 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("address"), help: ArgumentHelp("With --sim-buttonless: the address centrals see the application at, when BlueZ reports another (an adapter with a random static address reports its public one); default: --adapter's.", valueName: "AA:BB:CC:DD:EE:FF"))
     var applicationAddress: String?
 
-    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot (a bootloader's bank; each of an SMP server's two slots) holds (default 1048576)", valueName: "bytes"))
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help(ProtocolTexts.simSlotSize(ProtocolCommandLine.all, default: 1 << 20), valueName: "bytes"))
     var slotSizeOption: Int?
 
-    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("native, smp, esp-ota: the firmware version the device runs before an update (default 1.0.0).", valueName: "version"))
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp(ProtocolTexts.simFirmwareVersion(ProtocolCommandLine.all), valueName: "version"))
     var firmwareVersionOption: String?
 
     @Option(name: .long, help: ArgumentHelp("Write each verified and activated image to DIR/<crc32>.bin.", valueName: "DIR"), completion: .directory)

@@ -11,10 +11,10 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device (its options: otaflash help simulator).")
     public var enabled = false
 
-    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help("Bytes the device's image slot holds (a simulated Secure DFU bootloader: its bank)", valueName: "bytes"))
+    @Option(name: .customLong("sim-slot-size"), parsing: .unconditional, help: Ranges.simSlotSize.help(ProtocolTexts.simSlotSize(ProtocolCommandLine.all), valueName: "bytes"))
     public var slotSize: Int = 1 << 20
 
-    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp("Firmware version a native or SMP device runs before the update (default 1.0.0).", valueName: "version"))
+    @Option(name: .customLong("sim-firmware-version"), help: ArgumentHelp(ProtocolTexts.simFirmwareVersion(ProtocolCommandLine.all), valueName: "version"))
     var firmwareVersionOption: String?
 
     public var firmwareVersion: String { firmwareVersionOption ?? "1.0.0" }
@@ -90,7 +90,7 @@ public struct SimulatedLinkOptions: ParsableArguments {
     @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one native device, not a batch).", valueName: "dir"), completion: .directory)
     public var stateDir: String?
 
-    @Flag(name: .customLong("sim-data-without-write-without-response"), help: "native: the data characteristic lacks write-without-response.")
+    @Flag(name: .customLong("sim-data-without-write-without-response"), help: ArgumentHelp(ProtocolTexts.dataWithoutWriteWithoutResponse(ProtocolCommandLine.all)))
     public var dataWithoutWriteWithoutResponse = false
 
     @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: "kind"))

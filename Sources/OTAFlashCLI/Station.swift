@@ -29,12 +29,16 @@ struct Station: AsyncParsableCommand {
             devices are done, and none is flashed twice.
 
             With --simulator it runs on a simulated line (--sim-devices, --sim-arrivals, --sim-dwell, --sim-fail) \
-            on virtual time, and needs --ledger PATH; it ends when the last device has left.
+            on virtual time, and needs --ledger PATH; it ends when the last device has left. The simulated \
+            peripheral's options (--sim-*): `otaflash help simulator`.
 
             Examples:
-              otaflash station --adapter hci0,hci1 --per-adapter 4 --station line-3 --operator ana app.bin   # needs a device
-              otaflash station --ledger 'postgres://line@db/otaflash' --station line-3 --name-prefix SENSOR app.bin
-              otaflash station --simulator --ledger shift.sqlite --sim-devices 200 --sim-fail gone:0.02 firmware-samples/seeded-4k.bin
+              otaflash station --adapter hci0,hci1 --per-adapter 4 --station line-3 \\
+                  --operator ana app.bin
+              otaflash station --ledger 'postgres://line@db/otaflash' --station line-3 \\
+                  --name-prefix SENSOR app.bin
+              otaflash station --simulator --ledger shift.sqlite --sim-devices 200 \\
+                  --sim-fail gone:0.02 firmware-samples/seeded-4k.bin
               otaflash ledger --ledger shift.sqlite --summary
             """
     )
@@ -47,6 +51,16 @@ struct Station: AsyncParsableCommand {
     @OptionGroup(title: "When a postgres:// ledger cannot be reached") var whenDown: LedgerDownOptions
 
     @OptionGroup(title: "Simulated line (with --simulator)") var line: LineOptions
+
+    /// `flash`'s options a station refuses (`validate()`): its help leaves them out.
+    static let refusedOptions: Set<String> = ["--device", "--devices-file", "--scan", "--count", "--sim-device-fault", "--sim-state", "--no-ledger"]
+
+    /// `station`'s help without the options it refuses, and without the simulated peripheral's
+    /// (`otaflash help simulator`), as `flash --help`.
+    static func shortened(_ help: String) -> String {
+        let simulator = SimulatorTopic.optionNames
+        return HelpText(help).removing { entry in entry.names.contains { refusedOptions.contains($0) || simulator.contains($0) } }
+    }
 
     mutating func validate() throws {
         try Ranges.retryBackoff.check(retryBackoff)

@@ -217,6 +217,21 @@ struct BatchTests {
         #expect(screen.count < 12, "\(screen)")
     }
 
+    /// A reason too long for the table's column is cut there, marked, and given whole below the
+    /// table, on stdout with it.
+    @Test func theTableGivesAFailuresWholeReasonBelowIt() async throws {
+        let run = await otaflash(simulator + ["--count", "3", "--retries", "0", "--sim-device-fault", "2:small-slot", samplePath("seeded-256k.bin")])
+        #expect(run.code == 14)
+        let prefix = "C0:FF:EE:00:00:02 failed: "
+        let note = try #require(run.stderr.split(separator: "\n").first { $0.hasPrefix(prefix) }, "\(run.stderr)")
+        let reason = note.dropFirst(prefix.count)
+        #expect(reason.count > 60, "a reason that fits its column: \(reason)")
+        let lines = run.stdout.split(separator: "\n").map(String.init)
+        let row = try #require(lines.first { $0.hasPrefix("C0:FF:EE:00:00:02") }, "\(run.stdout)")
+        #expect(row.contains("FAILED: ") && row.contains(" … [1]"), "\(row)")
+        #expect(lines.last == "[1] FAILED: \(reason)", "\(run.stdout)")
+    }
+
     /// Off a terminal, human mode stays one line per event, each naming its device.
     @Test func offATerminalEventsAreLinesNamingTheirDevice() async {
         let run = await otaflash(simulator + ["--count", "2", samplePath("seeded-4k.bin")])

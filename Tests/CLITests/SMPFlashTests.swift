@@ -195,6 +195,6 @@ struct SMPSkipTests {
         #expect(older.jsonEvents.last?["result"] as? String == "ok")
         let raw = await otaflash(simulator + ["--skip-if-version", "image", samplePath("seeded-4k.bin")])
         #expect(raw.code == 2)
-        #expect(raw.stderr.contains("only an MCUboot image does"), "\(raw.stderr)")
+        #expect(raw.stderr.contains("the version is read from an MCUboot image's header"), "\(raw.stderr)")
     }
 }

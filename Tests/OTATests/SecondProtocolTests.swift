@@ -169,7 +169,7 @@ private struct SinkProfile: OTAProfile {
             let data = try service.requireCharacteristic(Sink.data, name: "data")
             try await connection.setNotifications(true, for: control)
             return AttachedLink(characteristics: [.control: control, .data: data], peer: (),
-                                summary: DeviceSummary(protocolName: name, state: "ready"))
+                                summary: DeviceSummary(protocolName: name, state: .idle, stateText: "ready"))
         } catch {
             throw OTAError.from(error, device: device)
         }
@@ -205,7 +205,7 @@ private final class EventLog: Sendable {
         let summary = events.compactMap { event -> DeviceSummary? in
             if case .deviceInfo(_, let info) = event { return info } else { return nil }
         }
-        #expect(summary == [DeviceSummary(protocolName: "sink", state: "ready")])
+        #expect(summary == [DeviceSummary(protocolName: "sink", state: .idle, stateText: "ready")])
         #expect(events.contains { if case .verifying = $0 { true } else { false } })
     }
 

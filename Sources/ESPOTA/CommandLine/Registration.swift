@@ -28,6 +28,25 @@ extension ProtocolCommandLine {
                       "--no-activate": "an ESP32 restarts into an image as soon as its application checked it",
                       "--image-version": "an ESP-IDF app image carries its own"],
             device: "ESP32 with Espressif's BLE OTA",
+            texts: Texts(
+                title: "Espressif's BLE OTA", images: "an ESP-IDF app image (.bin from `idf.py build`, magic 0xE9)",
+                devices: "an ESP32 with Espressif's BLE OTA component", extensions: ["bin"],
+                served: "serves an ESP32 application with Espressif's BLE OTA component (service 0x8018, docs/ESP32.md): "
+                    + "esp-iot-solution's ble_ota on NimBLE by default, on Bluedroid with --name ESP-C919, or ble_ota_raw with "
+                    + "--sim-esp-component raw, which announces its sector window (--sim-esp-ring-kib / 4). It takes the image in "
+                    + "4 KiB sectors, each acknowledged, with --sim-slot-size its OTA partition and --sim-firmware-version the "
+                    + "version it runs; once the last sector is in, it checks the app image and restarts into it. It cannot "
+                    + "resume: every transfer sends the whole image.",
+                servedName: "\(ESPOTAService.nimbleName), as Espressif's NimBLE example (\(ESPOTAService.bluedroidName) makes it the Bluedroid one)",
+                slot: "its OTA partition",
+                mainOptions: [("--chip <chip>", "the chip the devices are, e.g. esp32c3")],
+                imageVersion: "an ESP-IDF app image's esp_app_desc_t",
+                exitCodes: [.imageFile: "an ESP-IDF app image that does not check out (segments, chip, checksum, appended SHA-256), "
+                                + "or another file of the build (a merged flash image, the ELF)",
+                            .imageTooLarge: "the OTA partition --esp-partition-size or --partition-table gives (without them, over 4 MiB)",
+                            .incompatibleDevice: "an app image built for another chip than --chip",
+                            .verifyFailed: "every sector acknowledged, but the device did not restart into the image within --verify-timeout",
+                            .protocolError: "a START refused, or a sector refused or taken short"]),
             simulatedDevice: { request in
                 ESPOTARegistration.simulatedDevice(request.config, device: request.options(ESPOTAOptions.self)?.simulated ?? SimulatedESPOptions())
             })

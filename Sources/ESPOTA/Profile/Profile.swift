@@ -74,7 +74,7 @@ public struct ESPOTAProfile: OTAProfile {
                 let host: ESPOTAHost = revision == nil ? .nimble : .bluedroid
                 let writes = data.properties.contains(.writeWithoutResponse) || writeCommands ? "write commands" : "write requests"
                 let summary = DeviceSummary(protocolName: Self.name, firmwareVersion: version,
-                                            state: "ready (\(host == .nimble ? "NimBLE host" : "Bluedroid host or ble_ota_raw, told apart by START's answer"), by its GATT table; sectors as \(writes)); one START per boot, no resume")
+                                            state: .idle, stateText: "ready (\(host == .nimble ? "NimBLE host" : "Bluedroid host or ble_ota_raw, told apart by START's answer"), by its GATT table; sectors as \(writes)); one START per boot, no resume")
                 // RECV_FW flags write only, yet the device's host takes write commands on it: the
                 // session streams commands (with `writeCommands` false, requests).
                 let stream = writeCommands

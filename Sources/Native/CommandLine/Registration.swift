@@ -54,6 +54,17 @@ extension ProtocolCommandLine {
             takes: ["--checkpoint-interval", "--image-version", "--restart", "--no-activate", "--sim-buttonless", "--sim-firmware-version",
                     "--sim-data-without-write-without-response", "--sim-device-version", "--sim-state"],
             refuses: [:], device: "native OTA device",
+            texts: Texts(
+                title: "otaflash's own protocol", images: "a raw binary (.bin) or Intel HEX (.hex)",
+                devices: "firmware with otaflash's device side", extensions: ["bin", "hex"],
+                served: "serves otaflash's own OTA service and the Device Information Service: after an ACTIVATE it answers, "
+                    + "then reboots into the image, refusing centrals for the reboot time. One central's transfer at a time: a second "
+                    + "central's commands fail with ATT error 0x89 (busy). --sim-device-version 2 serves a protocol version 2 device on "
+                    + "NOR flash (docs/PROTOCOL.md) with the C device library (Sources/COTADevice) in lockstep: every write goes to "
+                    + "both, and any difference between their answers is reported when serving stops, with exit 1.",
+                servedName: "otaflash-sim",
+                exitCodes: [.internalError: "a simulated version 2 device's C device library answered differently from its Swift model",
+                            .verifyFailed: "the CRC32 of the whole image"]),
             simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) })
         native.configure = { request in NativeProfile(settings: request.options(NativeFlashOptions.self)?.settings ?? OTAEngine.Settings()) }
         native.check = { simulated throws(CLIFailure) in

@@ -69,7 +69,17 @@ public struct NativeProfile: OTAProfile {
     public static func summary(_ info: DeviceInfo) -> DeviceSummary {
         DeviceSummary(protocolName: "native", protocolVersion: Int(info.protocolVersion),
                       firmwareVersion: info.firmwareVersion.packed == 0 ? nil : info.firmwareVersion,
-                      state: info.state.description, slotSize: Int(info.maxImageSize))
+                      state: Self.state(info.state), stateText: info.state.description, slotSize: Int(info.maxImageSize))
+    }
+
+    /// The device's transfer state in the terms every protocol shares.
+    static func state(_ state: DeviceState) -> DeviceSummary.State {
+        switch state {
+        case .idle: .idle
+        case .receiving: .receiving
+        case .verified: .verified
+        default: .unknown
+        }
     }
 
     public func chunkSize(mtu: Int) -> Int { OTAProtocol.chunkSize(mtu: mtu) }

@@ -19,6 +19,28 @@ extension ProtocolCommandLine {
                       "--image-version": "a package's init packets carry its versions",
                       "--sim-firmware-version": "a Secure DFU bootloader's application version is --sim-app-version"],
             device: "Secure DFU bootloader",
+            texts: Texts(
+                title: "Nordic Secure DFU", images: "a Nordic Secure DFU package (.zip from `nrfutil pkg generate`)",
+                devices: "an nRF5 SDK bootloader, or an application with buttonless DFU", extensions: ["zip"],
+                served: "serves a Secure DFU bootloader (service 0xFE59, nRF5 SDK rules: object sizes, init packet checks of "
+                    + "hardware, SoftDevice, version and signature, the image's SHA-256), so `otaflash --device <address> "
+                    + "app_dfu_package.zip` can be tried without a Nordic board. It activates an image once its hash matched and "
+                    + "resets into it. With --sim-buttonless unbonded it serves the device's application first, with Nordic's "
+                    + "buttonless service (8EC90003 in 0xFE59), on --adapter. After Enter Bootloader it resets and its Secure DFU "
+                    + "bootloader answers at the address whose least significant octet is one higher. A BlueZ adapter cannot change "
+                    + "its address, so the bootloader is served and advertised on --bootloader-adapter, a second adapter whose "
+                    + "address must be --adapter's + 1 (e.g. random static addresses set with `btmgmt static-addr`); once it "
+                    + "activated an application, the device answers on --adapter again. --name is the application's name; the "
+                    + "bootloader advertises DfuTarg, or the name the central gave it.",
+                servedName: "DfuTarg, as Nordic's bootloaders (otaflash-app for --sim-buttonless's application)",
+                slot: "its bootloader's bank",
+                mainOptions: [("--hw-version, --sd-req", "the device's hardware, SoftDevice")],
+                flashNote: "A Nordic device that runs its application with the buttonless DFU service is asked into its bootloader "
+                    + "first, which is then flashed where it answers (the application's address with its last octet one higher).",
+                exitCodes: [.imageFile: "a package that does not check out (zip, manifest, init packet, sizes, hash, the legacy SDK 11 format)",
+                            .imageTooLarge: "the bootloader's bank or object size",
+                            .incompatibleDevice: "a bootloader that refuses the package: other hardware, another SoftDevice, a downgrade, "
+                                + "a missing or untrusted signature (or --hw-version/--sd-req shows it would, before any radio time)"]),
             simulatedDevice: { request in
                 try simulatedSecureDFUDevice(config: request.config, options: request.options(NordicDFUOptions.self)?.simulated,
                                              buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)

@@ -48,7 +48,8 @@ public struct NordicDFUProfile: OTAProfile {
             try await connection.setNotifications(true, for: control)
             return AttachedLink(characteristics: [.control: control, .data: packet],
                                 peer: NordicDFULink(keepsWriteOrder: connection.keepsWriteOrder),
-                                summary: DeviceSummary(protocolName: name, state: "bootloader"))
+                                summary: DeviceSummary(protocolName: name, state: .bootloader,
+                                                       stateText: "a Secure DFU bootloader: it says where a transfer stands once one begins"))
         } catch {
             throw OTAError.from(error, device: device)
         }

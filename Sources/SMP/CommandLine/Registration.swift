@@ -15,6 +15,29 @@ extension ProtocolCommandLine {
             takes: Set(["--restart", "--no-activate", "--sim-firmware-version"]).union(SMPFlashOptions.names).union(SimulatedSMPOptions.names),
             refuses: ["--checkpoint-interval": "an SMP device confirms each chunk itself", "--image-version": "an MCUboot image carries its own"],
             device: "SMP server",
+            texts: Texts(
+                title: "MCUmgr's SMP", images: "an MCUboot image (`imgtool sign`, .signed.bin or .signed.hex)",
+                devices: "a Zephyr or nRF Connect SDK device", extensions: ["bin", "hex", "zip"],
+                served: "serves a Zephyr device with MCUmgr's SMP server and MCUboot (the SMP service 8D53DC1D with its "
+                    + "characteristic DA2E7828, write without response and notify): --sim-smp-buf-size and --sim-smp-buf-count are "
+                    + "its SMP buffers (what the MCUmgr parameters read reports; Zephyr's default is 4 × 384), --sim-slot-size each "
+                    + "of its two slots, --sim-firmware-version the version of the image it runs in slot 0, --sim-smp-cbor how it "
+                    + "encodes its answers (Zephyr's zcbor by default; tinycbor for an mcumgr device). Uploads go to slot 1 and "
+                    + "resume by the file's SHA-256; an image marked for test is swapped in at the next reset and runs unconfirmed, "
+                    + "a second reset without a confirm reverts it; one confirmed stays. `smpmgr --ble <address> upgrade --slot 1 "
+                    + "app.signed.bin` or `otaflash --protocol smp --device <address> app.signed.bin` can update it.",
+                servedName: "otaflash-smp", slot: "each of its two slots",
+                mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload"),
+                              ("--confirm-after-check", "confirm once the image ran (--check-command)")],
+                imageVersion: "an MCUboot image's header",
+                exitCodes: [.imageFile: "an MCUboot image that does not check out (magic, header, TLVs, hash, encrypted or non-bootable), "
+                                + "or the device refusing its header or TLVs",
+                            .imageTooLarge: "the device's slot (MCUmgr image error 30), or a file its file system cannot hold (`files put`)",
+                            .incompatibleDevice: "a device that refuses a downgrade (MCUmgr image error 27) or lacks an MCUmgr command",
+                            .verifyFailed: "the slot's hash or SHA-256",
+                            .protocolError: "an MCUmgr error, e.g. no free slot while a test image waits or runs unconfirmed",
+                            .checkFailed: "--confirm-after-check: no answer to an SMP echo, a reset during the check, or --check-command "
+                                + "failed or ran out of time; MCUboot reverts the image at the next reset"]),
             simulatedDevice: { request in try SimulatedSMP.device(config: request.config, options: request.options(SMPOptions.self)?.simulated) })
         smp.sendsAsIs = { firmware, request in
             // smpmgr's --format any: the bytes as they are, checked only by the server's SHA-256.

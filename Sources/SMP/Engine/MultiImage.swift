@@ -232,10 +232,10 @@ public struct SMPMultiImageProfile: OTAProfile {
             return "image \(number): " + (text.isEmpty ? "no image" : text.joined(separator: ", "))
         }
         if !slots.isEmpty {
-            var state = link.summary.state
+            var state = link.summary.stateText
             let extra = slots.joined(separator: "; ")
             if let cut = state.range(of: "; ") { state.replaceSubrange(cut, with: "; \(extra); ") } else { state += "; \(extra)" }
-            link.summary.state = "image \(first): " + state
+            link.summary.stateText = "image \(first): " + state
         }
         return link
     }

@@ -11,6 +11,6 @@ extension ImageFormat.Detector {
     public static let mcuboot = ImageFormat.Detector(kind: .mcuboot, inIntelHex: true, detect: { head, _ in
         starts(head, [0x3D, 0xB8, 0xF3, 0x96]) ? ImageFormat(.mcuboot, "an MCUboot image (header magic 0x96f3b83d)") : nil
     }, refusal: { format, name in
-        "is \(format.description), sent over MCUmgr/SMP, which is not supported yet (use `mcumgr image upload \(name)` until then)"
+        "is \(format.description), which goes over MCUmgr's SMP: flash it with `otaflash --protocol smp \(name)` (or --protocol auto)"
     })
 }

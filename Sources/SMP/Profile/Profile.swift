@@ -87,7 +87,7 @@ public struct SMPProfile: OTAProfile {
         return AttachedLink(characteristics: [.control: client.characteristic, .data: client.characteristic],
                             peer: SMPLink(parameters: parameters, states: states, bootloader: bootloader),
                             summary: DeviceSummary(protocolName: name, firmwareVersion: Self.runningVersion(states, image: image),
-                                                   state: "\(state.isEmpty ? "no image" : state); \(buffers)\(mode)"))
+                                                   state: .idle, stateText: "\(state.isEmpty ? "no image" : state); \(buffers)\(mode)"))
     }
 
     /// Image bytes per write: an upload request spans as many writes as it needs; this is what
