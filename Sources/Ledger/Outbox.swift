@@ -185,9 +185,30 @@ public actor SpoolingLedger: LedgerStore {
                 throw error
             }
             waiting += 1
+            retryLater()
             return 0
         }
     }
+
+    /// How often what the outbox keeps is offered to the server again while it keeps something:
+    /// a quarter of the lease last asked for, so that a record of a device this station finished
+    /// reaches the ledger before another station may take that device's lapsed claim.
+    private var retryPeriod: Duration = .seconds(1)
+    private var retrying: Task<Void, Never>?
+
+    /// Offers the outbox to the server every `retryPeriod` until it is empty or this ledger closed.
+    private func retryLater() {
+        guard retrying == nil else { return }
+        retrying = Task { [weak self] in
+            while let self, await self.unsent > 0, !Task.isCancelled {
+                do { try await Task.sleep(for: await self.retryPeriod) } catch { break }
+                _ = try? await self.replay()
+            }
+            await self?.retried()
+        }
+    }
+
+    private func retried() { retrying = nil }
 
     @discardableResult
     public func appendOnce(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
@@ -199,6 +220,7 @@ public actor SpoolingLedger: LedgerStore {
     }
 
     public func claim(_ device: String, image: String, by holder: ClaimHolder, lease: Duration) async throws(LedgerError) -> ClaimResult {
+        retryPeriod = max(.milliseconds(100), lease / 4)
         // Nothing is claimed while the outbox holds a record the server has not seen: it may
         // show this very device done.
         try await replay()
@@ -216,6 +238,7 @@ public actor SpoolingLedger: LedgerStore {
         } catch where error.kind == .unreachable || (error.kind == .locked && unsent > 0) {
             try await outbox.keep(.release(device: device, holder: holder))
             waiting += 1
+            retryLater()
         }
     }
 
@@ -229,6 +252,8 @@ public actor SpoolingLedger: LedgerStore {
     }
 
     public func close() async {
+        retrying?.cancel()
+        retrying = nil
         await shared.close()
         await outbox.close()
     }

@@ -156,7 +156,10 @@ public actor PostgresLedger: LedgerStore {
         // holder again for a lease from now, to come back and send its outbox first; taken after
         // that, as one that lapsed while this process had the server. A statement held up on
         // the way only makes $6 count from later: never a claim taken too soon.
-        let lapsed = "(c.state = 'held' AND c.expires_at <= \(Self.now))"
+        // Lapsed: past its lease by half a lease more (this claim's), the time a holder cut off
+        // for a moment has to send the record of a device it finished (its outbox retries every
+        // quarter lease) before another station may take the device.
+        let lapsed = "(c.state = 'held' AND c.expires_at <= \(Self.time("now() - make_interval(secs => $5 / 2)")))"
         let seen = "c.expires_at > \(Self.time("now() - make_interval(secs => $6)"))"
         let free = """
             (NOT (c.state = 'done' AND c.image_sha256 = excluded.image_sha256)

@@ -60,14 +60,9 @@ struct BooksCLITests {
         #expect(run.code == 0, "\(run.stderr)")
         let summary = try #require(run.jsonEvents.last)
         #expect(summary["done"] as? Int == 3 && summary["failed"] as? Int == 0, "\(summary)")
-        // The station never meets the claim taken here under the line's first arrival (no `held`
-        // event, seen_elsewhere 0): this set-up does not hold the device the station reaches first.
-        // Encounters leaving no row is shown by scripts/two-stations --books (docs/LEDGER.md).
-        withKnownIssue("the claim set up here is not the device the station meets") {
-            #expect(summary["seen_elsewhere"] as? Int == 1, "\(summary)")
-            #expect((summary["held"] as? Int ?? 0) >= 1)
-            #expect(run.jsonEvents.contains { $0["event"] as? String == "held" && $0["station"] as? String == "st-x" })
-        }
+        #expect(summary["seen_elsewhere"] as? Int == 1, "\(summary)")
+        #expect((summary["held"] as? Int ?? 0) >= 1)
+        #expect(run.jsonEvents.contains { $0["event"] as? String == "held" && $0["station"] as? String == "st-x" })
         let rows = try await Self.rows(ledger)
         #expect(rows.count == 3 && rows.allSatisfy { $0.result == "ok" && $0.station == "st-a" },
                 "\(rows.map { "\($0.device) \($0.result) \($0.errorCode ?? "-")" })")
