@@ -82,6 +82,7 @@ func claimRules(_ a: any LedgerStore, _ b: any LedgerStore) async throws {
     try await a.release(device, by: one)
     // A lease long enough that a loaded machine does not end it before the next claim, short
     // enough to wait out.
+    let asked = ContinuousClock.now
     guard case .granted = try await b.claim(device, image: other, by: two, lease: .seconds(10)) else {
         Issue.record("a released claim was not granted")
         return
@@ -94,7 +95,7 @@ func claimRules(_ a: any LedgerStore, _ b: any LedgerStore) async throws {
     // Taken half a lease (the taker's: 6 s) after it ended, by a station that had the server all
     // along (asked every second: a longer silence than a third of its lease is a break).
     // (SQLite, one station's file, takes it as its lease ends.)
-    let ended = ContinuousClock.now + .milliseconds(10_000)
+    let ended = asked + .milliseconds(10_000)
     while ContinuousClock.now < ended - .milliseconds(1_000) {
         try await Task.sleep(for: .seconds(1))
         guard case .held = try await a.claim(device, image: other, by: one, lease: .seconds(6)) else {
