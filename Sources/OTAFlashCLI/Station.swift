@@ -9,6 +9,10 @@ import Synchronization
 
 /// `otaflash station`: an unattended station for a shift (docs/PRODUCTION.md, "A station").
 struct Station: AsyncParsableCommand {
+    /// How long a station that ends holding records nowhere else (its outbox's disk full) waits
+    /// for the ledger to take them (docs/LEDGER.md, "When the server goes away").
+    static let strandedWait: Duration = .seconds(600)
+
     static let configuration = CommandConfiguration(
         commandName: "station",
         abstract: "Run an unattended station for a shift: flash every matching device that comes into range, once.",
@@ -131,12 +135,24 @@ struct Station: AsyncParsableCommand {
         await run.run()
         interrupts.cancel()
         if let spooling = ledger as? SpoolingLedger {
-            // Records only this process holds (the outbox's disk was full): sent if the ledger
-            // answers within three leases, asked each second; a retry of a server, bounded.
-            let giveUp = ContinuousClock.now + .milliseconds(Int64(flash.records.claimLease * 3000))
-            while await !spooling.strandedDevices.isEmpty, ContinuousClock.now < giveUp {
-                if (try? await spooling.replay()) != nil { break }
-                try? await Task.sleep(for: .seconds(1))
+            // Records only this process holds (the outbox's disk was full): the station does not
+            // end with them while the ledger may still come back (their devices' claims are
+            // re-armed for this station when it does). Asked each second, for at most
+            // `strandedWait` (at least three leases); SIGINT, SIGTERM or SIGHUP abandons them.
+            let waiting = await spooling.strandedDevices
+            if !waiting.isEmpty {
+                let limit = max(Self.strandedWait, Duration.milliseconds(Int64(flash.records.claimLease * 3000)))
+                printer.warning("\(waiting.count) record\(waiting.count == 1 ? "" : "s") exist only in this process (the outbox's disk is full): waiting up to \(Int(limit.seconds)) s for the ledger to take \(waiting.count == 1 ? "it" : "them") (\(waiting.joined(separator: ", "))); Ctrl-C abandons \(waiting.count == 1 ? "it" : "them"), and another station may then flash \(waiting.count == 1 ? "that device" : "those devices") again")
+                let wait = Task {
+                    let giveUp = ContinuousClock.now + limit
+                    while await !spooling.strandedDevices.isEmpty, ContinuousClock.now < giveUp {
+                        if (try? await spooling.replay()) != nil { break }
+                        do { try await Task.sleep(for: .seconds(1)) } catch { break }
+                    }
+                }
+                let abandon = InterruptHandler { _ in wait.cancel() }
+                _ = await wait.result
+                abandon.cancel()
             }
             let stranded = await spooling.strandedDevices
             if !stranded.isEmpty {
