@@ -138,8 +138,20 @@ public actor SpoolingLedger: LedgerStore {
     /// Sends what the outbox keeps, in order; returns how many were sent. Throws as the server
     /// does (then the rest stay, in order); another process of the station replaying meanwhile is
     /// `locked`.
+    /// One replay at a time in this process too: operations that meet one in progress (the
+    /// outbox's retries beside a claim, devices ending at once) wait for it, rather than send its
+    /// records again or find the outbox's lock held by themselves.
+    private var replaying = false
+    private var replayWaiters: [CheckedContinuation<Void, Never>] = []
+
     @discardableResult
     public func replay() async throws(LedgerError) -> Int {
+        while replaying { await withCheckedContinuation { replayWaiters.append($0) } }
+        replaying = true
+        defer {
+            replaying = false
+            if !replayWaiters.isEmpty { replayWaiters.removeFirst().resume() }
+        }
         var delivered = 0
         while let record = stranded.first {
             try await shared.appendOnce(record)
