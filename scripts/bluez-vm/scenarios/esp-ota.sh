@@ -86,7 +86,7 @@ if [[ $STEPS == *" flash "* ]]; then
 		fi
 		grep -q '"protocol":"esp-ota"' "$RESULTS_DIR/$tag.stamped" || fail "$tag: otaflash did not pick esp-ota from the image"
 		want=$([ "${host%%:*}" = nimble ] && echo NimBLE || echo Bluedroid)
-		grep -q "\"state\":\"ready ($want host" "$RESULTS_DIR/$tag.stamped" ||
+		grep -q "\"state_text\":\"ready ($want host" "$RESULTS_DIR/$tag.stamped" ||
 			fail "$tag: otaflash did not take the device for $want: $(grep -m1 '"event":"device_info"' "$RESULTS_DIR/$tag.stamped" | cut -f2-)"
 		wait_for_line "$SIM_STAMPED" '"event":"activated"' 10 || fail "$tag: the peripheral did not restart into the image"
 		stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
