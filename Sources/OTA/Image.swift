@@ -30,28 +30,58 @@ public struct FirmwareImage: Sendable {
     public static let maximumHexTextSize = 4 * maximumSize
 
     /// Reads a firmware file: Intel HEX when its content is HEX text (whatever its name), a raw
-    /// binary otherwise.
+    /// binary otherwise; a file in a format of the detectors' is refused with its detector's line
+    /// unless `accepted`, when it is read like a raw binary (`read` hands it over instead).
     ///
     /// The size is checked before anything is read, and reads are bounded, so a huge file, a
     /// growing one or a device node costs no more than the limits. Files that are something else
-    /// (ELF, zip, a Nordic DFU package, MCUboot, UF2, S-record, compressed or tar archives) are
-    /// refused with what to do instead; `ImageError.format` says which. So is Intel HEX text whose
-    /// data is an MCUboot image (`imgtool sign … app.hex`).
+    /// (ELF, zip, UF2, S-record, compressed or tar archives, a protocol's own format) are refused
+    /// with what to do instead; `ImageError.format` says which.
     ///
     /// - Parameters:
     ///   - accepted: formats read byte for byte like a raw binary instead of refused (the
-    ///     protocol that sends them checks them itself, e.g. `[.mcuboot]`); Intel HEX holding one
-    ///     of them is then decoded and returned.
+    ///     protocol that sends them checks them itself); Intel HEX holding one of them is then
+    ///     decoded and returned.
     ///   - detectors: protocols' own formats (`ImageFormat.Detector`), recognised and refused
     ///     with their own line unless `accepted`.
+    ///   - hints: protocols' words on files they know but do not send (`ImageFormat.Hint`).
     public static func load(path: String, accepting accepted: Set<ImageFormat.Kind> = [],
-                            detecting detectors: [ImageFormat.Detector] = []) throws(ImageError) -> FirmwareImage {
+                            detecting detectors: [ImageFormat.Detector] = [],
+                            hints: [ImageFormat.Hint] = []) throws(ImageError) -> FirmwareImage {
+        switch try read(path: path, accepting: accepted, detecting: detectors, hints: hints) {
+        case .firmware(let image):
+            return image
+        case .claimed(let claimed) where accepted.contains(claimed.format.kind):
+            return try claimed.firmware()
+        case .claimed(let claimed):
+            throw ImageError(path, refusal(for: claimed.format, path: path, detectors: detectors), format: claimed.format.kind)
+        }
+    }
+
+    /// Reads a firmware file once and says what it is: a raw binary or Intel HEX image (decoded),
+    /// ready to send, or a file one of `detectors` claims (Intel HEX text holding such a format
+    /// included), handed over with the bytes read so that its protocol's loader need not open it
+    /// again.
+    ///
+    /// A claimed file is read whole up to its format's `limit`; a larger one is refused when its
+    /// bytes are asked for (`ClaimedImage.bytes()`), so that its loader says first what it says
+    /// of every file of that format. Other formats are refused as `load` refuses them, unless
+    /// `accepted` (then read like a raw binary).
+    ///
+    /// - Throws: `ImageError` for a file that cannot be read, is empty, is too large, is HEX text
+    ///   that does not decode, or is a format no detector claims and `accepted` lacks.
+    public static func read(path: String, accepting accepted: Set<ImageFormat.Kind> = [],
+                            detecting detectors: [ImageFormat.Detector] = [],
+                            hints: [ImageFormat.Hint] = []) throws(ImageError) -> DetectedImage {
         let file = try ImageFile(path)
         defer { file.close() }
         let head = try file.read(upTo: ImageFormat.headSize)
         guard !head.isEmpty else { throw ImageError(path, "is empty") }
         let tail = file.size > head.count ? try file.readTail(ImageFormat.tailSize) : head
         let format = ImageFormat.detect(head: head, tail: tail, using: detectors)
+        if detectors.contains(where: { $0.kind == format.kind }) {
+            return .claimed(try ClaimedImage(path: path, format: format, file: file, head: head))
+        }
         let lower = path.lowercased()
         let namedHex = lower.hasSuffix(".hex") || lower.hasSuffix(".ihex")
         // A .hex file of text that does not start with ':' is HEX gone wrong: its line says how.
@@ -77,51 +107,54 @@ public struct FirmwareImage: Sendable {
             let hex = try decoder.finish()
             let inside = ImageFormat.detect(head: Array(hex.bytes.prefix(ImageFormat.headSize)), tail: [],
                                             using: detectors.filter(\.inIntelHex))
-            if detectors.contains(where: { $0.inIntelHex && $0.kind == inside.kind }), !accepted.contains(inside.kind) {
-                let described = ImageFormat(inside.kind, "Intel HEX text holding \(inside.description)")
-                throw ImageError(path, refusal(for: described, path: path, detectors: detectors), format: inside.kind)
+            if detectors.contains(where: { $0.inIntelHex && $0.kind == inside.kind }) {
+                let described = ImageFormat(inside.kind, "Intel HEX text holding \(inside.description)", entries: inside.entries, limit: inside.limit)
+                return .claimed(ClaimedImage(path: path, format: described, bytes: hex.bytes, head: head, baseAddress: hex.baseAddress))
             }
-            return FirmwareImage(bytes: hex.bytes, source: path, baseAddress: hex.baseAddress)
+            return .firmware(FirmwareImage(bytes: hex.bytes, source: path, baseAddress: hex.baseAddress))
         case .rawBinary where namedHex:
             throw ImageError(path, "is named like Intel HEX but is not HEX text (it starts with \(hexDump(head.prefix(8))); HEX lines start with ':'); pass a raw binary as .bin, or regenerate the HEX file",
                              format: format.kind)
         case _ where format.kind == .rawBinary || accepted.contains(format.kind):
-            guard file.size <= maximumSize else {
-                throw ImageError(path, "is \(file.size) bytes; images over \(maximumSize >> 20) MiB are not supported")
-            }
-            var bytes = head
-            bytes.reserveCapacity(max(file.size, head.count))
-            while true {
-                let chunk = try file.read(upTo: min(1 << 20, maximumSize + 1 - bytes.count))
-                if chunk.isEmpty { break }
-                bytes += chunk
-                guard bytes.count <= maximumSize else {
-                    throw ImageError(path, "holds more than \(maximumSize >> 20) MiB; images over \(maximumSize >> 20) MiB are not supported")
-                }
-            }
-            return FirmwareImage(bytes: bytes, source: path)
+            return .firmware(FirmwareImage(bytes: try readWhole(file, head: head, limit: .images).get(), source: path))
         default:
-            throw ImageError(path, refusal(for: format, path: path, detectors: detectors), format: format.kind)
+            throw ImageError(path, refusal(for: format, path: path, head: head, detectors: detectors, hints: hints), format: format.kind)
         }
     }
 
+    /// The rest of `file` after `head`, read in bounded chunks up to `limit`: the whole file, or
+    /// the refusal of one larger than the limit (its size known before the read, or found during it).
+    static func readWhole(_ file: ImageFile, head: [UInt8], limit: ImageFormat.SizeLimit) throws(ImageError) -> Result<[UInt8], ImageError> {
+        let over = "\(limit.what) over \(limit.bytes >> 20) MiB are not supported"
+        guard file.size <= limit.bytes else { return .failure(ImageError(file.path, "is \(file.size) bytes; \(over)")) }
+        var bytes = head
+        bytes.reserveCapacity(max(file.size, head.count))
+        while true {
+            let chunk = try file.read(upTo: min(1 << 20, limit.bytes + 1 - bytes.count))
+            if chunk.isEmpty { break }
+            bytes += chunk
+            guard bytes.count <= limit.bytes else {
+                return .failure(ImageError(file.path, "holds more than \(limit.bytes >> 20) MiB; \(over)"))
+            }
+        }
+        return .success(bytes)
+    }
+
     /// Why a file that is not a raw binary or HEX text is refused, and what to do instead.
-    static func refusal(for format: ImageFormat, path: String, detectors: [ImageFormat.Detector] = []) -> String {
+    static func refusal(for format: ImageFormat, path: String, head: [UInt8] = [], detectors: [ImageFormat.Detector] = [],
+                        hints: [ImageFormat.Hint] = []) -> String {
         let name = path.split(separator: "/").last.map(String.init) ?? path
-        let stem = name.split(separator: ".", omittingEmptySubsequences: false).dropLast().joined(separator: ".")
-        let base = stem.isEmpty ? name : stem
+        let base = ImageFormat.baseName(of: name)
         let inside = format.entries.filter { $0.lowercased().hasSuffix(".bin") || $0.lowercased().hasSuffix(".hex") }.prefix(3)
         let extract = inside.isEmpty ? "the .bin or .hex inside" : inside.joined(separator: " or ")
         let what = "is \(format.description)"
         if let detector = detectors.first(where: { $0.kind == format.kind }) { return detector.refusal(format, name) }
+        for hint in hints {
+            if let line = hint.refusal(format, head, name) { return line }
+        }
         switch format.kind {
-        case .elf where format.description.contains("ESP-IDF"):
-            return "\(what), not a firmware image; pass the app image ESP-IDF builds beside it: build/\(base).bin (or make one with `esptool elf2image \(name)`)"
         case .elf:
             return "\(what), not a firmware image; convert it with `arm-none-eabi-objcopy -O binary \(name) \(base).bin` (or -O ihex \(base).hex) and pass that"
-        case .zip where format.entries.contains { $0.lowercased().hasSuffix(".dat") }:
-            // Init packets beside the images: a Nordic DFU package that lost its manifest.
-            return "\(what) with init packets (.dat) but no manifest.json, so not a Nordic DFU package; regenerate it with nrfutil pkg generate"
         case .zip:
             return "\(what), not a firmware image; unzip it (`unzip \(name)`) and pass \(extract)"
         case .tar:
@@ -241,7 +274,7 @@ public struct ImageError: Error, Sendable, Hashable, CustomStringConvertible {
     public let path: String
     public let line: Int?
     public let reason: String
-    /// Set when the file was refused for what it is (an ELF executable, a Nordic package…).
+    /// Set when the file was refused for what it is (an ELF executable, a protocol's package…).
     public let format: ImageFormat.Kind?
 
     public init(_ path: String, line: Int? = nil, _ reason: String, format: ImageFormat.Kind? = nil) {

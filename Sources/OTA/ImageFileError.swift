@@ -1,4 +1,4 @@
-/// An image file that cannot be used, in any format (a Nordic DFU package, an MCUboot image…):
+/// An image file that cannot be used, in any format (a protocol's package, a signed image…):
 /// why, the file, and what to do, in one line. Each format adds its own codes.
 public struct ImageFileError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Why, as an open set; each code says which failure class (and exit code) it reports as.

@@ -2,9 +2,10 @@
 ///
 /// Detection is pure and separate from policy: `detect` says what a file is; the loader decides
 /// what it can send (raw binaries and Intel HEX) and refuses the rest with a line that says what
-/// to do. The formats here are every protocol's (or none's); a protocol's own format (a Nordic
-/// DFU package, an MCUboot image) comes with its `Detector` from its module, and the caller
-/// routes on `kind` without looking at the bytes again.
+/// to do. The formats here are every protocol's (or none's); a protocol's own format comes with
+/// its `Detector` from its module, and a protocol's word on a file it knows but does not send
+/// with its `Hint`. `FirmwareImage.read` hands a file a detector claimed to the caller as a
+/// value (`DetectedImage.claimed`), with the bytes read, so the caller routes it once.
 public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// An open set of formats (a struct with static members), so new ones break no `switch`.
     public struct Kind: Hashable, Sendable, CustomStringConvertible {
@@ -38,10 +39,30 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// For archives: the names of the first few entries, when they could be read.
     public let entries: [String]
 
-    public init(_ kind: Kind, _ description: String, entries: [String] = []) {
+    /// How large a file of this format may be: a file a detector claims is read whole up to it.
+    public let limit: SizeLimit
+
+    public init(_ kind: Kind, _ description: String, entries: [String] = [], limit: SizeLimit = .images) {
         self.kind = kind
         self.description = description
         self.entries = entries
+        self.limit = limit
+    }
+
+    /// The largest file of a format, and what a larger one is called in its refusal ("is 300000000
+    /// bytes; packages over 192 MiB are not supported").
+    public struct SizeLimit: Sendable, Hashable {
+        public let bytes: Int
+        /// The files, plural: "images", "packages".
+        public let what: String
+
+        public init(bytes: Int, what: String) {
+            self.bytes = bytes
+            self.what = what
+        }
+
+        /// The limit of images (`FirmwareImage.maximumSize`).
+        public static let images = SizeLimit(bytes: FirmwareImage.maximumSize, what: "images")
     }
 
     /// True for the formats otaflash sends itself: raw binaries and Intel HEX.
@@ -56,8 +77,8 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         /// Why a loader that does not send this format refuses it, and what to do instead: the
         /// words after "path: " ("is …"), given the format and the file's name.
         public let refusal: @Sendable (_ format: ImageFormat, _ fileName: String) -> String
-        /// Intel HEX text may hold this format (`imgtool sign … app.hex`): the decoded bytes are
-        /// looked at too.
+        /// Intel HEX text may hold this format (a signing tool's HEX output): the decoded bytes
+        /// are looked at too.
         public let inIntelHex: Bool
 
         public init(kind: Kind, inIntelHex: Bool = false, detect: @escaping @Sendable (_ head: [UInt8], _ tail: [UInt8]) -> ImageFormat?,
@@ -74,6 +95,26 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// A protocol's word on a file of a format no protocol sends but the protocol knows (a file
+    /// its builds write beside the image): it replaces the generic refusal. Each protocol
+    /// registers its own with its command line.
+    public struct Hint: Sendable {
+        /// The words after "path: " ("is …"), given the format, the file's first bytes (up to
+        /// `headSize`) and its name; nil when the file is not one this hint knows.
+        public let refusal: @Sendable (_ format: ImageFormat, _ head: [UInt8], _ fileName: String) -> String?
+
+        public init(refusal: @escaping @Sendable (_ format: ImageFormat, _ head: [UInt8], _ fileName: String) -> String?) {
+            self.refusal = refusal
+        }
+    }
+
+    /// A file's name without its last extension, for the file a refusal suggests making: "app"
+    /// for "app.elf", and the name itself when it has no stem (".elf").
+    public static func baseName(of fileName: String) -> String {
+        let stem = fileName.split(separator: ".", omittingEmptySubsequences: false).dropLast().joined(separator: ".")
+        return stem.isEmpty ? fileName : stem
+    }
+
     /// How much of a file's start `detect` looks at (tar's magic is at 257; zip's local headers follow).
     public static let headSize = 64 << 10
     /// How much of a file's end `detect` looks at: a zip's end-of-central-directory record (22
@@ -85,8 +126,8 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
     /// - Parameters:
     ///   - head: the file's first bytes (up to `headSize`).
     ///   - tail: its last bytes (up to `tailSize`); pass `head` when the file is that small.
-    ///   - detectors: protocols' own formats, asked first, in order (a Nordic package is a zip
-    ///     that its detector claims before it counts as a zip).
+    ///   - detectors: protocols' own formats, asked first, in order (a protocol's package that is
+    ///     a zip is claimed by its detector before it counts as a zip).
     public static func detect(head: [UInt8], tail: [UInt8], using detectors: [Detector] = []) -> ImageFormat {
         for detector in detectors {
             if let format = detector.detect(head, tail) { return format }
@@ -139,20 +180,22 @@ public struct ImageFormat: Sendable, Hashable, CustomStringConvertible {
 
     /// "an ELF executable", "an ELF object file" (ELF header e_type, at offset 16).
     private static func elfDescription(_ head: [UInt8]) -> String {
-        guard head.count >= 18 else { return "an ELF file" }
-        // EI_DATA (offset 5): 1 little-endian, 2 big-endian.
-        let type = head[5] == 2 ? UInt16(head[16]) << 8 | UInt16(head[17]) : UInt16(head[17]) << 8 | UInt16(head[16])
-        switch type {
+        switch elfHeader(head)?.type {
         case 1: return "an ELF object file"
-        case 2 where machine(head) == 94, 3 where machine(head) == 94: return "an Xtensa ELF executable (an ESP-IDF build's linker output)"
         case 2, 3: return "an ELF executable"  // 3: position-independent executables and shared objects
         case 4: return "an ELF core dump"
         default: return "an ELF file"
         }
     }
 
-    /// e_machine (offset 18): 94 is Xtensa (ESP32, -S2, -S3).
-    private static func machine(_ head: [UInt8]) -> Int { head.count >= 20 ? (head[5] == 2 ? Int(head[18]) << 8 | Int(head[19]) : le16(head, 18)) : 0 }
+    /// An ELF file's e_type (offset 16) and e_machine (offset 18; 0 when `head` ends before it),
+    /// in the byte order its EI_DATA (offset 5) gives: 1 little-endian, 2 big-endian. Nil when
+    /// `head` ends before e_type.
+    public static func elfHeader(_ head: [UInt8]) -> (type: Int, machine: Int)? {
+        guard head.count >= 18 else { return nil }
+        func field(_ at: Int) -> Int { head[5] == 2 ? Int(head[at]) << 8 | Int(head[at + 1]) : le16(head, at) }
+        return (field(16), head.count >= 20 ? field(18) : 0)
+    }
 
     private static func le16(_ b: [UInt8], _ at: Int) -> Int { Int(b[at]) | Int(b[at + 1]) << 8 }
     private static func le32(_ b: [UInt8], _ at: Int) -> Int { le16(b, at) | le16(b, at + 2) << 16 }

@@ -12,17 +12,17 @@ import Simulator
 /// list (OTAFlashCLI's Protocols.swift) and loops over it.
 public struct ProtocolCommandLine: Sendable {
     public let profile: any OTAProfile
-    /// The format of its own (its content detector) and its loader, which reads the file when the
-    /// generic image loader, given every protocol's detector, finds it is that format (and refuses
-    /// it naming the format); nil: it sends raw binaries and Intel HEX as the generic loader reads them.
+    /// The format of its own (its content detector) and its loader, which makes the plan of a file
+    /// the detector claimed from what was read of it (`ImageDetection`); nil: it sends raw binaries
+    /// and Intel HEX as the generic loader reads them.
     public let loader: Loader?
 
     public struct Loader: Sendable {
         public let detector: ImageFormat.Detector
-        public let load: @Sendable (_ path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan
+        public let load: @Sendable (_ image: ClaimedImage, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan
 
         public init(detector: ImageFormat.Detector,
-                    load: @escaping @Sendable (_ path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan) {
+                    load: @escaping @Sendable (_ image: ClaimedImage, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan) {
             self.detector = detector
             self.load = load
         }
@@ -70,6 +70,9 @@ public struct ProtocolCommandLine: Sendable {
     /// The ranges of its own numeric options, for the line that refuses a value that is not a
     /// number at all (`Ranges.texts(whole:numbers:)`).
     public var rangeTexts: [String: String] = [:]
+    /// Its words on files it knows but does not send (a file its builds write beside the image):
+    /// they replace the generic refusal of such a file.
+    public var fileHints: [ImageFormat.Hint] = []
     /// Its own device commands (SMP's `otaflash image`, `reset`, `echo`), made for the command
     /// line's `DeviceCommandContext`.
     public var commands: @Sendable (any DeviceCommandContext.Type) -> [any ParsableCommand.Type] = { _ in [] }

@@ -35,22 +35,19 @@ extension ProtocolRegistry {
 
 extension FlashPlan {
     /// Loads `path` and picks its protocol with `request.protocolName` (`auto` or a registered
-    /// one) from what the file is: a format of a protocol's own goes to that protocol's loader, a
-    /// raw binary or HEX image to the protocol the registry resolves.
+    /// one) from what the file is, reading it once: a format of a protocol's own goes, as read, to
+    /// that protocol's loader; a raw binary or HEX image to the protocol the registry resolves.
     ///
     /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image no protocol sends or a package
     ///   that does not check out; `.incompatibleDevice` (exit 7) for a package the options say the
     ///   device would refuse.
     static func load(path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
         let firmware: FirmwareImage
-        do {
-            firmware = try FirmwareImage.load(path: path, detecting: ProtocolCommandLine.all.compactMap(\.loader?.detector))
-        } catch {
-            // The content detector found a format of a protocol's own: its loader reads it.
-            guard let own = ProtocolCommandLine.all.compactMap(\.loader).first(where: { $0.format == error.format }) else {
-                throw CLIFailure(.imageFile, "\(error)")
-            }
-            return try own.load(path, request)
+        switch try ImageDetection.detect(path: path, among: ProtocolCommandLine.all) {
+        case .own(let registration, let claimed):
+            return try registration.load(claimed, request)
+        case .image(let image):
+            firmware = image
         }
         if let asIs = ProtocolCommandLine.named(request.protocolName)?.sendsAsIs?(firmware, request) { return asIs }
         let format: ImageFormat.Kind = firmware.baseAddress == nil ? .rawBinary : .intelHex

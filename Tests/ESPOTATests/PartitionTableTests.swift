@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import OTA
+import OTAWire
 import Testing
 @testable import ESPOTA
 
@@ -139,6 +140,55 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: path) }
         let loaded = try ESPOTARegistration.load(path: path, protocolName: "esp-ota", registry: ProtocolRegistry([ESPOTAProfile()]))
         #expect(loaded.warnings.contains { $0.contains("more than the 1 MiB OTA partitions") })
+    }
+
+    /// The app image `FirmwareImage.read` claimed goes through the loader from the bytes read,
+    /// the file deleted, as the file itself goes.
+    @Test func aClaimedImageIsLoadedFromTheValue() throws {
+        let bytes = ESPAppImage.build(chip: .esp32c3, version: "2.1.0", project: "blink", body: ImageTests.body)
+        let path = try Self.file(bytes)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let registry = ProtocolRegistry([ESPOTAProfile()])
+        let fromFile = try ESPOTARegistration.load(path: path, protocolName: "auto", registry: registry)
+        guard case .claimed(let claimed) = try FirmwareImage.read(path: path, detecting: [.espAppImage]) else {
+            Issue.record("the app image was not claimed")
+            return
+        }
+        try FileManager.default.removeItem(atPath: path)
+        let loaded = try ESPOTARegistration.load(claimed, protocolName: "auto", registry: registry)
+        #expect(loaded.plan.firmware.bytes == bytes && loaded.plan.firmware.bytes == fromFile.plan.firmware.bytes)
+        #expect(loaded.plan.contents == fromFile.plan.contents && loaded.plan.reason == fromFile.plan.reason)
+        #expect(loaded.version == FirmwareVersion("2.1.0"))
+    }
+
+    /// The module's file hint: an Xtensa ELF executable is an ESP-IDF build's linker output; the
+    /// core alone gives the generic ELF line.
+    @Test func theBuildsELFGetsTheHint() throws {
+        var elf: [UInt8] = [0x7F, 0x45, 0x4C, 0x46, 1, 1, 1] + [UInt8](repeating: 0, count: 57)
+        elf[16] = 2
+        elf[18] = 94
+        let path = try Self.file(elf)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let name = URL(fileURLWithPath: path).lastPathComponent
+        let base = URL(fileURLWithPath: path).deletingPathExtension().lastPathComponent
+        func reason(_ hints: [ImageFormat.Hint]) -> String? {
+            do {
+                _ = try FirmwareImage.load(path: path, detecting: [.espAppImage], hints: hints)
+                return nil
+            } catch {
+                return error.reason
+            }
+        }
+        #expect(reason([.espIDFLinkerOutput]) == "is an Xtensa ELF executable (an ESP-IDF build's linker output), not a firmware image; pass the app "
+                + "image ESP-IDF builds beside it: build/\(base).bin (or make one with `esptool elf2image \(name)`)")
+        #expect(reason([])?.hasPrefix("is an ELF executable, not a firmware image; convert it with `arm-none-eabi-objcopy") == true)
+        // Another machine's ELF (ARM, 40) or an object file is not the build's executable.
+        for (type, machine) in [(2, 40), (1, 94)] {
+            var other = elf
+            other[16] = UInt8(type)
+            other[18] = UInt8(machine)
+            #expect(ImageFormat.Hint.espIDFLinkerOutput.refusal(ImageFormat.detect(other), other, "x.elf") == nil, "\(type) \(machine)")
+        }
     }
 
     @Test func aPreEncryptedImageIsCheckedAgainstThePartitionByItsAppSize() throws {

@@ -377,6 +377,52 @@ struct NordicPackageDetectionTests {
         #expect(ImageFormat.detect(zip, using: [.nordicDFUPackage]).kind == .zip)
     }
 
+    /// The module's file hint: a zip with init packets but no manifest.json is a package that lost
+    /// its manifest; the core alone calls it a zip to unzip.
+    @Test func aZipWithInitPacketsButNoManifestGetsTheHint() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-hint-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let path = dir.appendingPathComponent("app_dfu_package.zip").path
+        try makeZip([("app.bin", [1]), ("app.dat", [2])]).write(to: URL(fileURLWithPath: path))
+        func reason(_ hints: [ImageFormat.Hint]) -> String? {
+            do {
+                _ = try FirmwareImage.load(path: path, detecting: [.nordicDFUPackage], hints: hints)
+                return nil
+            } catch {
+                #expect(error.format == .zip)
+                return error.reason
+            }
+        }
+        #expect(reason([.nordicPackageWithoutManifest])
+                == "is a zip archive with init packets (.dat) but no manifest.json, so not a Nordic DFU package; regenerate it with nrfutil pkg generate")
+        #expect(reason([])?.hasPrefix("is a zip archive, not a firmware image; unzip it") == true)
+        // A package with its manifest is the detector's, not the hint's.
+        let format = ImageFormat(.zip, "a zip archive", entries: ["manifest.json", "app.bin", "app.dat"])
+        #expect(ImageFormat.Hint.nordicPackageWithoutManifest.refusal(format, [], "p.zip") == nil)
+    }
+
+    /// `FirmwareImage.read` hands a package over with its bytes and the package's size limit: the
+    /// package is parsed from the value, the file deleted.
+    @Test func aClaimedPackageIsReadFromTheValue() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-claim-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let path = dir.appendingPathComponent("blinky-app.zip").path
+        try FileManager.default.copyItem(atPath: nordicSample("blinky-app.zip"), toPath: path)
+        guard case .claimed(let claimed) = try FirmwareImage.read(path: path, detecting: [.nordicDFUPackage]) else {
+            Issue.record("the package was not claimed")
+            return
+        }
+        #expect(claimed.format.kind == .nordicDFUPackage)
+        #expect(claimed.format.limit == ImageFormat.SizeLimit(bytes: DFUPackage.maximumPackageSize, what: "packages"))
+        try FileManager.default.removeItem(atPath: path)
+        let package = try DFUPackage(claimed)
+        let fromFile = try DFUPackage.load(path: nordicSample("blinky-app.zip"))
+        #expect(package.images.map(\.firmware.bytes) == fromFile.images.map(\.firmware.bytes))
+
+    }
+
     @Test func theImageLoaderRefusesAPackageNamingWhereItGoes() throws {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-detect-\(UUID().uuidString).zip").path
         defer { try? FileManager.default.removeItem(atPath: path) }

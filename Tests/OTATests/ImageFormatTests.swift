@@ -107,8 +107,7 @@ struct ImageFormatTests {
     static let refusals: [(file: String, bytes: [UInt8], kind: ImageFormat.Kind, says: [String])] = [
         ("app.elf", cases[2].bytes, .elf, ["is an ELF executable, not a firmware image", "`arm-none-eabi-objcopy -O binary app.elf app.bin`", "-O ihex"]),
         ("bundle.zip", zipArchive([("readme.txt", [1]), ("fw/app.bin", [2])]), .zip, ["is a zip archive, not a firmware image", "`unzip bundle.zip`", "pass fw/app.bin"]),
-        ("app_dfu_package.zip", zipArchive([("app.bin", [1]), ("app.dat", [2])]), .zip,
-         ["is a zip archive with init packets (.dat) but no manifest.json", "regenerate it with nrfutil pkg generate"]),
+        ("app_package.zip", zipArchive([("app.bin", [1]), ("app.dat", [2])]), .zip, ["is a zip archive, not a firmware image", "pass app.bin"]),
         ("app.uf2", cases[9].bytes, .uf2, ["UF2 file", "uf2conv.py app.uf2 --convert --output app.bin"]),
         ("app.bin.gz", cases[11].bytes, .gzip, ["gzip-compressed", "gunzip -k app.bin.gz"]),
         ("fw.tar.gz", cases[11].bytes, .gzip, ["gzip-compressed", "tar xzf fw.tar.gz"]),

@@ -116,6 +116,28 @@ struct MCUbootImageTests {
         #expect(hexImage.firmware.baseAddress == 0xC000)
     }
 
+    /// The image `FirmwareImage.read` claimed, binary or HEX, parses from the bytes read, the file
+    /// deleted, to what the file gives.
+    @Test(arguments: [MCUbootSamples.ed25519, "blinky-ed25519-v1.2.3+4.hex"])
+    func aClaimedImageParsesFromTheValue(file: String) throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("otaflash-claim-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let path = dir.appendingPathComponent(file).path
+        try FileManager.default.copyItem(atPath: MCUbootSamples.path(file), toPath: path)
+        let fromFile = try MCUbootImage.load(path: path)
+        guard case .claimed(let claimed) = try FirmwareImage.read(path: path, detecting: [.smpFiles]) else {
+            Issue.record("\(file) was not claimed")
+            return
+        }
+        #expect(claimed.format.kind == .mcuboot)
+        try FileManager.default.removeItem(atPath: path)
+        let image = try MCUbootImage(claimed)
+        #expect(image.bytes == fromFile.bytes && image.imageHash == fromFile.imageHash && image.sha256 == fromFile.sha256)
+        #expect(image.firmware.baseAddress == fromFile.firmware.baseAddress)
+        #expect(image.source == path)
+    }
+
     /// The native protocol's loader refuses an MCUboot image whether it comes as a binary or as HEX.
     @Test(arguments: [MCUbootSamples.ecdsa, "blinky-ed25519-v1.2.3+4.hex"])
     func theNativeLoaderRefusesMCUbootImagesInBothForms(file: String) {

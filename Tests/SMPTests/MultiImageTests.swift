@@ -57,6 +57,14 @@ struct SMPPackageTests {
         #expect(package.parts.map(\.imageNumber) == [0, 1])
         #expect(package.parts.map { "\($0.image.version)" } == ["1.3.0", "1.2.3+4"])
         #expect(ImageFormat.detect([UInt8](try Data(contentsOf: URL(fileURLWithPath: path))), using: [.smpFiles]).kind == .mcuboot)
+        // Claimed, it is read once, with the package's limit, and parsed from the value.
+        guard case .claimed(let claimed) = try FirmwareImage.read(path: path, detecting: [.smpFiles]) else {
+            Issue.record("the package was not claimed")
+            return
+        }
+        #expect(claimed.format.limit == ImageFormat.SizeLimit(bytes: SMPPackage.maximumPackageSize, what: "packages"))
+        let fromValue = try SMPPackage(claimed)
+        #expect(fromValue.parts.map(\.image.bytes) == package.parts.map(\.image.bytes))
     }
 
     /// Each one refused before any radio time, with what is wrong in the line.

@@ -11,11 +11,11 @@ extension ProtocolCommandLine {
     /// host, or Bluedroid by its advertised name) as the simulated device.
     public static let espOTA: ProtocolCommandLine = {
         var esp = ProtocolCommandLine(
-            profile: ESPOTAProfile(), loader: Loader(detector: .espAppImage) { path, request throws(CLIFailure) in
+            profile: ESPOTAProfile(), loader: Loader(detector: .espAppImage) { claimed, request throws(CLIFailure) in
                 let options = request.options(ESPOTAOptions.self)
                 let partition = try options?.partitionLimit()
                 do throws(OTAError) {
-                    let loaded = try ESPOTARegistration.load(path: path, protocolName: request.protocolName, registry: request.registry,
+                    let loaded = try ESPOTARegistration.load(claimed, protocolName: request.protocolName, registry: request.registry,
                                                              chip: options?.chip, partition: partition)
                     return FlashPlan(update: loaded.plan, warnings: loaded.warnings, imageVersion: loaded.version)
                 } catch {
@@ -50,6 +50,7 @@ extension ProtocolCommandLine {
             simulatedDevice: { request in
                 ESPOTARegistration.simulatedDevice(request.config, device: request.options(ESPOTAOptions.self)?.simulated ?? SimulatedESPOptions())
             })
+        esp.fileHints = [.espIDFLinkerOutput]
         esp.rangeTexts = [ESPOTAOptions.partitionSizeRange.option: "a size in bytes (decimal, 0x hex, or with K or M as partitions.csv writes it) "
                           + ESPOTAOptions.partitionSizeRange.text]
         esp.bench = ESPOTABench()
@@ -209,6 +210,26 @@ public enum ESPOTARegistration {
         } catch {
             throw OTAError(.image, "\(error)")
         }
+        return try load(firmware, protocolName: protocolName, registry: registry, chip: chip, partition: partition)
+    }
+
+    /// The same for a file `FirmwareImage.read` claimed (`ImageFormat.Detector.espAppImage`),
+    /// from the bytes it read.
+    public static func load(_ claimed: ClaimedImage, protocolName: String, registry: ProtocolRegistry, chip: ESPChip? = nil,
+                            partition: ESPPartitionLimit? = nil) throws(OTAError) -> Loaded {
+        let firmware: FirmwareImage
+        do {
+            firmware = try claimed.firmware()
+        } catch {
+            throw OTAError(.image, "\(error)")
+        }
+        return try load(firmware, protocolName: protocolName, registry: registry, chip: chip, partition: partition)
+    }
+
+    /// The same for the bytes of the file `firmware.source`.
+    static func load(_ firmware: FirmwareImage, protocolName: String, registry: ProtocolRegistry, chip: ESPChip?,
+                     partition: ESPPartitionLimit?) throws(OTAError) -> Loaded {
+        let path = firmware.source
         func resolve(_ format: ImageFormat.Kind) throws(OTAError) -> ProtocolRegistry.Resolution {
             do {
                 return try registry.resolve(protocolName, format: format)

@@ -30,3 +30,13 @@ extension ImageFormat.Detector {
         "is \(format.description), sent over Espressif's BLE OTA (`--protocol esp-ota` or `auto`)"
     })
 }
+
+extension ImageFormat.Hint {
+    /// An ESP-IDF build's linker output (an Xtensa ELF executable, e_machine 94: ESP32, -S2, -S3):
+    /// the app image the build writes beside it is the file to pass.
+    public static let espIDFLinkerOutput = ImageFormat.Hint { format, head, name in
+        guard format.kind == .elf, let elf = ImageFormat.elfHeader(head), elf.type == 2 || elf.type == 3, elf.machine == 94 else { return nil }
+        return "is an Xtensa ELF executable (an ESP-IDF build's linker output), not a firmware image; pass the app image ESP-IDF "
+            + "builds beside it: build/\(ImageFormat.baseName(of: name)).bin (or make one with `esptool elf2image \(name)`)"
+    }
+}

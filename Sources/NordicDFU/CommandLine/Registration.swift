@@ -45,6 +45,7 @@ extension ProtocolCommandLine {
                 try simulatedSecureDFUDevice(config: request.config, options: request.options(NordicDFUOptions.self)?.simulated,
                                              buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)
             })
+        nordic.fileHints = [.nordicPackageWithoutManifest]
         nordic.applicationFirst = "--sim-buttonless"
         nordic.describe = { simulated in
             simulated.model(as: NordicButtonlessDevice.self).map { model in
@@ -61,7 +62,8 @@ extension ProtocolCommandLine {
     ///
     /// - Throws: `CLIFailure` `.imageFile` (exit 3) for a package that does not check out;
     ///   `.incompatibleDevice` (exit 7) for one `--hw-version`/`--sd-req` say the device would refuse.
-    private static func loadPackage(path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
+    private static func loadPackage(_ claimed: ClaimedImage, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
+        let path = claimed.path
         let expect = request.options(NordicDFUOptions.self)?.flash.expectations ?? DFUPackage.Expectations()
         let resolution: ProtocolRegistry.Resolution
         do {
@@ -71,7 +73,7 @@ extension ProtocolCommandLine {
         }
         let package: DFUPackage
         do {
-            package = try DFUPackage.load(path: path)
+            package = try DFUPackage(claimed)
             try package.check(expect)
         } catch {
             throw CLIFailure(ExitCode(error.otaError.code), "\(error)")

@@ -14,8 +14,19 @@ extension ImageFormat.Detector {
         let names = ImageFormat.zipEntryNames(head: head, tail: tail)
         guard names.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }),
               names.contains(where: { $0.lowercased().hasSuffix(".dat") }) else { return nil }
-        return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names)
+        return ImageFormat(.nordicDFUPackage, "a Nordic Secure DFU package (a zip with manifest.json)", entries: names,
+                           limit: ImageFormat.SizeLimit(bytes: DFUPackage.maximumPackageSize, what: "packages"))
     }, refusal: { format, _ in
         "is \(format.description), not a single image; it goes over Nordic Secure DFU (`otaflash flash` sends it with `--protocol nordic-dfu` or `auto`; in code, `DFUPackage.load`)"
     })
+}
+
+extension ImageFormat.Hint {
+    /// A zip with init packets (.dat) but no manifest.json: a Secure DFU package that lost its
+    /// manifest, which no protocol sends.
+    public static let nordicPackageWithoutManifest = ImageFormat.Hint { format, _, _ in
+        guard format.kind == .zip, format.entries.contains(where: { $0.lowercased().hasSuffix(".dat") }),
+              !format.entries.contains(where: { $0 == "manifest.json" || $0 == "./manifest.json" }) else { return nil }
+        return "is \(format.description) with init packets (.dat) but no manifest.json, so not a Nordic DFU package; regenerate it with nrfutil pkg generate"
+    }
 }

@@ -82,6 +82,12 @@ public struct DFUPackage: Sendable {
         return try DFUPackage(zip: data, source: path)
     }
 
+    /// Reads and checks a package `FirmwareImage.read` claimed (`ImageFormat.Detector.nordicDFUPackage`),
+    /// from the bytes it read.
+    public init(_ claimed: ClaimedImage) throws(DFUPackageError) {
+        try self.init(zip: Data(claimed.bytes { DFUPackageError(.tooLarge, claimed.path, $0.reason) }), source: claimed.path)
+    }
+
     /// Reads and checks a package held in memory.
     public init(zip data: Data, source: String = "<memory>") throws(DFUPackageError) {
         self.source = source

@@ -58,7 +58,8 @@ extension ProtocolCommandLine {
     ///
     /// - Throws: `CLIFailure` `.imageFile` (exit 3) for an image that does not check out or that
     ///   the protocol asked for does not send.
-    private static func loadMCUboot(path: String, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
+    private static func loadMCUboot(_ claimed: ClaimedImage, _ request: FlashRequest) throws(CLIFailure) -> FlashPlan {
+        let path = claimed.path
         let resolution: ProtocolRegistry.Resolution
         do {
             resolution = try request.registry.resolve(request.protocolName, format: .mcuboot)
@@ -68,18 +69,18 @@ extension ProtocolCommandLine {
         let options = request.options(SMPOptions.self)
         let extra = options?.flash.settings(noReset: false).extraImages ?? []
         let package: SMPPackage?
-        if isZip(path) {
+        if claimed.head.starts(with: [0x50, 0x4B]) {
             guard extra.isEmpty else {
                 throw CLIFailure(.usage, "\(path) is a package that names its own images; drop --image (it adds images to one MCUboot image)")
             }
             do {
-                package = try SMPPackage.load(path: path)
+                package = try SMPPackage(claimed)
             } catch {
                 throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
             }
         } else if !extra.isEmpty {
             do {
-                package = try SMPPackage.images([(0, path)] + extra, source: path)
+                package = try SMPPackage.images(adding: extra, to: [SMPPackage.Part(imageNumber: 0, image: MCUbootImage(claimed), file: path)], source: path)
             } catch {
                 throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
             }
@@ -89,7 +90,7 @@ extension ProtocolCommandLine {
         if let package { return multiImagePlan(package, options: options, reason: resolution.reason) }
         let image: MCUbootImage
         do {
-            image = try MCUbootImage.load(path: path)
+            image = try MCUbootImage(claimed)
         } catch {
             throw CLIFailure(ExitCode(error.otaError.code), "\(error)")
         }
@@ -104,14 +105,6 @@ extension ProtocolCommandLine {
 }
 
 extension ProtocolCommandLine {
-    /// Whether the file at `path` starts as a zip archive does (`SMPPackage`).
-    static func isZip(_ path: String) -> Bool {
-        guard let handle = FileHandle(forReadingAtPath: path) else { return false }
-        defer { try? handle.close() }
-        let head = (try? handle.read(upToCount: 2)) ?? Data()
-        return head == Data([0x50, 0x4B])
-    }
-
     /// Several MCUboot images over SMP (`SMPMultiImageEngine`): in `SMPPackage.markingOrder`,
     /// the application core's last, as one part whose bytes are every image's one after the other.
     static func multiImagePlan(_ package: SMPPackage, options: SMPOptions?, reason: String) -> FlashPlan {

@@ -74,6 +74,13 @@ public struct MCUbootImage: Sendable {
         return image
     }
 
+    /// Parses and checks an image `FirmwareImage.read` claimed (`ImageFormat.Detector.mcuboot`),
+    /// from the bytes it read (Intel HEX text decoded).
+    public init(_ claimed: ClaimedImage) throws(MCUbootImageError) {
+        let bytes = try claimed.bytes { MCUbootImageError(.unreadable, claimed.path, $0.reason) }
+        try self.init(FirmwareImage(bytes: bytes, source: claimed.path, baseAddress: claimed.baseAddress), source: claimed.path)
+    }
+
     /// Parses and checks an image held in memory.
     public init(bytes: [UInt8], source: String = "<memory>") throws(MCUbootImageError) {
         try self.init(FirmwareImage(bytes: bytes, source: source), source: source)

@@ -87,6 +87,12 @@ public struct SMPPackage: Sendable {
         return try SMPPackage(zip: [UInt8](data), source: path)
     }
 
+    /// Reads and checks a `dfu_application.zip` `FirmwareImage.read` claimed
+    /// (`ImageFormat.Detector.smpFiles`), from the bytes it read.
+    public init(_ claimed: ClaimedImage) throws(MCUbootImageError) {
+        try self.init(zip: claimed.bytes { MCUbootImageError(.badPackage, claimed.path, $0.reason) }, source: claimed.path)
+    }
+
     /// Reads and checks a `dfu_application.zip` held in memory.
     public init(zip bytes: [UInt8], source: String = "<memory>") throws(MCUbootImageError) {
         if let problem = ZipLayout.problem(in: bytes) {
@@ -239,7 +245,12 @@ public struct SMPPackage: Sendable {
     /// The images given one by one (`--image N=FILE`, and the command's image as image 0), each
     /// read and checked.
     public static func images(_ pairs: [(number: UInt32, path: String)], source: String) throws(MCUbootImageError) -> SMPPackage {
-        var parts: [Part] = []
+        try images(adding: pairs, to: [], source: source)
+    }
+
+    /// The images given one by one after `parts`, which were read already.
+    static func images(adding pairs: [(number: UInt32, path: String)], to parts: [Part], source: String) throws(MCUbootImageError) -> SMPPackage {
+        var parts = parts
         for (number, path) in pairs {
             parts.append(Part(imageNumber: number, image: try MCUbootImage.load(path: path), file: path))
         }
@@ -269,6 +280,7 @@ extension ImageFormat.Detector {
         let names = ImageFormat.zipEntryNames(head: head, tail: tail)
         guard names.contains(where: { ZipLayout.samePath($0, "manifest.json") }),
               !names.contains(where: { $0.lowercased().hasSuffix(".dat") }) else { return nil }
-        return ImageFormat(.mcuboot, "an nRF Connect SDK DFU package (dfu_application.zip: MCUboot images and manifest.json)", entries: names)
+        return ImageFormat(.mcuboot, "an nRF Connect SDK DFU package (dfu_application.zip: MCUboot images and manifest.json)", entries: names,
+                           limit: ImageFormat.SizeLimit(bytes: SMPPackage.maximumPackageSize, what: "packages"))
     }, refusal: mcuboot.refusal)
 }
