@@ -86,7 +86,7 @@ public actor PostgresLedger: LedgerStore {
     private func insert(_ record: LedgerRecord, once: Bool) async throws(LedgerError) -> Int64 {
         var binds = PostgresBindings(capacity: 34)
         for value in Self.values(record) { value.bind(&binds) }
-        binds.append(SQLiteLedger.succeeded(record.result) ? "done" : "released")
+        binds.append((record.result.succeeded ? Claim.State.done : .released).rawValue)
         binds.append(record.device.uppercased())
         let columns = LedgerRecord.columns.dropFirst()
         let n = columns.count
@@ -126,7 +126,7 @@ public actor PostgresLedger: LedgerStore {
         add({ "started_at <= \($0)" }, query.until)
         add({ "upper(device) = upper(\($0))" }, query.device)
         add({ "serial_number = \($0)" }, query.serialNumber)
-        add({ "result = \($0)" }, query.result)
+        add({ "result = \($0)" }, query.result?.rawValue)
         add({ "station = \($0)" }, query.station)
         if let image = query.image {
             if image.count >= 8, image.allSatisfy(\.isHexDigit) {
@@ -570,7 +570,7 @@ public actor PostgresLedger: LedgerStore {
          .text(r.bootloaderAddress), .text(r.manufacturer), .text(r.model), .text(r.serialNumber), .text(r.hardwareRevision),
          .text(r.firmwareBefore), .text(r.protocolName), .text(r.imageName), .integer(r.imageSize), .text(r.imageSHA256),
          .text(r.imageVersion), .text(r.firmwareAfter), .integer(r.bytesSent), .integer(r.bytesResent), .real(r.seconds), .real(r.rate),
-         .int32(r.attempts), .text(r.result), .int32(r.exitCode), .text(r.errorCode), .text(r.message), .text(r.otaflashVersion),
+         .int32(r.attempts), .text(r.result.rawValue), .int32(r.exitCode), .text(r.errorCode), .text(r.message), .text(r.otaflashVersion),
          .text(r.otaflashCommit)]
     }
 
@@ -600,7 +600,7 @@ public actor PostgresLedger: LedgerStore {
             imageSize: try r["image_size"].decode(Int64.self), imageSHA256: try text("image_sha256"), imageVersion: try optional("image_version"),
             firmwareAfter: try optional("firmware_after"), bytesSent: try r["bytes_sent"].decode(Int64.self),
             bytesResent: try r["bytes_resent"].decode(Int64.self), seconds: try r["seconds"].decode(Double.self),
-            rate: try r["rate"].decode(Double.self), attempts: Int(try r["attempts"].decode(Int32.self)), result: try text("result"),
+            rate: try r["rate"].decode(Double.self), attempts: Int(try r["attempts"].decode(Int32.self)), result: LedgerResult(rawValue: try text("result")),
             exitCode: Int(try r["exit_code"].decode(Int32.self)), errorCode: try optional("error_code"), message: try optional("message"),
             otaflashVersion: try text("otaflash_version"), otaflashCommit: try text("otaflash_commit"))
     }
