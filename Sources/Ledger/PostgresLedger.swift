@@ -185,7 +185,7 @@ public actor PostgresLedger: LedgerStore {
                 RETURNING c.station, c.run_id, c.state, c.expires_at
             )
             SELECT station, run_id, state, expires_at FROM claimed
-            UNION ALL SELECT station, NULL, 'record', ended_at FROM done
+            UNION ALL SELECT station, NULL, 'done', ended_at FROM done
             """
         var binds = PostgresBindings()
         binds.append(device.uppercased())
@@ -199,9 +199,9 @@ public actor PostgresLedger: LedgerStore {
             let rows = try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect()
             guard let row = rows.first else { throw PostgresLedgerError("a claim returned no row") }
             let (station, run, state, time) = try row.decode((String, String?, String, String).self)
-            switch state {
-            case "record", "done": return .done(by: station, at: time)
-            case "held" where station == holder.station && run == holder.run: return .granted(until: time)
+            switch Claim.State(rawValue: state) {
+            case .done: return .done(by: station, at: time)
+            case .held where station == holder.station && run == holder.run: return .granted(until: time)
             default: return .held(by: station, until: time)
             }
         }
