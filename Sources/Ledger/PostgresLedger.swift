@@ -619,13 +619,20 @@ struct PostgresTarget {
     var user: String
     var password: String?
     var database: String
-    var sslmode: String
+    var sslmode: SSLMode
     var connectTimeout: Duration?
     var statementTimeout: Duration?
     var applicationName: String
     var redacted: String
 
-    static let sslmodes = ["disable", "prefer", "require", "verify-ca", "verify-full"]
+    /// The URL's `sslmode`, as libpq names it.
+    enum SSLMode: String, CaseIterable {
+        case disable
+        case prefer
+        case require
+        case verifyCA = "verify-ca"
+        case verifyFull = "verify-full"
+    }
 
     init(_ url: String, environment: [String: String]) throws(LedgerError) {
         func bad(_ why: String) -> LedgerError {
@@ -647,13 +654,13 @@ struct PostgresTarget {
         if name.contains("/") { throw bad("'\(name)' is not a database name") }
         database = name.isEmpty ? user : name
         let loopback = self.host == "localhost" || self.host.hasPrefix("127.") || self.host == "::1"
-        sslmode = loopback ? "disable" : "prefer"
+        sslmode = loopback ? .disable : .prefer
         applicationName = "otaflash"
         for item in parts.queryItems ?? [] {
             switch item.name {
             case "sslmode":
-                guard let value = item.value, Self.sslmodes.contains(value) else {
-                    throw bad("sslmode must be one of \(Self.sslmodes.joined(separator: ", ")), got '\(item.value ?? "")'")
+                guard let value = item.value.flatMap(SSLMode.init(rawValue:)) else {
+                    throw bad("sslmode must be one of \(SSLMode.allCases.map(\.rawValue).joined(separator: ", ")), got '\(item.value ?? "")'")
                 }
                 sslmode = value
             case "connect_timeout":
@@ -685,13 +692,13 @@ struct PostgresTarget {
     func tls() throws -> PostgresConnection.Configuration.TLS {
         var config = TLSConfiguration.makeClientConfiguration()
         switch sslmode {
-        case "disable": return .disable
-        case "prefer", "require": config.certificateVerification = .none
-        case "verify-ca": config.certificateVerification = .noHostnameVerification
-        default: config.certificateVerification = .fullVerification
+        case .disable: return .disable
+        case .prefer, .require: config.certificateVerification = .none
+        case .verifyCA: config.certificateVerification = .noHostnameVerification
+        case .verifyFull: config.certificateVerification = .fullVerification
         }
         let context = try NIOSSLContext(configuration: config)
-        return sslmode == "prefer" ? .prefer(context) : .require(context)
+        return sslmode == .prefer ? .prefer(context) : .require(context)
     }
 }
 
