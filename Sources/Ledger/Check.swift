@@ -42,7 +42,7 @@ public struct LedgerCheck: Sendable, Hashable {
         var notes: [String] = []
 
         // Every ok device has exactly one ok record per image.
-        let oks = Dictionary(grouping: records.filter { $0.result == "ok" }) { "\($0.device.uppercased()) \($0.imageSHA256)" }
+        let oks = Dictionary(grouping: records.filter { $0.result == .ok }) { "\($0.device.uppercased()) \($0.imageSHA256)" }
         for (_, rows) in oks.sorted(by: { $0.key < $1.key }) where rows.count > 1 {
             let r = rows[0]
             let where_ = rows.map { "\($0.station) \($0.startedAt)" }.joined(separator: "; ")
@@ -52,7 +52,7 @@ public struct LedgerCheck: Sendable, Hashable {
 
         // Every claim done has its record; none is left held by a station that stopped.
         var succeeded = Set<String>()
-        for r in allRecords where r.result == "ok" || r.result == "skipped" { succeeded.insert("\(r.device.uppercased()) \(r.imageSHA256)") }
+        for r in allRecords where r.result.succeeded { succeeded.insert("\(r.device.uppercased()) \(r.imageSHA256)") }
         for c in claims.sorted(by: { $0.device < $1.device }) {
             switch c.state {
             case .done where !succeeded.contains("\(c.device.uppercased()) \(c.imageSHA256)"):
@@ -68,22 +68,22 @@ public struct LedgerCheck: Sendable, Hashable {
 
         // Counts per station add up: every record is one attempt with one known result, whose exit
         // code says the same (the summary's ok and failed then add up to each station's attempts).
-        let results: Set<String> = ["ok", "skipped", "error", "bond_left"]
+        let results = Set(LedgerResult.allCases)
         for (station, rows) in Dictionary(grouping: records, by: \.station).sorted(by: { $0.key < $1.key }) {
             let unknown = rows.filter { !results.contains($0.result) }
-            let wrongCode = rows.filter { results.contains($0.result) && (($0.result == "ok" || $0.result == "skipped") != ($0.exitCode == 0)) }
-            let noCode = rows.filter { $0.result == "error" && $0.errorCode == nil }
+            let wrongCode = rows.filter { results.contains($0.result) && ($0.result.succeeded != ($0.exitCode == 0)) }
+            let noCode = rows.filter { $0.result == .error && $0.errorCode == nil }
             if !unknown.isEmpty || !wrongCode.isEmpty || !noCode.isEmpty {
                 var why: [String] = []
-                if !unknown.isEmpty { why.append("\(unknown.count) with a result other than ok, skipped, error, bond_left") }
+                if !unknown.isEmpty { why.append("\(unknown.count) with a result other than " + LedgerResult.allCases.map(\.rawValue).joined(separator: ", ")) }
                 if !wrongCode.isEmpty { why.append("\(wrongCode.count) whose exit code disagrees with the result") }
                 if !noCode.isEmpty { why.append("\(noCode.count) errors without an error code") }
                 findings.append(Finding(kind: .countsDoNotAddUp, device: nil,
                                         line: "station \(station): of \(rows.count) records, " + why.joined(separator: ", ")))
             }
-            let encounters = rows.filter { $0.errorCode == "held_elsewhere" }.count
+            let encounters = rows.filter(\.isEncounter).count
             if encounters > 0 {
-                notes.append("station \(station): \(encounters) records are encounters, not attempts (held_elsewhere: nothing was sent; an older otaflash wrote them); the summary leaves them out")
+                notes.append("station \(station): \(encounters) records are encounters, not attempts (\(LedgerRecord.encounterErrorCode): nothing was sent; an older otaflash wrote them); the summary leaves them out")
             }
         }
         self.findings = findings

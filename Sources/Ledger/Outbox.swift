@@ -19,6 +19,12 @@ public final class Outbox: Sendable {
         case release(device: String, holder: ClaimHolder)
     }
 
+    /// The `kind` column: which operation a row holds.
+    private enum Kind: String {
+        case record
+        case release
+    }
+
     public init(path: String) throws(LedgerError) {
         self.path = path
         store = try SQLiteLedger(path: path)
@@ -47,11 +53,11 @@ public final class Outbox: Sendable {
                     var row = record
                     row.id = nil
                     try row.insert(db)
-                    try db.execute(sql: "INSERT INTO outbox (kind, attempt_id, device, station, run_id, queued_at) VALUES ('record', ?, ?, ?, ?, ?)",
-                                   arguments: [db.lastInsertedRowID, record.device, record.station, record.runID, now])
+                    try db.execute(sql: "INSERT INTO outbox (kind, attempt_id, device, station, run_id, queued_at) VALUES (?, ?, ?, ?, ?, ?)",
+                                   arguments: [Kind.record.rawValue, db.lastInsertedRowID, record.device, record.station, record.runID, now])
                 case .release(let device, let holder):
-                    try db.execute(sql: "INSERT INTO outbox (kind, device, station, run_id, queued_at) VALUES ('release', ?, ?, ?, ?)",
-                                   arguments: [device, holder.station, holder.run, now])
+                    try db.execute(sql: "INSERT INTO outbox (kind, device, station, run_id, queued_at) VALUES (?, ?, ?, ?, ?)",
+                                   arguments: [Kind.release.rawValue, device, holder.station, holder.run, now])
                 }
             }
         } catch {
@@ -65,7 +71,7 @@ public final class Outbox: Sendable {
             return try await store.queue.read { db in
                 try Row.fetchAll(db, sql: "SELECT * FROM outbox WHERE sent_at IS NULL ORDER BY seq").map { row in
                     let seq: Int64 = row["seq"]
-                    if (row["kind"] as String?) == "record", let id = row["attempt_id"] as Int64?,
+                    if (row["kind"] as String?).flatMap(Kind.init(rawValue:)) == .record, let id = row["attempt_id"] as Int64?,
                        let record = try LedgerRecord.fetchOne(db, sql: "SELECT * FROM attempts WHERE id = ?", arguments: [id]) {
                         var sent = record
                         sent.id = nil

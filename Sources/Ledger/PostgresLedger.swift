@@ -86,7 +86,7 @@ public actor PostgresLedger: LedgerStore {
     private func insert(_ record: LedgerRecord, once: Bool) async throws(LedgerError) -> Int64 {
         var binds = PostgresBindings(capacity: 34)
         for value in Self.values(record) { value.bind(&binds) }
-        binds.append(SQLiteLedger.succeeded(record.result) ? "done" : "released")
+        binds.append((record.result.succeeded ? Claim.State.done : .released).rawValue)
         binds.append(record.device.uppercased())
         let columns = LedgerRecord.columns.dropFirst()
         let n = columns.count
@@ -126,7 +126,7 @@ public actor PostgresLedger: LedgerStore {
         add({ "started_at <= \($0)" }, query.until)
         add({ "upper(device) = upper(\($0))" }, query.device)
         add({ "serial_number = \($0)" }, query.serialNumber)
-        add({ "result = \($0)" }, query.result)
+        add({ "result = \($0)" }, query.result?.rawValue)
         add({ "station = \($0)" }, query.station)
         if let image = query.image {
             if image.count >= 8, image.allSatisfy(\.isHexDigit) {
@@ -185,7 +185,7 @@ public actor PostgresLedger: LedgerStore {
                 RETURNING c.station, c.run_id, c.state, c.expires_at
             )
             SELECT station, run_id, state, expires_at FROM claimed
-            UNION ALL SELECT station, NULL, 'record', ended_at FROM done
+            UNION ALL SELECT station, NULL, 'done', ended_at FROM done
             """
         var binds = PostgresBindings()
         binds.append(device.uppercased())
@@ -199,9 +199,9 @@ public actor PostgresLedger: LedgerStore {
             let rows = try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).collect()
             guard let row = rows.first else { throw PostgresLedgerError("a claim returned no row") }
             let (station, run, state, time) = try row.decode((String, String?, String, String).self)
-            switch state {
-            case "record", "done": return .done(by: station, at: time)
-            case "held" where station == holder.station && run == holder.run: return .granted(until: time)
+            switch Claim.State(rawValue: state) {
+            case .done: return .done(by: station, at: time)
+            case .held where station == holder.station && run == holder.run: return .granted(until: time)
             default: return .held(by: station, until: time)
             }
         }
@@ -570,7 +570,7 @@ public actor PostgresLedger: LedgerStore {
          .text(r.bootloaderAddress), .text(r.manufacturer), .text(r.model), .text(r.serialNumber), .text(r.hardwareRevision),
          .text(r.firmwareBefore), .text(r.protocolName), .text(r.imageName), .integer(r.imageSize), .text(r.imageSHA256),
          .text(r.imageVersion), .text(r.firmwareAfter), .integer(r.bytesSent), .integer(r.bytesResent), .real(r.seconds), .real(r.rate),
-         .int32(r.attempts), .text(r.result), .int32(r.exitCode), .text(r.errorCode), .text(r.message), .text(r.otaflashVersion),
+         .int32(r.attempts), .text(r.result.rawValue), .int32(r.exitCode), .text(r.errorCode), .text(r.message), .text(r.otaflashVersion),
          .text(r.otaflashCommit)]
     }
 
@@ -600,7 +600,7 @@ public actor PostgresLedger: LedgerStore {
             imageSize: try r["image_size"].decode(Int64.self), imageSHA256: try text("image_sha256"), imageVersion: try optional("image_version"),
             firmwareAfter: try optional("firmware_after"), bytesSent: try r["bytes_sent"].decode(Int64.self),
             bytesResent: try r["bytes_resent"].decode(Int64.self), seconds: try r["seconds"].decode(Double.self),
-            rate: try r["rate"].decode(Double.self), attempts: Int(try r["attempts"].decode(Int32.self)), result: try text("result"),
+            rate: try r["rate"].decode(Double.self), attempts: Int(try r["attempts"].decode(Int32.self)), result: LedgerResult(rawValue: try text("result")),
             exitCode: Int(try r["exit_code"].decode(Int32.self)), errorCode: try optional("error_code"), message: try optional("message"),
             otaflashVersion: try text("otaflash_version"), otaflashCommit: try text("otaflash_commit"))
     }
@@ -619,13 +619,20 @@ struct PostgresTarget {
     var user: String
     var password: String?
     var database: String
-    var sslmode: String
+    var sslmode: SSLMode
     var connectTimeout: Duration?
     var statementTimeout: Duration?
     var applicationName: String
     var redacted: String
 
-    static let sslmodes = ["disable", "prefer", "require", "verify-ca", "verify-full"]
+    /// The URL's `sslmode`, as libpq names it.
+    enum SSLMode: String, CaseIterable {
+        case disable
+        case prefer
+        case require
+        case verifyCA = "verify-ca"
+        case verifyFull = "verify-full"
+    }
 
     init(_ url: String, environment: [String: String]) throws(LedgerError) {
         func bad(_ why: String) -> LedgerError {
@@ -647,13 +654,13 @@ struct PostgresTarget {
         if name.contains("/") { throw bad("'\(name)' is not a database name") }
         database = name.isEmpty ? user : name
         let loopback = self.host == "localhost" || self.host.hasPrefix("127.") || self.host == "::1"
-        sslmode = loopback ? "disable" : "prefer"
+        sslmode = loopback ? .disable : .prefer
         applicationName = "otaflash"
         for item in parts.queryItems ?? [] {
             switch item.name {
             case "sslmode":
-                guard let value = item.value, Self.sslmodes.contains(value) else {
-                    throw bad("sslmode must be one of \(Self.sslmodes.joined(separator: ", ")), got '\(item.value ?? "")'")
+                guard let value = item.value.flatMap(SSLMode.init(rawValue:)) else {
+                    throw bad("sslmode must be one of \(SSLMode.allCases.map(\.rawValue).joined(separator: ", ")), got '\(item.value ?? "")'")
                 }
                 sslmode = value
             case "connect_timeout":
@@ -685,13 +692,13 @@ struct PostgresTarget {
     func tls() throws -> PostgresConnection.Configuration.TLS {
         var config = TLSConfiguration.makeClientConfiguration()
         switch sslmode {
-        case "disable": return .disable
-        case "prefer", "require": config.certificateVerification = .none
-        case "verify-ca": config.certificateVerification = .noHostnameVerification
-        default: config.certificateVerification = .fullVerification
+        case .disable: return .disable
+        case .prefer, .require: config.certificateVerification = .none
+        case .verifyCA: config.certificateVerification = .noHostnameVerification
+        case .verifyFull: config.certificateVerification = .fullVerification
         }
         let context = try NIOSSLContext(configuration: config)
-        return sslmode == "prefer" ? .prefer(context) : .require(context)
+        return sslmode == .prefer ? .prefer(context) : .require(context)
     }
 }
 

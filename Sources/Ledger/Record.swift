@@ -41,8 +41,8 @@ public struct LedgerRecord: Codable, Sendable, Hashable {
     public var rate: Double
     /// Attempts at this device in this run, this one included (1 for the first).
     public var attempts: Int
-    /// `ok`, `skipped` or `error`.
-    public var result: String
+    /// How the attempt ended.
+    public var result: LedgerResult
     public var exitCode: Int
     /// The exit code's name (`verify_failed`, `permission`, …); nil when `ok`.
     public var errorCode: String?
@@ -56,7 +56,7 @@ public struct LedgerRecord: Codable, Sendable, Hashable {
                 model: String? = nil, serialNumber: String? = nil, hardwareRevision: String? = nil, firmwareBefore: String? = nil,
                 protocolName: String, imageName: String, imageSize: Int64, imageSHA256: String, imageVersion: String? = nil,
                 firmwareAfter: String? = nil, bytesSent: Int64 = 0, bytesResent: Int64 = 0, seconds: Double = 0, rate: Double = 0,
-                attempts: Int = 1, result: String, exitCode: Int, errorCode: String? = nil, message: String? = nil,
+                attempts: Int = 1, result: LedgerResult, exitCode: Int, errorCode: String? = nil, message: String? = nil,
                 otaflashVersion: String, otaflashCommit: String) {
         self.id = id
         self.runID = runID
@@ -142,16 +142,57 @@ public struct LedgerRecord: Codable, Sendable, Hashable {
         [id.map { "\($0)" }, runID, startedAt, endedAt, station, `operator`, adapter, device, bootloaderAddress, manufacturer,
          model, serialNumber, hardwareRevision, firmwareBefore, protocolName, imageName, "\(imageSize)", imageSHA256,
          imageVersion, firmwareAfter, "\(bytesSent)", "\(bytesResent)", String(format: "%.3f", seconds),
-         String(format: "%.0f", rate), "\(attempts)", result, "\(exitCode)", errorCode, message, otaflashVersion, otaflashCommit]
+         String(format: "%.0f", rate), "\(attempts)", result.rawValue, "\(exitCode)", errorCode, message, otaflashVersion, otaflashCommit]
     }
 
     /// Every column, in the table's order (the CSV export's header).
     public static let columns: [String] = CodingKeys.allCases.map(\.rawValue)
 
+    /// The error code of a row an older otaflash wrote for a device it found held by another
+    /// station (nothing was sent): an encounter, not an attempt.
+    public static let encounterErrorCode = "held_elsewhere"
+
+    /// Whether an older otaflash wrote this row for an encounter (`encounterErrorCode`).
+    public var isEncounter: Bool { errorCode == Self.encounterErrorCode }
+
     /// The timestamp format of `startedAt` and `endedAt`.
     public static func timestamp(_ date: Date) -> String {
         date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: true)
             .timeSeparator(.colon).timeZone(separator: .omitted)).replacingOccurrences(of: "+0000", with: "Z")
+    }
+}
+
+/// How an attempt ended: the `result` column's text. A struct with the results otaflash writes as
+/// static members rather than an enum: a row with other text (another program's, a hand edit)
+/// still reads, and `ledger --check` reports it.
+public struct LedgerResult: RawRepresentable, Codable, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    public var rawValue: String
+
+    public init(rawValue: String) { self.rawValue = rawValue }
+
+    public static let ok = LedgerResult(rawValue: "ok")
+    /// `--skip-if-version`: the device already ran that version; nothing was sent.
+    public static let skipped = LedgerResult(rawValue: "skipped")
+    public static let error = LedgerResult(rawValue: "error")
+    /// The update ended but the bond could not be removed (`--unpair-after`).
+    public static let bondLeft = LedgerResult(rawValue: "bond_left")
+
+    /// The results otaflash writes.
+    public static let allCases: [LedgerResult] = [.ok, .skipped, .error, .bondLeft]
+
+    /// The device is done with the image: it took it, or already ran it.
+    public var succeeded: Bool { self == .ok || self == .skipped }
+
+    public var description: String { rawValue }
+
+    /// The text alone, as the column holds it.
+    public init(from decoder: any Decoder) throws {
+        rawValue = try decoder.singleValueContainer().decode(String.self)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        try c.encode(rawValue)
     }
 }
 
@@ -162,7 +203,7 @@ public struct LedgerQuery: Sendable, Hashable {
     public var until: String?
     public var device: String?
     public var serialNumber: String?
-    public var result: String?
+    public var result: LedgerResult?
     /// An image file name, or a prefix of its SHA-256 (at least 8 hex digits).
     public var image: String?
     public var station: String?
@@ -170,7 +211,7 @@ public struct LedgerQuery: Sendable, Hashable {
     public var limit: Int?
 
     public init(since: String? = nil, until: String? = nil, device: String? = nil, serialNumber: String? = nil,
-                result: String? = nil, image: String? = nil, station: String? = nil, limit: Int? = nil) {
+                result: LedgerResult? = nil, image: String? = nil, station: String? = nil, limit: Int? = nil) {
         self.since = since
         self.until = until
         self.device = device

@@ -155,7 +155,7 @@ public final class SQLiteLedger: LedgerStore {
         try db.execute(sql: """
             UPDATE claims SET state = ?, image_sha256 = ?, expires_at = ?
             WHERE device = ? AND station = ? AND run_id = ? AND state = 'held'
-            """, arguments: [succeeded(record.result) ? "done" : "released", record.imageSHA256,
+            """, arguments: [(record.result.succeeded ? Claim.State.done : .released).rawValue, record.imageSHA256,
                              LedgerRecord.timestamp(Date()), record.device.uppercased(), record.station, record.runID])
         return db.lastInsertedRowID
     }
@@ -292,9 +292,6 @@ public final class SQLiteLedger: LedgerStore {
                      state: Claim.State(rawValue: row["state"]) ?? .released, claimedAt: row["claimed_at"], expiresAt: row["expires_at"])
     }
 
-    /// A result that leaves the device done with its image.
-    static func succeeded(_ result: String) -> Bool { result == "ok" || result == "skipped" }
-
     public func close() async {
         try? queue.close()
     }
@@ -370,3 +367,6 @@ extension SQLiteLedger {
 extension LedgerRecord: FetchableRecord, PersistableRecord {
     public static let databaseTableName = "attempts"
 }
+
+/// The `result` column: its text.
+extension LedgerResult: DatabaseValueConvertible {}

@@ -32,8 +32,8 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
     /// Summarises the attempts among `records`: a row an older otaflash wrote for a device it found
     /// held by another station (`held_elsewhere`, nothing sent) is an encounter, and left out.
     public init(_ records: [LedgerRecord]) {
-        let records = records.filter { $0.errorCode != "held_elsewhere" }
-        let succeeded: (LedgerRecord) -> Bool = { $0.result == "ok" || $0.result == "skipped" }
+        let records = records.filter { !$0.isEncounter }
+        let succeeded: (LedgerRecord) -> Bool = { $0.result.succeeded }
         attempts = records.count
         var first: [String: LedgerRecord] = [:]
         var last: [String: LedgerRecord] = [:]
@@ -45,7 +45,7 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
         devices = first.count
         firstPassYield = devices == 0 ? 0 : Double(first.values.filter(succeeded).count) / Double(devices)
         finalYield = devices == 0 ? 0 : Double(last.values.filter(succeeded).count) / Double(devices)
-        let times = records.filter { $0.result == "ok" }.map(\.seconds).sorted()
+        let times = records.filter { $0.result == .ok }.map(\.seconds).sorted()
         medianSeconds = Self.percentile(times, 0.5)
         p95Seconds = Self.percentile(times, 0.95)
         var failures: [String: Int] = [:]

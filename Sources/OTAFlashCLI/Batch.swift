@@ -228,13 +228,7 @@ extension Flash {
         CLIContext.output.onFailure { work.cancel() }
         let outcomes = await work.value
         interrupts.cancel()
-        printer.finishLive(results: outcomes.map { o in
-            switch o.result {
-            case .ok: (o.device, "ok")
-            case .skipped: (o.device, "skipped")
-            case .failed(let e): (o.device, "FAILED: \(e.description)")
-            }
-        })
+        printer.finishLive(results: outcomes.map { ($0.device, $0.result) })
         let ok = outcomes.filter { if case .ok = $0.result { true } else { false } }.count
         let skipped = outcomes.filter { if case .skipped = $0.result { true } else { false } }.count
         let failed = outcomes.count - ok - skipped

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlueZ
 import GATT
+import Ledger
 import OTA
 import OTACommandLine
 import OTAWire
@@ -119,13 +120,12 @@ enum SimulatedTime: String, CaseIterable, ExpressibleByArgument, Sendable {
 /// What a served Secure DFU device runs (`simulate`'s `moved` event): its application or its bootloader.
 extension PeripheralServer.Mode: Encodable {}
 
-/// A ledger record's result (`ledger --result`), as `RunRecords` writes it.
-enum RecordResult: String, CaseIterable, ExpressibleByArgument, Sendable {
-    case ok
-    case skipped
-    case error
-    /// The update ended but the bond could not be removed (`--unpair-after`).
-    case bondLeft = "bond_left"
+/// A ledger record's result (`ledger --result`): one that `RunRecords` writes.
+extension LedgerResult: ExpressibleByArgument {
+    public init?(argument: String) {
+        guard let known = Self.allCases.first(where: { $0.rawValue == argument }) else { return nil }
+        self = known
+    }
 }
 
 /// The adapters a shell completes `--adapter` with: BlueZ's controllers under /sys/class/bluetooth

@@ -41,7 +41,7 @@ struct LedgerCommand: AsyncParsableCommand {
     var serial: String?
 
     @Option(help: ArgumentHelp("Only attempts with this result.", valueName: "result"))
-    var result: RecordResult?
+    var result: LedgerResult?
 
     @Option(help: ArgumentHelp("Only this image: its file name, or the first 8 or more hex digits of its SHA-256.", valueName: "name|sha256"))
     var image: String?
@@ -85,7 +85,7 @@ struct LedgerCommand: AsyncParsableCommand {
         do throws(LedgerError) {
             records = try await Self.read(path, LedgerQuery(since: since.flatMap { Self.time($0, now: Date()) },
                                                             until: until.flatMap { Self.time($0, now: Date()) },
-                                                            device: device, serialNumber: serial, result: result?.rawValue, image: image,
+                                                            device: device, serialNumber: serial, result: result, image: image,
                                                             station: station, limit: limit))
         } catch {
             throw CLIFailure(error)
@@ -185,7 +185,7 @@ struct LedgerCommand: AsyncParsableCommand {
         case .table:
             let rows = [["started (UTC)", "station", "device", "serial", "result", "error", "attempts", "time", "image", "before", "after"]]
                 + records.map { r in
-                    [String(r.startedAt.prefix(19)), r.station, r.device, r.serialNumber ?? "-", r.result, r.errorCode ?? "-",
+                    [String(r.startedAt.prefix(19)), r.station, r.device, r.serialNumber ?? "-", r.result.rawValue, r.errorCode ?? "-",
                      "\(r.attempts)", String(format: "%.1f s", r.seconds), r.imageName, r.firmwareBefore ?? "-", r.firmwareAfter ?? "-"]
                 }
             return table(rows) + (records.isEmpty ? "(no records)\n" : "")

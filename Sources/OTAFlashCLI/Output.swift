@@ -173,7 +173,7 @@ public final class EventPrinter: CommandOutput {
     }
 
     /// Draws the live view one last time with each device's result and leaves it on screen.
-    public func finishLive(results: [(device: String, result: String)] = []) {
+    public func finishLive(results: [(device: String, result: BatchOutcome.Result)] = []) {
         live?.finish(results: results)
     }
 
@@ -315,10 +315,43 @@ public final class EventPrinter: CommandOutput {
 /// terminal is too short for that, a grid of cells), redrawn in place with ANSI cursor movement at
 /// most every 100 ms. Lines printed meanwhile (notes, warnings) scroll above it.
 final class LiveView: Sendable {
+    /// Where a device stands, as its line says it.
+    enum Phase: Equatable {
+        case waiting
+        case connecting
+        case connected(mtu: Int)
+        case firmware(FirmwareVersion?)
+        case resuming(offset: Int, total: Int)
+        case sending
+        case verifying
+        case activating
+        case reconnecting(attempt: Int, reason: String)
+        /// What the session noted.
+        case notice(String)
+
+        var text: String {
+            switch self {
+            case .waiting: "waiting"
+            case .connecting: "connecting"
+            case .connected(let mtu): "connected, MTU \(mtu)"
+            case .firmware(let version): "firmware \(version.map { "\($0)" } ?? "unknown")"
+            case .resuming(let offset, let total): "resuming at \(formatBytes(offset)) of \(formatBytes(total))"
+            case .sending: "sending"
+            case .verifying: "verifying"
+            case .activating: "activating"
+            case .reconnecting(let attempt, let reason): "reconnecting (attempt \(attempt)): \(reason)"
+            case .notice(let message): message
+            }
+        }
+    }
+
     struct Row {
-        var phase = "waiting"
+        var phase = Phase.waiting
         var progress: TransferProgress?
-        var result: String?
+        /// How it ended; nil while it runs.
+        var result: BatchOutcome.Result?
+
+        var failed: Bool { if case .failed? = result { true } else { false } }
     }
 
     struct State {
@@ -354,19 +387,19 @@ final class LiveView: Sendable {
             var row = s.rows[device] ?? Row()
             if s.rows[device] == nil { s.order.append(device) }
             switch event {
-            case .connecting: row.phase = "connecting"
-            case .connected(_, let mtu, _): row.phase = "connected, MTU \(mtu)"
-            case .deviceInfo(_, let info): row.phase = "firmware \(info.firmwareVersion.map { "\($0)" } ?? "unknown")"
+            case .connecting: row.phase = .connecting
+            case .connected(_, let mtu, _): row.phase = .connected(mtu: mtu)
+            case .deviceInfo(_, let info): row.phase = .firmware(info.firmwareVersion)
             case .transferStarted(_, let offset, let total):
-                row.phase = offset > 0 ? "resuming at \(formatBytes(offset)) of \(formatBytes(total))" : "sending"
+                row.phase = offset > 0 ? .resuming(offset: offset, total: total) : .sending
             case .progress(let p):
                 // The last progress report may follow the verify or activate event.
-                if row.phase != "verifying" && row.phase != "activating" { row.phase = "sending" }
+                if row.phase != .verifying && row.phase != .activating { row.phase = .sending }
                 row.progress = p
-            case .verifying: row.phase = "verifying"
-            case .activating: row.phase = "activating"
-            case .reconnecting(_, let attempt, let reason, _): row.phase = "reconnecting (attempt \(attempt)): \(reason)"
-            case .notice(_, let message): row.phase = message
+            case .verifying: row.phase = .verifying
+            case .activating: row.phase = .activating
+            case .reconnecting(_, let attempt, let reason, _): row.phase = .reconnecting(attempt: attempt, reason: reason)
+            case .notice(_, let message): row.phase = .notice(message)
             }
             s.rows[device] = row
             return true
@@ -389,7 +422,7 @@ final class LiveView: Sendable {
         return true
     }
 
-    func finish(results: [(device: String, result: String)]) {
+    func finish(results: [(device: String, result: BatchOutcome.Result)]) {
         state.withLock { s in
             for (device, result) in results { s.rows[device, default: Row()].result = result }
         }
@@ -433,9 +466,9 @@ final class LiveView: Sendable {
         let (columns, rows) = sink.terminalSize
         let width = max(columns - 1, 20)
         let rowsOf = s.order.map { ($0, s.rows[$0] ?? Row()) }
-        let ok = rowsOf.filter { $0.1.result == "ok" }.count
-        let failed = rowsOf.filter { $0.1.result?.hasPrefix("FAILED") == true }.count
-        let waiting = rowsOf.filter { $0.1.phase == "waiting" && $0.1.result == nil }.count
+        let ok = rowsOf.filter { if case .ok? = $0.1.result { true } else { false } }.count
+        let failed = rowsOf.filter(\.1.failed).count
+        let waiting = rowsOf.filter { $0.1.phase == .waiting && $0.1.result == nil }.count
         var header = "\(s.order.count) devices: "
         header += rowsOf.allSatisfy({ $0.1.result != nil })
             ? "\(ok) ok, \(rowsOf.count - ok - failed) skipped, \(failed) failed"
@@ -470,9 +503,18 @@ final class LiveView: Sendable {
         return String(head[..<space]) + " …"
     }
 
+    /// What a device's line says once it ended.
+    private static func text(_ result: BatchOutcome.Result) -> String {
+        switch result {
+        case .ok: "ok"
+        case .skipped: "skipped"
+        case .failed(let e): "FAILED: \(e.description)"
+        }
+    }
+
     private static func line(_ device: String, _ row: Row) -> String {
-        if let result = row.result { return "\(device)  \(result)" }
-        guard let p = row.progress, row.phase == "sending" else { return "\(device)  \(row.phase)" }
+        if let result = row.result { return "\(device)  \(text(result))" }
+        guard let p = row.progress, row.phase == .sending else { return "\(device)  \(row.phase.text)" }
         let width = 20
         let filled = Int((p.fraction * Double(width)).rounded(.down))
         let gauge = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
@@ -480,9 +522,9 @@ final class LiveView: Sendable {
     }
 
     private static func short(_ row: Row) -> String {
-        if let result = row.result { return result.hasPrefix("FAILED") ? "FAILED" : result }
-        if let p = row.progress, row.phase == "sending" { return String(format: "%3.0f%%", p.fraction * 100) }
-        return String(row.phase.prefix(while: { $0 != "," && $0 != " " }))
+        if let result = row.result { return row.failed ? "FAILED" : text(result) }
+        if let p = row.progress, row.phase == .sending { return String(format: "%3.0f%%", p.fraction * 100) }
+        return String(row.phase.text.prefix(while: { $0 != "," && $0 != " " }))
     }
 }
 

@@ -419,7 +419,7 @@ final class RunRecords: Sendable {
     }
 
     private func record(_ o: BatchOutcome, _ note: Notes, ended: Date) -> LedgerRecord {
-        let (result, code, message): (RecordResult, ExitCode, String?) = switch o.result {
+        let (result, code, message): (LedgerResult, ExitCode, String?) = switch o.result {
         case .ok: (.ok, .success, nil)
         case .skipped: (.skipped, .success, nil)
         // A bond left behind is a result of its own: the image may well have gone through.
@@ -441,7 +441,7 @@ final class RunRecords: Sendable {
                             firmwareBefore: o.firmwareBefore?.description ?? note.firmwareBefore ?? note.identity?.firmwareRevision,
                             protocolName: protocolName, imageName: image.name, imageSize: image.size, imageSHA256: image.sha256,
                             imageVersion: image.version, firmwareAfter: o.firmwareAfter?.description, bytesSent: sent,
-                            bytesResent: resent, seconds: o.seconds, rate: rate, attempts: o.attempts, result: result.rawValue,
+                            bytesResent: resent, seconds: o.seconds, rate: rate, attempts: o.attempts, result: result,
                             exitCode: Int(code.rawValue), errorCode: code == .success ? nil : code.name, message: message,
                             otaflashVersion: OtaflashVersion.number, otaflashCommit: OtaflashVersion.commit ?? "unknown")
     }
@@ -500,7 +500,7 @@ final class ReportFile: Sendable {
 
     /// Appends `record`'s row; returns why it failed, or nil.
     func append(_ r: LedgerRecord) -> String? {
-        let fields: [String?] = [r.startedAt, r.endedAt, r.station, r.device, r.bootloaderAddress, r.adapter, r.serialNumber, r.result,
+        let fields: [String?] = [r.startedAt, r.endedAt, r.station, r.device, r.bootloaderAddress, r.adapter, r.serialNumber, r.result.rawValue,
                                  r.errorCode, r.message, "\(r.attempts)", String(format: "%.3f", r.seconds),
                                  r.rate > 0 ? String(format: "%.0f", r.rate) : nil, "\(r.bytesSent)", "\(r.bytesResent)",
                                  r.firmwareBefore, r.firmwareAfter, r.imageName, r.imageSHA256, r.imageVersion, r.protocolName,

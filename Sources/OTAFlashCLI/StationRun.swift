@@ -331,14 +331,14 @@ final class StationRun: @unchecked Sendable {
             // First seen this shift: what the ledger knows of it (a restart picks up here).
             var device = Device()
             if let rows = try? await ledger.records(LedgerQuery(device: address.description, image: settings.image.sha256)) {
-                if rows.contains(where: { $0.result == "ok" || $0.result == "skipped" }) {
+                if rows.contains(where: \.result.succeeded) {
                     device.phase = .done
                     state.withLock { s in
                         s.counts.alreadyDone += 1
                         s.sawElsewhere(address)
                     }
                 } else {
-                    device.failures = rows.filter { $0.result == "error" && $0.errorCode != ExitCode.interrupted.name }.count
+                    device.failures = rows.filter { $0.result == .error && $0.errorCode != ExitCode.interrupted.name }.count
                     if device.failures > settings.retries {
                         device.phase = .quarantined
                         state.withLock { $0.counts.quarantined += 1 }

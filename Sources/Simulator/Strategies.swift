@@ -169,8 +169,24 @@ extension SoakTrial {
 
 /// One finished run as the summary counts it.
 public struct SoakRecord: Sendable {
-    /// "ok", "hang", or the error's code.
-    public var outcome: String
+    /// How a run ended; its description is what the summary counts it as.
+    public enum Outcome: Sendable, Hashable, CustomStringConvertible {
+        case ok
+        /// No end within the soak's wall-time limit.
+        case hang
+        case failed(OTAError.Code)
+
+        /// "ok", "hang", or the error's code.
+        public var description: String {
+            switch self {
+            case .ok: "ok"
+            case .hang: "hang"
+            case .failed(let code): code.description
+            }
+        }
+    }
+
+    public var outcome: Outcome
     public var violation: String?
     public var reconnects: Int
     public var resumeResends: [Int]
@@ -186,7 +202,7 @@ public struct SoakRecord: Sendable {
     /// `SoakTrial.group`.
     public var group: String?
 
-    public init(outcome: String, violation: String? = nil, reconnects: Int = 0, resumeResends: [Int] = [], bytesSent: Int = 0,
+    public init(outcome: Outcome, violation: String? = nil, reconnects: Int = 0, resumeResends: [Int] = [], bytesSent: Int = 0,
                 virtualSeconds: Double = 0, wallSeconds: Double = 0, afterProgress: Double = 0, neverConfirms: Bool = false) {
         self.outcome = outcome
         self.violation = violation
@@ -199,7 +215,7 @@ public struct SoakRecord: Sendable {
         self.neverConfirms = neverConfirms
     }
 
-    public var passed: Bool { outcome == "ok" && violation == nil }
+    public var passed: Bool { outcome == .ok && violation == nil }
 }
 
 /// How to soak one protocol: the scenario's shape, the device, plan and checks of each run, the

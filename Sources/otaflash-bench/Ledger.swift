@@ -30,7 +30,7 @@ func ledgerFigures(count: Int, url: String? = nil, claims: Bool = false) async t
                                              manufacturer: "otaflash", model: "bench", serialNumber: "SN\(i)", firmwareBefore: "1.0.0",
                                              protocolName: "native", imageName: "app.bin", imageSize: 262_144, imageSHA256: claims ? run : sha,
                                              firmwareAfter: "2.0.0", bytesSent: 262_144, seconds: 2.1, rate: 124_000,
-                                             result: i % 50 == 0 ? "error" : "ok", exitCode: i % 50 == 0 ? 10 : 0,
+                                             result: i % 50 == 0 ? .error : .ok, exitCode: i % 50 == 0 ? 10 : 0,
                                              errorCode: i % 50 == 0 ? "timeout" : nil, otaflashVersion: "bench", otaflashCommit: "bench"))
     }
     let appended = (ContinuousClock.now - started).seconds
@@ -52,7 +52,7 @@ func benchRecord(_ i: Int, run: String) -> LedgerRecord {
     return LedgerRecord(runID: run, startedAt: now, endedAt: now, station: "bench", adapter: "hci0", device: device,
                         manufacturer: "otaflash", model: "bench", serialNumber: "SN\(i)", firmwareBefore: "1.0.0",
                         protocolName: "native", imageName: "app.bin", imageSize: 262_144, imageSHA256: String(repeating: "5e", count: 32),
-                        firmwareAfter: "2.0.0", bytesSent: 262_144, seconds: 2.1, rate: 124_000, result: "ok", exitCode: 0,
+                        firmwareAfter: "2.0.0", bytesSent: 262_144, seconds: 2.1, rate: 124_000, result: .ok, exitCode: 0,
                         otaflashVersion: "bench", otaflashCommit: "bench")
 }
 

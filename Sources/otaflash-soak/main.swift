@@ -122,15 +122,14 @@ func runSession(_ session: OTASession, clock: VirtualClock, trace: Bool) async -
 
 extension SoakRecord {
     init(_ run: SessionRun, neverConfirms: Bool) {
-        self.init(outcome: "", reconnects: run.reconnects, virtualSeconds: run.virtualSeconds, wallSeconds: run.wallSeconds,
+        self.init(outcome: .ok, reconnects: run.reconnects, virtualSeconds: run.virtualSeconds, wallSeconds: run.wallSeconds,
                   afterProgress: run.afterProgress, neverConfirms: neverConfirms)
         switch run.result {
         case .success(let r):
-            outcome = "ok"
             resumeResends = r.stats.resumeResends
             bytesSent = r.stats.bytesSent
         case .failure(let e):
-            outcome = run.hung ? "hang" : e.code.description
+            outcome = run.hung ? .hang : .failed(e.code)
             if run.hung { violation = "no end within \(hangLimit.seconds) s of wall time" }
         }
     }
@@ -139,7 +138,7 @@ extension SoakRecord {
     /// run ends within the bound after its last progress, and no resume re-sends more than
     /// `resendLimit` bytes (`limitName`).
     mutating func checkShared(bound: Duration, resendLimit: Int, limitName: String) {
-        if neverConfirms, outcome == "ok" {
+        if neverConfirms, outcome == .ok {
             violation = violation ?? "a device that never confirms reported success"
         }
         if afterProgress > bound.seconds {
@@ -159,7 +158,7 @@ func soak(_ strategy: any SoakStrategy, _ scenario: SoakScenario, seed: UInt64, 
     do {
         trial = try strategy.trial(scenario, seed: seed, settings: settings)
     } catch {
-        var record = SoakRecord(outcome: error.code.description)
+        var record = SoakRecord(outcome: .failed(error.code))
         record.violation = error.message
         return (record, nil)
     }
@@ -219,7 +218,7 @@ for run in 0..<options.runs where options.only.map({ $0 == run }) ?? true {
 
 let total = (ContinuousClock.now - soakStart).seconds
 var outcomes: [String: Int] = [:]
-for r in records { outcomes[r.outcome, default: 0] += 1 }
+for r in records { outcomes[r.outcome.description, default: 0] += 1 }
 let violations = records.filter { $0.violation != nil }
 let resumes = records.flatMap(\.resumeResends)
 let maxResend = resumes.max() ?? 0
@@ -234,10 +233,10 @@ print("reconnects: \(reconnectTotal) in all; resumes measured: \(resumes.count);
 print(String(format: "virtual time per run: median %.2f s, p95 %.2f s, max %.2f s; wall time per run: median %.1f ms, max %.1f ms",
              pctile(virtual, 0.5), pctile(virtual, 0.95), virtual.last ?? 0, pctile(wall, 0.5) * 1000, (wall.last ?? 0) * 1000))
 let mismatched = records.filter(\.verdict.mismatchedActivation).count
-let hangs = records.filter { $0.outcome == "hang" }.count
+let hangs = records.filter { $0.outcome == .hang }.count
 let overWindow = records.filter(\.overResendLimit).count
 let never = records.filter(\.neverConfirms)
-let neverOutcomes = Dictionary(grouping: never, by: \.outcome).mapValues(\.count)
+let neverOutcomes = Dictionary(grouping: never, by: \.outcome.description).mapValues(\.count)
 let pastBound = records.filter { $0.afterProgress > runBound.seconds }.count
 print("never-confirming devices: \(never.count) runs (" + neverOutcomes.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
       + String(format: "), longest after the last progress %.1f s; bound %.0f s, runs past it: %d", never.map(\.afterProgress).max() ?? 0, runBound.seconds, pastBound))

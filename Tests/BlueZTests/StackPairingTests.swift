@@ -77,7 +77,7 @@ struct StackPairingTests {
             #expect(Self.errorLines(run.err).first?.contains("tried again once bluetoothd was back") == true, "\(run.err)")
             // The ledger keeps it as a result of its own, with its exit code.
             let rows = try await SQLiteLedger(path: "\(fake.directory)/ledger.sqlite").records(LedgerQuery())
-            #expect(rows.map(\.result) == ["bond_left"] && rows.first?.exitCode == 17 && rows.first?.errorCode == "bond_left", "\(rows)")
+            #expect(rows.map(\.result) == [.bondLeft] && rows.first?.exitCode == 17 && rows.first?.errorCode == "bond_left", "\(rows)")
         }
     }
 }

@@ -31,7 +31,7 @@ struct BooksCLITests {
         let summary = try #require(b.jsonEvents.last)
         #expect(summary["done"] as? Int == 0 && summary["seen_elsewhere"] as? Int == 12 && summary["already_done"] as? Int == 12, "\(summary)")
         let rows = try await Self.rows(ledger)
-        #expect(rows.count == 12 && rows.allSatisfy { $0.station == "st-a" && $0.result == "ok" }, "\(rows.map { "\($0.station) \($0.result)" })")
+        #expect(rows.count == 12 && rows.allSatisfy { $0.station == "st-a" && $0.result == .ok }, "\(rows.map { "\($0.station) \($0.result)" })")
 
         let books = await otaflash(["ledger", "--ledger", ledger, "--summary", "--format", "json"])
         let object = try #require(try JSONSerialization.jsonObject(with: Data(books.stdout.utf8)) as? [String: Any])
@@ -68,7 +68,7 @@ struct BooksCLITests {
             #expect(run.jsonEvents.contains { $0["event"] as? String == "held" && $0["station"] as? String == "st-x" })
         }
         let rows = try await Self.rows(ledger)
-        #expect(rows.count == 3 && rows.allSatisfy { $0.result == "ok" && $0.station == "st-a" },
+        #expect(rows.count == 3 && rows.allSatisfy { $0.result == .ok && $0.station == "st-a" },
                 "\(rows.map { "\($0.device) \($0.result) \($0.errorCode ?? "-")" })")
         #expect(await otaflash(["ledger", "--ledger", ledger, "--check"]).code == 0)
     }

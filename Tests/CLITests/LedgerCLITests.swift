@@ -24,7 +24,7 @@ struct LedgerCLITests {
         let row = try #require(rows.first)
         #expect(row.device == "C0:FF:EE:00:00:01" && row.station == "line-3" && row.operator == "ana")
         #expect(row.serialNumber == "SIMC0FFEE000001" && row.manufacturer == "otaflash")
-        #expect(row.result == "ok" && row.exitCode == 0 && row.errorCode == nil)
+        #expect(row.result == .ok && row.exitCode == 0 && row.errorCode == nil)
         #expect(row.imageName == "seeded-4k.bin" && row.imageSize == 4096 && row.imageSHA256.count == 64)
         #expect(row.bytesSent == 4096 && row.firmwareBefore == "1.0.0" && row.protocolName == "native")
         #expect(row.startedAt <= row.endedAt && row.startedAt.hasSuffix("Z"))
@@ -51,7 +51,7 @@ struct LedgerCLITests {
         let run = await otaflash(simulator + ["--ledger", ledger, "--sim-flash-bitflip-at", "100", samplePath("seeded-4k.bin")])
         #expect(run.code == 8, "\(run.stderr)")
         let row = try #require(try await Self.rows(ledger).first)
-        #expect(row.result == "error" && row.exitCode == 8 && row.errorCode == "verify_failed")
+        #expect(row.result == .error && row.exitCode == 8 && row.errorCode == "verify_failed")
         #expect(row.message?.isEmpty == false)
     }
 
@@ -96,7 +96,7 @@ struct LedgerCLITests {
         // line and the kill, never a device with a half-written row.
         for device in done { #expect(rows.filter { $0.device == device }.count == 1, "\(device): \(rows.map(\.device))") }
         #expect(rows.count >= 2 && rows.count <= 3)
-        #expect(rows.allSatisfy { $0.result == "ok" && $0.imageSHA256.count == 64 })
+        #expect(rows.allSatisfy { $0.result == .ok && $0.imageSHA256.count == 64 })
         let csv = try String(contentsOfFile: report, encoding: .utf8).split(separator: "\n")
         #expect(csv.count - 1 >= done.count)
     }

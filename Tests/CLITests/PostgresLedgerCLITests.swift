@@ -14,7 +14,7 @@ struct PostgresLedgerCLITests {
         let batch = await otaflash(simulator + ["--count", "3", "--ledger", url, "--station", "st-pg", samplePath("seeded-4k.bin")])
         #expect(batch.code == 0, "\(batch.stderr)")
         let records = try await PostgresLedger(url: url).records(LedgerQuery())
-        #expect(records.count == 3 && records.allSatisfy { $0.station == "st-pg" && $0.result == "ok" })
+        #expect(records.count == 3 && records.allSatisfy { $0.station == "st-pg" && $0.result == .ok })
 
         let json = await otaflash(["ledger", "--ledger", url, "--format", "json"])
         #expect(json.code == 0, "\(json.stderr)")

@@ -60,10 +60,10 @@ struct StationTests {
         #expect(retried == gone.union(flaky))
 
         let rows = try await SQLiteLedger(path: ledger).records(LedgerQuery())
-        let ok = rows.filter { $0.result == "ok" }
+        let ok = rows.filter { $0.result == .ok }
         #expect(ok.count == 24 - gone.count && Set(ok.map(\.device)).count == ok.count, "each device flashed once")
         #expect(Set(ok.map(\.device)).isDisjoint(with: gone))
-        #expect(rows.filter { $0.result == "error" }.count == 2 * gone.count + flaky.count)
+        #expect(rows.filter { $0.result == .error }.count == 2 * gone.count + flaky.count)
         #expect(ok.filter { flaky.contains($0.device) }.allSatisfy { $0.attempts == 2 })
         let claims = try await SQLiteLedger(path: ledger).claims()
         #expect(claims.filter { $0.state == .done }.count == ok.count && !claims.contains { $0.state == .held })
@@ -115,7 +115,7 @@ struct StationTests {
         #expect(ra.code == 0 && rb.code == 0, "\(ra.stderr)\n\(rb.stderr)")
         let store = try PostgresLedger(url: url)
         let rows = try await store.records(LedgerQuery())
-        let ok = rows.filter { $0.result == "ok" }
+        let ok = rows.filter { $0.result == .ok }
         #expect(ok.count == 60 && Set(ok.map(\.device)).count == 60, "every device flashed exactly once")
         let claims = try await store.claims()
         #expect(claims.count == 60 && claims.allSatisfy { $0.state == .done })
@@ -123,7 +123,7 @@ struct StationTests {
         await store.close()
         // The books count attempts: a device found held or done by the other station is no row,
         // and each station's ok rows are the devices it flashed (its summary's `done`).
-        #expect(rows.count == ok.count, "\(rows.filter { $0.result != "ok" }.map { "\($0.station) \($0.result) \($0.errorCode ?? "-")" })")
+        #expect(rows.count == ok.count, "\(rows.filter { $0.result != .ok }.map { "\($0.station) \($0.result) \($0.errorCode ?? "-")" })")
         for (name, run) in [("st-a", ra), ("st-b", rb)] {
             let summary = try #require(run.jsonEvents.last)
             #expect(ok.filter { $0.station == name }.count == summary["done"] as? Int, "\(name): \(summary)")

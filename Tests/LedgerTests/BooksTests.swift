@@ -16,7 +16,7 @@ struct BooksTests {
 
     @Test func booksOfAFlawlessShiftCheckOut() {
         let rows = [record("AA:00:00:00:00:01", station: "st-a"), record("AA:00:00:00:00:02", station: "st-b"),
-                    record("AA:00:00:00:00:03", result: "error", station: "st-a"), record("AA:00:00:00:00:03", at: 60, station: "st-b")]
+                    record("AA:00:00:00:00:03", result: .error, station: "st-a"), record("AA:00:00:00:00:03", at: 60, station: "st-b")]
         let claims = (1...3).map { Self.claim("AA:00:00:00:00:0\($0)", .done, expires: "2027-01-15T07:30:00.000Z") }
             + [Self.claim("AA:00:00:00:00:04", .held, expires: "2027-01-15T08:00:10.000Z")]  // a running station's lease
         let check = LedgerCheck(records: rows, allRecords: rows, claims: claims, now: Self.now)
@@ -26,7 +26,7 @@ struct BooksTests {
 
     @Test func aDeviceFlashedTwiceALostRecordAStoppedHolderAndBadCountsAreEachFound() {
         let rows = [record("AA:00:00:00:00:01", station: "st-a"), record("aa:00:00:00:00:01", at: 30, station: "st-b"),
-                    record("AA:00:00:00:00:05", result: "maybe", station: "st-b")]
+                    record("AA:00:00:00:00:05", result: LedgerResult(rawValue: "maybe"), station: "st-b")]
         var wrong = record("AA:00:00:00:00:06", station: "st-b")
         wrong.exitCode = 8
         let claims = [Self.claim("AA:00:00:00:00:02", .done, expires: "2027-01-15T07:30:00.000Z"),
@@ -49,7 +49,7 @@ struct BooksTests {
     /// it lowers no yield and no station's counts; `--check` notes it.
     @Test func encounterRowsOfAnOlderOtaflashAreNoAttempts() {
         let rows = [record("AA:00:00:00:00:01", station: "st-a"),
-                    record("AA:00:00:00:00:01", result: "error", at: -5, station: "st-b", error: "held_elsewhere"),
+                    record("AA:00:00:00:00:01", result: .error, at: -5, station: "st-b", error: "held_elsewhere"),
                     record("AA:00:00:00:00:02", station: "st-b")]
         let summary = LedgerSummary(rows)
         #expect(summary.attempts == 2 && summary.devices == 2 && summary.firstPassYield == 1 && summary.finalYield == 1)
@@ -61,8 +61,8 @@ struct BooksTests {
 
     /// Yields are over devices: a device that failed once then succeeded counts once in each.
     @Test func yieldsAreOverDevicesNotRows() {
-        let rows = [record("AA:00:00:00:00:01", result: "error", at: 0), record("AA:00:00:00:00:01", at: 20),
-                    record("AA:00:00:00:00:02", at: 5), record("AA:00:00:00:00:03", result: "error", at: 7)]
+        let rows = [record("AA:00:00:00:00:01", result: .error, at: 0), record("AA:00:00:00:00:01", at: 20),
+                    record("AA:00:00:00:00:02", at: 5), record("AA:00:00:00:00:03", result: .error, at: 7)]
         let summary = LedgerSummary(rows)
         #expect(summary.devices == 3 && summary.attempts == 4)
         #expect(abs(summary.firstPassYield - 1.0 / 3) < 1e-9 && abs(summary.finalYield - 2.0 / 3) < 1e-9)

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 @testable import Ledger
 import Testing
 
@@ -50,15 +51,15 @@ final class SmallMount {
     }
 }
 
-func record(_ device: String, result: String = "ok", at second: Int = 0, seconds: Double = 10, station: String = "st1",
+func record(_ device: String, result: LedgerResult = .ok, at second: Int = 0, seconds: Double = 10, station: String = "st1",
             adapter: String? = "hci0", serial: String? = nil, error: String? = nil) -> LedgerRecord {
     let start = LedgerRecord.timestamp(Date(timeIntervalSince1970: 1_800_000_000 + Double(second)))
     let end = LedgerRecord.timestamp(Date(timeIntervalSince1970: 1_800_000_000 + Double(second) + seconds))
     return LedgerRecord(runID: "run", startedAt: start, endedAt: end, station: station, adapter: adapter, device: device,
                         serialNumber: serial, protocolName: "native", imageName: "app.bin", imageSize: 4096,
                         imageSHA256: String(repeating: "ab", count: 32), bytesSent: 4096, seconds: seconds, rate: 4096 / seconds,
-                        result: result, exitCode: result == "ok" ? 0 : 8, errorCode: error ?? (result == "ok" ? nil : "verify_failed"),
-                        message: result == "ok" ? nil : "failed", otaflashVersion: "0.1.0", otaflashCommit: "abc1234")
+                        result: result, exitCode: result == .ok ? 0 : 8, errorCode: error ?? (result == .ok ? nil : "verify_failed"),
+                        message: result == .ok ? nil : "failed", otaflashVersion: "0.1.0", otaflashCommit: "abc1234")
 }
 
 @Suite("Ledger: SQLite")
@@ -93,9 +94,9 @@ struct SQLiteLedgerTests {
         let folder = try Folder()
         let ledger = try SQLiteLedger(path: folder.path + "/l.sqlite")
         let all = [record("AA:00:00:00:00:01", at: 0, serial: "S1"),
-                   record("AA:00:00:00:00:02", result: "error", at: 60, station: "st2", serial: "S2"),
+                   record("AA:00:00:00:00:02", result: .error, at: 60, station: "st2", serial: "S2"),
                    record("aa:00:00:00:00:02", at: 120, station: "st2", serial: "S2"),
-                   record("AA:00:00:00:00:03", result: "skipped", at: 180, adapter: nil)]
+                   record("AA:00:00:00:00:03", result: .skipped, at: 180, adapter: nil)]
         var stored: [LedgerRecord] = []
         for var r in all {
             r.id = try await ledger.append(r)
@@ -103,7 +104,7 @@ struct SQLiteLedgerTests {
         }
         let queries = [
             LedgerQuery(), LedgerQuery(since: all[1].startedAt), LedgerQuery(until: all[1].startedAt),
-            LedgerQuery(device: "AA:00:00:00:00:02"), LedgerQuery(serialNumber: "S2"), LedgerQuery(result: "error"),
+            LedgerQuery(device: "AA:00:00:00:00:02"), LedgerQuery(serialNumber: "S2"), LedgerQuery(result: .error),
             LedgerQuery(image: "app.bin"), LedgerQuery(image: "abababab"), LedgerQuery(image: "cdcdcdcd"),
             LedgerQuery(station: "st2"), LedgerQuery(station: "st2", limit: 1), LedgerQuery(limit: 2),
         ]
@@ -113,6 +114,22 @@ struct SQLiteLedgerTests {
             #expect(try await ledger.records(query) == expected, "\(query)")
         }
         #expect(try await ledger.records(LedgerQuery(device: "aa:00:00:00:00:02")).count == 2)
+    }
+
+    @Test func aResultOtaflashDoesNotWriteReadsBackAsItsTextAndTheCheckFindsIt() async throws {
+        let folder = try Folder()
+        let ledger = try SQLiteLedger(path: folder.path + "/l.sqlite")
+        var odd = record("AA:00:00:00:00:05", result: LedgerResult(rawValue: "maybe"))
+        odd.id = try await ledger.append(odd)
+        #expect(try await ledger.records(LedgerQuery()) == [odd])
+        let column = try await ledger.queue.read { db in try String.fetchOne(db, sql: "SELECT result FROM attempts") }
+        #expect(column == "maybe")
+        let json = try JSONEncoder().encode(odd)
+        #expect(String(decoding: json, as: UTF8.self).contains(#""result":"maybe""#))
+        #expect(try JSONDecoder().decode(LedgerRecord.self, from: json) == odd)
+        let check = LedgerCheck(records: [odd], allRecords: [odd], claims: [], now: odd.endedAt)
+        #expect(check.findings.map(\.kind) == [.countsDoNotAddUp], "\(check.findings)")
+        #expect(check.findings.first?.line.contains("a result other than ok, skipped, error, bond_left") == true)
     }
 
     @Test func aFileThatIsNoLedgerIsRefusedAsCorrupt() throws {
@@ -199,9 +216,9 @@ struct SQLiteLedgerTests {
 struct LedgerSummaryTests {
     @Test func yieldsTimesAndFailuresOfAShift() {
         let records = [
-            record("D1", at: 0, seconds: 10), record("D2", result: "error", at: 1, seconds: 3, error: "timeout"),
-            record("D2", at: 30, seconds: 12, station: "st2"), record("D3", result: "error", at: 2, seconds: 4, adapter: "hci1"),
-            record("D4", result: "skipped", at: 3, seconds: 1), record("D5", at: 4, seconds: 20),
+            record("D1", at: 0, seconds: 10), record("D2", result: .error, at: 1, seconds: 3, error: "timeout"),
+            record("D2", at: 30, seconds: 12, station: "st2"), record("D3", result: .error, at: 2, seconds: 4, adapter: "hci1"),
+            record("D4", result: .skipped, at: 3, seconds: 1), record("D5", at: 4, seconds: 20),
         ]
         let summary = LedgerSummary(records)
         #expect(summary.attempts == 6)

@@ -60,7 +60,7 @@ struct OutboxTests {
             }
         }
         shared.down.withLock { $0 = true }
-        var second = record("AA:00:00:00:00:02", result: "error", at: 5, station: "st1")
+        var second = record("AA:00:00:00:00:02", result: .error, at: 5, station: "st1")
         second.attempts = 1
         try await ledger.append(held("AA:00:00:00:00:01"))
         try await ledger.append(second)

@@ -9,10 +9,10 @@ import TestSupport
 /// that the queries below tell apart.
 func shift() -> [LedgerRecord] {
     var records = [record("AA:00:00:00:00:01", at: 0, serial: "S1"),
-                   record("AA:00:00:00:00:02", result: "error", at: 60, station: "st2", serial: "S2"),
+                   record("AA:00:00:00:00:02", result: .error, at: 60, station: "st2", serial: "S2"),
                    record("aa:00:00:00:00:02", at: 120, station: "st2", serial: "S2"),
-                   record("AA:00:00:00:00:03", result: "skipped", at: 180, adapter: nil),
-                   record("AA:00:00:00:00:04", result: "error", at: 240, seconds: 3.25, error: "timeout")]
+                   record("AA:00:00:00:00:03", result: .skipped, at: 180, adapter: nil),
+                   record("AA:00:00:00:00:04", result: .error, at: 240, seconds: 3.25, error: "timeout")]
     records[0].operator = "ana"
     records[0].bootloaderAddress = "AA:00:00:00:00:F1"
     records[0].firmwareBefore = "1.0.0"
@@ -27,8 +27,8 @@ func shift() -> [LedgerRecord] {
 let shiftQueries = [
     LedgerQuery(), LedgerQuery(since: shift()[1].startedAt), LedgerQuery(until: shift()[1].startedAt),
     LedgerQuery(device: "AA:00:00:00:00:02"), LedgerQuery(device: "aa:00:00:00:00:02"), LedgerQuery(serialNumber: "S2"),
-    LedgerQuery(result: "error"), LedgerQuery(image: "app.bin"), LedgerQuery(image: "abababab"), LedgerQuery(image: "CDCDCDCD"),
-    LedgerQuery(station: "st2"), LedgerQuery(station: "st2", limit: 1), LedgerQuery(limit: 2), LedgerQuery(result: "ok", limit: 0),
+    LedgerQuery(result: .error), LedgerQuery(image: "app.bin"), LedgerQuery(image: "abababab"), LedgerQuery(image: "CDCDCDCD"),
+    LedgerQuery(station: "st2"), LedgerQuery(station: "st2", limit: 1), LedgerQuery(limit: 2), LedgerQuery(result: .ok, limit: 0),
 ]
 
 /// The claim rules (docs/LEDGER.md, "Claims") as two holders see them through two stores on one
@@ -58,7 +58,7 @@ func claimRules(_ a: any LedgerStore, _ b: any LedgerStore) async throws {
     #expect(try await b.renew(device, by: two, lease: .seconds(3600)) == false)
 
     // A failed attempt's record releases the claim: the other station may take it at once.
-    var failed = record(device, result: "error", station: "st-a")
+    var failed = record(device, result: .error, station: "st-a")
     failed.runID = "run-1"
     try await a.append(failed)
     guard case .granted = try await b.claim(device, image: sha, by: two, lease: .seconds(3600)) else {

@@ -104,7 +104,7 @@ public struct ESPOTASoak: SoakStrategy {
     public func summary(_ records: [SoakRecord]) -> [String] {
         let components = ESPOTAComponent.allCases.map { component in
             let runs = records.filter { $0.group == component.rawValue }
-            return "\(component) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
+            return "\(component) \(runs.count) (\(runs.filter { $0.outcome == .ok }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
         }
         let unconfirmed = records.filter(\.verdict.unconfirmedActivation).count
         let onFailure = records.filter(\.verdict.activatedOnFailure).count

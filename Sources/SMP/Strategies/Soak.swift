@@ -47,6 +47,9 @@ public struct SMPSoak: SoakStrategy {
         return (mode, rng.next() % 3 == 0 && !(mode?.keepsWithoutTest ?? false))
     }
 
+    /// The violation of a run that confirmed the image before its check (`--confirm after-check`).
+    static let confirmedBeforeCheck = "confirmed the image before it ran and passed its check"
+
     static func modeName(_ mode: SMPBootloaderMode?) -> String { mode.map { "\($0)" } ?? "not reported" }
 
     /// Whether a run updates a two-image device (an nRF5340: the application core's image and the
@@ -126,7 +129,7 @@ public struct SMPSoak: SoakStrategy {
                 verdict.mismatchedActivation = true
             }
             if afterCheck, marks.first?.confirm == true {
-                verdict.violate("confirmed the image before it ran and passed its check")
+                verdict.violate(Self.confirmedBeforeCheck)
             }
             switch result {
             case .success:
@@ -159,22 +162,22 @@ public struct SMPSoak: SoakStrategy {
     public func summary(_ records: [SoakRecord]) -> [String] {
         let encodings = SMPReplyEncoding.allCases.map { encoding in
             let runs = records.filter { ($0.group ?? "").hasPrefix("\(encoding)/") }
-            return "\(encoding) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
+            return "\(encoding) \(runs.count) (\(runs.filter { $0.outcome == .ok }.count) ok, \(runs.filter { $0.violation != nil }.count) violations)"
         }
         let okOnce = records.filter(\.passed).count
         let onFailure = records.filter(\.verdict.activatedOnFailure).count
         let mismatched = records.filter(\.verdict.mismatchedActivation).count
         let modes = Self.modes.map { mode in
             let runs = records.filter { ($0.group ?? "").split(separator: "/").dropFirst().first.map(String.init) == Self.modeName(mode) }
-            return "\(Self.modeName(mode)) \(runs.count) (\(runs.filter { $0.outcome == "ok" }.count) ok)"
+            return "\(Self.modeName(mode)) \(runs.count) (\(runs.filter { $0.outcome == .ok }.count) ok)"
         }
         let checked = records.filter { ($0.group ?? "").hasSuffix("/check") }
         let multi = records.filter { ($0.group ?? "").contains("/multi") }
         return [
             "server answers: " + encodings.joined(separator: ", "),
             "MCUboot modes: " + modes.joined(separator: ", "),
-            "confirm after check: \(checked.count) runs (\(checked.filter { $0.outcome == "ok" }.count) ok, confirmed after the check; \(checked.filter { $0.outcome == "checkFailed" }.count) checkFailed); confirmed before the image ran: \(records.filter { $0.violation == "confirmed the image before it ran and passed its check" }.count)",
-            "two images (nRF5340: network core marked first, one reset, both cores checked after it): \(multi.count) runs (\(multi.filter { $0.outcome == "ok" }.count) ok, \(multi.filter { $0.violation != nil }.count) violations)",
+            "confirm after check: \(checked.count) runs (\(checked.filter { $0.outcome == .ok }.count) ok, confirmed after the check; \(checked.filter { $0.outcome == .failed(.checkFailed) }.count) checkFailed); confirmed before the image ran: \(records.filter { $0.violation == Self.confirmedBeforeCheck }.count)",
+            "two images (nRF5340: network core marked first, one reset, both cores checked after it): \(multi.count) runs (\(multi.filter { $0.outcome == .ok }.count) ok, \(multi.filter { $0.violation != nil }.count) violations)",
             "marks and swaps (marks checked where the server answers match): \(okOnce) runs ok with the image sent marked as asked and swapped in once, byte-identical; failed runs in which MCUboot swapped the image sent in (after its hash matched and it was marked): \(onFailure); marks or swaps of other bytes: \(mismatched)",
         ]
     }
