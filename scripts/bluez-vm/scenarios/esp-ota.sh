@@ -26,7 +26,8 @@
 # write-without-response), and which the served device's bluetoothd takes (the ATT server checks
 # the attribute's write permission only); at most 510 bytes each, as bluetoothd 5.66 drops a
 # longer write command without a word. Run it with run.sh --gatt-channels 1: a sector's packets
-# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop lost raw clean";
+# must arrive in order. $ESP_STEPS: the steps to run, default "flash drop lost raw clean"; $ESP_CLEAN_RUNS:
+# how many clean runs in a row the last step makes (default 10);
 # $ESP_SERVE_WAIT: seconds to wait for the peripheral to serve, default 90 (a debug build under TCG
 # needs more).
 set -euo pipefail
@@ -167,15 +168,16 @@ if [[ $STEPS == *" raw "* ]]; then
 	stop_esp
 fi
 
-# ------------------------------------------------------------------ 5. ten clean runs in a row
+# ------------------------------------------------------------------ 5. clean runs in a row ($ESP_CLEAN_RUNS, default 10)
 if [[ $STEPS == *" clean "* ]]; then
 	start_esp sim-clean nimble-ble-ota
 	walls=()
-	for i in $(seq 1 10); do
+	runs=${ESP_CLEAN_RUNS:-10}
+	for i in $(seq 1 "$runs"); do
 		flash "clean-$i"
 		if [ "$F_RC" -ne 0 ] || ! grep -q '"result":"ok"' <<<"$F_DONE"; then
 			tail -n 3 "$RESULTS_DIR/clean-$i.stamped.stderr" || true
-			fail "clean run $i of 10: otaflash exited with $F_RC: ${F_DONE:-no done event}"
+			fail "clean run $i of $runs: otaflash exited with $F_RC: ${F_DONE:-no done event}"
 		fi
 		n=0
 		for _ in $(seq 1 20); do
@@ -183,13 +185,13 @@ if [[ $STEPS == *" clean "* ]]; then
 			[ "$n" -ge "$i" ] && break
 			sleep 0.5
 		done
-		[ "$n" -ge "$i" ] || fail "clean run $i of 10: the peripheral restarted $n times"
+		[ "$n" -ge "$i" ] || fail "clean run $i of $runs: the peripheral restarted $n times"
 		walls+=("$F_WALL")
 	done
 	stored=$(ls "$SIM_STORE"/*.bin 2>/dev/null | head -n 1)
 	[ -n "$stored" ] && cmp -s "$stored" "$IMAGE" || fail "clean: the stored image differs from $(basename "$IMAGE")"
-	step "FIGURES clean: 10 of 10 runs done/ok in a row, 10 restarts, wall seconds ${walls[*]}"
-	figure "$(jq -nc --arg w "${walls[*]}" '{clean_runs: {ok: 10, of: 10, wall_seconds: $w}}')"
+	step "FIGURES clean: $runs of $runs runs done/ok in a row, $runs restarts, wall seconds ${walls[*]}"
+	figure "$(jq -nc --arg w "${walls[*]}" --argjson n "$runs" '{clean_runs: {ok: $n, of: $n, wall_seconds: $w}}')"
 	stop_esp
 fi
 
