@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import GATT
+import Native
 import OTACommandLine
 import OTADevice
 import OTAWire
@@ -25,7 +26,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("sim-advertise-no-uuid"), help: "The device advertises no service UUID, as mcumgr's Mynewt smp_svr sample does: `scan --ota-only` cannot tell what it speaks, `scan --probe` connects and looks.")
     public var advertisesNoUUID = false
 
-    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("The OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep, and a difference between the two is exit 1", valueName: "n"))
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: NativeRanges.simDeviceVersion.help("The OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep, and a difference between the two is exit 1", valueName: "n"))
     public var deviceVersion: Int = 1
 
     public init() {}
@@ -33,7 +34,7 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     public func validate() throws {
         try Ranges.simSlotSize.check(slotSize)
         guard firmwareVersionOption.map({ FirmwareVersion($0) != nil }) ?? true else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
-        try Ranges.simDeviceVersion.check(deviceVersion)
+        try NativeRanges.simDeviceVersion.check(deviceVersion)
         try Self.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
     }
 

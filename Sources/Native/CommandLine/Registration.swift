@@ -10,7 +10,7 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
     @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
-    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: NativeRanges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
     var checkpointInterval: Int?
 
     public init() {}
@@ -18,7 +18,7 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
     public static var commandLine: ProtocolCommandLine { .native }
 
     public func validate() throws {
-        try Ranges.checkpointInterval.check(checkpointInterval)
+        try NativeRanges.checkpointInterval.check(checkpointInterval)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -83,6 +83,7 @@ extension ProtocolCommandLine {
                     ("ota_slot_size", "\(info.maxImageSize)"), ("ota_firmware_version", info.firmwareVersion.description),
                     ("ota_received", "\(info.received)")]
         }
+        native.rangeTexts = NativeRanges.texts
         native.bench = NativeBench()
         native.soak = NativeSoak()
         native.state = SimulatorStateKeeper(load: SimulatorState.load, save: SimulatorState.save)
@@ -98,7 +99,7 @@ extension ProtocolCommandLine {
 
 /// `otaflash simulate`'s options for a native OTA device: the protocol version it speaks.
 public struct NativeServedOptions: ServedOptionGroup {
-    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: NativeRanges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
     var deviceVersionOption: Int?
 
     @Option(name: .customLong("device-version"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-device-version.", visibility: .hidden))
@@ -112,8 +113,8 @@ public struct NativeServedOptions: ServedOptionGroup {
     var option: String { formerDeviceVersion != nil ? "--device-version" : "--sim-device-version" }
 
     public func validate() throws {
-        try Ranges.simDeviceVersion.check(deviceVersionOption)
-        try Ranges.deviceVersion.check(formerDeviceVersion)
+        try NativeRanges.simDeviceVersion.check(deviceVersionOption)
+        try NativeRanges.deviceVersion.check(formerDeviceVersion)
         if deviceVersionOption != nil, formerDeviceVersion != nil {
             throw ValidationError("--device-version is the former name of --sim-device-version; give --sim-device-version once")
         }

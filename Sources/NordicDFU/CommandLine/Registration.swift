@@ -46,6 +46,7 @@ extension ProtocolCommandLine {
                                              buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)
             })
         nordic.applicationFirst = "--sim-buttonless"
+        nordic.rangeTexts = NordicDFURanges.texts
         nordic.describe = { simulated in
             simulated.model(as: NordicButtonlessDevice.self).map { model in
                 "runs its \(model.mode) at \(simulated.address)"
@@ -94,7 +95,7 @@ extension ProtocolCommandLine {
 public struct NordicDFUServedOptions: ServedOptionGroup {
     @OptionGroup(title: "Secure DFU bootloader") var bootloader: SecureDFUSimulatorOptions
 
-    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
+    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: NordicDFURanges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
     var softDeviceAfterUpdate: FWID?
 
     @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp("nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter. " + SimulatedButtonless.kinds, valueName: "kind"))
@@ -113,7 +114,7 @@ public struct NordicDFUServedOptions: ServedOptionGroup {
     var buttonless: SimulatedButtonless? { buttonlessKind ?? (formerButtonless ? .unbonded : nil) }
 
     public func validate() throws {
-        try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
+        try NordicDFURanges.sdAfterUpdate.check(softDeviceAfterUpdate)
         for (former, formerGiven, current, currentGiven) in [("--public-key", formerPublicKey != nil, "--sim-public-key", bootloader.publicKey != nil),
                                                              ("--buttonless", formerButtonless, "--sim-buttonless", buttonlessKind != nil)]
         where formerGiven && currentGiven {
