@@ -13,6 +13,8 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
     @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: NativeRanges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
     var checkpointInterval: Int?
 
+    @OptionGroup(title: "Native OTA device (a .bin or .hex)") var simulated: NativeSimulatorOptions
+
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .native }
@@ -26,23 +28,23 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
 
     public func given(withSimulator: Bool) -> [String] {
         [checkpointInterval != nil ? "--checkpoint-interval" : nil, imageVersion != nil ? "--image-version" : nil].compactMap { $0 }
+            + (withSimulator ? simulated.given : [])
     }
 
     public var imageVersionText: String? { imageVersion }
+
+    public func check(simulatedSlotSize: Int, slotOption: String) throws {
+        try simulated.version.check(simulatedSlotSize: simulatedSlotSize, slotOption: slotOption)
+    }
+
+    public func check(_ run: SimulatedRun) throws(CLIFailure) { try simulated.check(run) }
+
+    public var stateDirectory: String? { simulated.stateDir }
 
     /// The engine's settings: `--checkpoint-interval` and `--image-version`.
     var settings: OTAEngine.Settings {
         OTAEngine.Settings(checkpointInterval: checkpointInterval ?? OTAEngine.Settings.defaultCheckpointInterval,
                            imageVersion: imageVersion.flatMap(FirmwareVersion.init))
-    }
-}
-
-extension SimulatedDeviceSettings {
-    /// What makes the simulated device a native one.
-    var native: NativeDeviceOptions {
-        let version2 = deviceVersion == 2 ? OTATarget.Version2() : nil
-        return NativeDeviceOptions(hasOTAService: hasOTAService, dataProperties: dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse],
-                                   version2: version2, runsCLibrary: version2 != nil)
     }
 }
 
@@ -65,7 +67,7 @@ extension ProtocolCommandLine {
                 servedName: "otaflash-sim",
                 exitCodes: [.internalError: "a simulated version 2 device's C device library answered differently from its Swift model",
                             .verifyFailed: "the CRC32 of the whole image"]),
-            simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) })
+            simulatedDevice: { request in SimulatedDevice(request.config, native: request.native) })
         native.configure = { request in NativeProfile(settings: request.options(NativeFlashOptions.self)?.settings ?? OTAEngine.Settings()) }
         native.check = { simulated throws(CLIFailure) in
             // With the C device library in lockstep, any difference between the two models ends the run.
@@ -86,13 +88,7 @@ extension ProtocolCommandLine {
         native.rangeTexts = NativeRanges.texts
         native.bench = NativeBench()
         native.soak = NativeSoak()
-        native.state = SimulatorStateKeeper(load: SimulatorState.load, save: SimulatorState.save)
-        native.checkDeviceVersion = { version, slotSize, option, slotOption throws(ValidationError) in
-            // A version 2 device erases whole units, and the C library beside it takes only a slot of whole units.
-            let unit = OTATarget.Version2().eraseUnit
-            guard version == 2, slotSize % unit != 0 else { return }
-            throw ValidationError("\(option) 2 erases \(unit)-byte units: \(slotOption) must be a multiple of \(unit), got \(slotSize)")
-        }
+        native.state = SimulatorStateKeeper(option: "--sim-state", load: SimulatorState.load, save: SimulatorState.save)
         return native
     }()
 }
@@ -123,7 +119,7 @@ public struct NativeServedOptions: ServedOptionGroup {
     public var given: [String] { deviceVersion != 1 ? [option] : [] }
 
     public func check(_ request: ServeRequest, slotOption: String) throws {
-        try Self.commandLine.checkDeviceVersion?(deviceVersion, request.slotSize, option, slotOption)
+        try NativeDeviceVersionOptions.check(version: deviceVersion, slotSize: request.slotSize, option: option, slotOption: slotOption)
     }
 
     public func served(_ request: ServeRequest) throws -> ServedDevice {

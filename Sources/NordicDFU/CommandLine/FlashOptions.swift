@@ -29,9 +29,11 @@ public struct NordicDFUFlashOptions: ParsableArguments, Sendable {
     }
 }
 
-/// The options that are Secure DFU's own: `flash`'s, and its simulated bootloader's.
+/// The options that are Secure DFU's own: `flash`'s, and its simulated device's (its
+/// application with the buttonless service, its bootloader).
 public struct NordicDFUOptions: ProtocolOptionGroup {
     @OptionGroup(title: "Nordic Secure DFU devices") var flash: NordicDFUFlashOptions
+    @OptionGroup(title: "Secure DFU bootloader (a Nordic .zip)") var application: SimulatedButtonlessOptions
     @OptionGroup(title: "Secure DFU bootloader (a Nordic .zip)") var simulated: SecureDFUSimulatorOptions
 
     public init() {}
@@ -39,6 +41,8 @@ public struct NordicDFUOptions: ProtocolOptionGroup {
     public static var commandLine: ProtocolCommandLine { .nordicDFU }
 
     public func given(withSimulator: Bool) -> [String] {
-        flash.given + (withSimulator ? simulated.given : [])
+        flash.given + (withSimulator ? simulated.given + (application.buttonless != nil ? ["--sim-buttonless"] : []) : [])
     }
+
+    public var applicationDevice: String? { application.buttonless != nil ? SimulatedButtonless.device : nil }
 }

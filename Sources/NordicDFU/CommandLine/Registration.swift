@@ -42,8 +42,9 @@ extension ProtocolCommandLine {
                             .incompatibleDevice: "a bootloader that refuses the package: other hardware, another SoftDevice, a downgrade, "
                                 + "a missing or untrusted signature (or --hw-version/--sd-req shows it would, before any radio time)"]),
             simulatedDevice: { request in
-                try simulatedSecureDFUDevice(config: request.config, options: request.options(NordicDFUOptions.self)?.simulated,
-                                             buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)
+                let options = request.options(NordicDFUOptions.self)
+                return try simulatedSecureDFUDevice(config: request.config, options: options?.simulated, buttonless: options?.application.buttonless,
+                                                    softDeviceAfterUpdate: softDeviceInstalled(by: request.plan))
             })
         nordic.applicationFirst = "--sim-buttonless"
         nordic.rangeTexts = NordicDFURanges.texts
@@ -81,11 +82,9 @@ extension ProtocolCommandLine {
             UpdatePlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
         }
         let kinds = parts.map(\.label).joined(separator: ", then ")
-        let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
         let contents = parts.count == 1 ? "; the package's image: \(kinds)" : "; the package's images, in order: \(kinds)"
         return FlashPlan(update: UpdatePlan(parts: parts, format: .nordicDFUPackage, reason: resolution.reason, contents: contents),
-                         warnings: package.warnings,
-                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
+                         warnings: package.warnings)
     }
 }
 
