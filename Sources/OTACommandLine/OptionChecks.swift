@@ -16,34 +16,6 @@ extension Double: OptionNumber {
     }
 }
 
-/// A SoftDevice firmware ID as nrfutil writes it (0xAF) or in decimal (175).
-public struct FWID: OptionNumber, ExpressibleByArgument, Hashable {
-    public let value: UInt32
-
-    public init(_ value: UInt32) { self.value = value }
-
-    public init?(argument: String) {
-        let text = argument.trimmingCharacters(in: .whitespaces)
-        let hex = text.lowercased().hasPrefix("0x")
-        guard let value = hex ? UInt32(text.dropFirst(2), radix: 16) : UInt32(text) else { return nil }
-        self.value = value
-    }
-
-    public var optionText: String { "0x" + String(format: "%02X", value) }
-    public static func < (a: FWID, b: FWID) -> Bool { a.value < b.value }
-}
-
-/// SoftDevice FWIDs separated by commas, as nrfutil's `--sd-req` takes them: 0xAF,0xB6.
-public struct FWIDList: ExpressibleByArgument, Hashable, Sendable {
-    public let values: [FWID]
-
-    public init?(argument: String) {
-        let parts = argument.split(separator: ",", omittingEmptySubsequences: false).map { FWID(argument: String($0)) }
-        guard !parts.isEmpty, !parts.contains(nil) else { return nil }
-        values = parts.compactMap { $0 }
-    }
-}
-
 /// A numeric option's documented range: stated in its help text and checked in `validate()`, so
 /// that no value (negative, huge, `inf`, `nan`) reaches code that could trap on it.
 public struct Bounds<Value: OptionNumber>: Sendable {
@@ -92,8 +64,9 @@ extension Bounds where Value == Double {
     }
 }
 
-/// Every numeric option's range, in one place: the help texts, `validate()` and the parse-error
-/// lines all read them from here.
+/// The range of every numeric option no single protocol owns: the help texts, `validate()` and
+/// the parse-error lines all read them from here. A protocol's own options have their ranges in
+/// its module, which registers their texts (`ProtocolCommandLine.rangeTexts`).
 public enum Ranges {
     public static let day = 86_400.0
     public static func timeout(_ option: String) -> Bounds<Double> { Bounds(option, 0.001...day, unit: " seconds") }
@@ -108,7 +81,6 @@ public enum Ranges {
     public static let scanTimeout = timeout("--timeout")
     public static let probeTimeout = Bounds("--probe-timeout", 0.001...120, unit: " seconds")
     public static let ledgerLimit = Bounds("--limit", 1...100_000_000)
-    public static let checkpointInterval = Bounds("--checkpoint-interval", 256...(16 << 20), unit: " bytes")
     /// Bluetooth Core 5.x, Vol 4, Part E, 7.7.65.2: an advertising report's RSSI is -127 to +20 dBm.
     public static let minRSSI = Bounds("--min-rssi", -127...20, unit: " dBm")
     public static let count = Bounds("--count", 1...1000)
@@ -116,18 +88,6 @@ public enum Ranges {
     public static let perAdapter = Bounds("--per-adapter", 1...64)
     public static let retries = Bounds("--retries", 0...100)
     public static let simDevice = Bounds("--sim-device-fault N", 1...1000)
-    /// MCUmgr image slots: 0 and 1 per image, up to four images (Zephyr's img_mgmt).
-    public static let smpSlot = Bounds("--slot", 0...7)
-    /// SMP requests kept in flight, at most (the device's buffer count bounds it too).
-    public static let smpWindow = Bounds("--smp-window", 1...32)
-    /// Zephyr's MCUmgr netbuf: 64 bytes at the least, 65,535 + 8 the most the SMP header can say.
-    public static let smpBufferSize = Bounds("--sim-smp-buf-size", 64...65543)
-    public static let smpBufferCount = Bounds("--sim-smp-buf-count", 1...32)
-    /// The image management group's error codes (Zephyr's `IMG_MGMT_ERR_*`, 1 to 33).
-    public static let smpRefuseUpload = Bounds("--sim-smp-refuse-upload", 1...33)
-    public static let smpBusyAbove = Bounds("--sim-smp-busy-above", 1...32)
-    /// The simulated SMP server's slot erase at a new upload: up to ten minutes.
-    public static let smpEraseSeconds = Bounds("--sim-smp-erase-seconds", 0...600.0, unit: " seconds")
     /// Bluetooth Core 5.x, Vol 3, Part F, 3.2.8: ATT_MTU of LE is at least 23; 517 holds the longest attribute value.
     public static let mtu = Bounds("--sim-mtu", 23...517)
     /// Bluetooth Core 5.x, Vol 6, Part B, 4.5.1: a connection interval is 7.5 ms to 4 s.
@@ -136,14 +96,6 @@ public enum Ranges {
     /// The device reports its slot as a 32-bit size.
     public static let simSlotSize = Bounds("--sim-slot-size", 1...Int(UInt32.max), unit: " bytes")
     public static let slotSize = Bounds("--slot-size", 1...Int(UInt32.max), unit: " bytes")
-    /// The native device's OTA protocol version (docs/PROTOCOL.md): 1, or 2 with its flash declaration.
-    public static let simDeviceVersion = Bounds("--sim-device-version", 1...2)
-    public static let deviceVersion = Bounds("--device-version", simDeviceVersion.range)
-    /// An SMP frame is its 8-byte header and at most 65,535 bytes of CBOR; below 64 bytes no upload
-    /// request with data fits.
-    public static let bufSize = Bounds("--buf-size", smpBufferSize.range, unit: " bytes")
-    /// Zephyr's CONFIG_MCUMGR_TRANSPORT_NETBUF_COUNT, as --sim-smp-buf-count.
-    public static let bufCount = Bounds("--buf-count", smpBufferCount.range)
     public static let seed = Bounds("--sim-seed", 0...UInt64.max)
     public static func rate(_ option: String) -> Bounds<Double> { Bounds(option, 0...1) }
     public static let dropRate = rate("--sim-drop-rate")
@@ -158,37 +110,20 @@ public enum Ranges {
     public static let corruptAt = offset("--sim-corrupt-at")
     public static let flashBitflipAt = offset("--sim-flash-bitflip-at")
     public static let stopAnsweringAt = offset("--sim-stop-answering-at")
-    /// Secure DFU init packets carry versions as uint32 (dfu-cc.proto `InitCommand`).
-    public static func uint32(_ option: String) -> Bounds<Int> { Bounds(option, 0...Int(UInt32.max)) }
-    public static let hwVersion = uint32("--hw-version")
-    public static let simHWVersion = uint32("--sim-hw-version")
-    public static let simAppVersion = uint32("--sim-app-version")
-    public static let simBootloaderVersion = uint32("--sim-bootloader-version")
-    /// A SoftDevice FWID is 16 bits (nrfutil `--sd-req`, the SoftDevice's info struct).
-    public static func fwid(_ option: String) -> Bounds<FWID> { Bounds(option, FWID(0)...FWID(0xFFFF)) }
-    public static let sdReq = fwid("--sd-req")
-    public static let simSoftDevice = fwid("--sim-softdevice")
-    public static let sdAfterUpdate = fwid("--sd-after-update")
     /// The Security Manager's passkey is six decimal digits (Core Spec Vol 3, Part H, 2.3.5.3).
     public static let passkey = Bounds("--passkey", 0...Int(PairingCredentials.maxPasskey))
     public static let simPasskey = Bounds("--sim-passkey", passkey.range)
     public static let pairTimeout = timeout("--pair-timeout")
-    /// How long `--check-command` may run: at least a second, at most an hour.
-    public static let checkTimeout = Bounds("--check-timeout", 1.0...3600.0, unit: " seconds")
 
     /// Each option's range as text, for the line that reports a value that is not a number at all.
     public static let texts: [String: String] = {
-        let ints: [Bounds<Int>] = [ledgerLimit, checkpointInterval, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent,
-                                   simSlotSize, slotSize, bufSize, bufCount, disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt,
-                                   hwVersion, simHWVersion, simAppVersion, simBootloaderVersion, smpSlot, smpWindow, smpBufferSize,
-                                   smpBufferCount, smpRefuseUpload, smpBusyAbove, passkey, simPasskey, simDeviceVersion, deviceVersion]
+        let ints: [Bounds<Int>] = [ledgerLimit, minRSSI, count, parallel, perAdapter, retries, mtu, packetsPerEvent, simSlotSize, slotSize,
+                                   disconnectAt, rebootAt, corruptAt, flashBitflipAt, stopAnsweringAt, passkey, simPasskey]
         let doubles: [Bounds<Double>] = [connectTimeout, replyTimeout, verifyTimeout, activateTimeout, reconnectWindow, stallTimeout,
                                          scanWindow, scanTimeout, probeTimeout, interval, dropRate, corruptRate, gattErrorRate,
-                                         lostNotificationRate, slowFlash, pairTimeout, checkTimeout, smpEraseSeconds]
+                                         lostNotificationRate, slowFlash, pairTimeout]
         var texts = Ranges.texts(whole: ints, numbers: doubles)
         texts[seed.option] = "a whole number " + seed.text
-        for b in [simSoftDevice, sdAfterUpdate] { texts[b.option] = "a SoftDevice FWID like 0xAF, " + b.text }
-        texts[sdReq.option] = "SoftDevice FWIDs like 0xAF or 0xAF,0xB6, each " + sdReq.text
         return texts
     }()
 

@@ -59,11 +59,9 @@ public struct ProtocolCommandLine: Sendable {
     public var describe: @Sendable (SimulatedDevice) -> String? = { _ in nil }
     /// Checks a simulated device of its own after a flash: a line worth a note, or a failure.
     public var check: @Sendable (SimulatedDevice) throws(CLIFailure) -> String? = { _ in nil }
-    /// How its simulated device keeps its state between runs (`--sim-state`); nil: it keeps none.
+    /// How its simulated device keeps its state between runs (native's `--sim-state`); nil: it
+    /// keeps none. Its options group says where (`ProtocolOptionGroup.stateDirectory`).
     public var state: SimulatorStateKeeper?
-    /// Refuses a device version its simulated device cannot be with this slot size (options
-    /// named as given); nil: it takes any.
-    public var checkDeviceVersion: (@Sendable (_ version: Int, _ slotSize: Int, _ option: String, _ slotOption: String) throws(ValidationError) -> Void)?
     /// What `otaflash info` reports of a device that exposes its service (`services`): the
     /// `ota_*` fields of the info event, as key and value; nil: it reports nothing of its own.
     public var info: (@Sendable (any GATTConnection, [GATTService]) async -> [(String, String?)]?)?
@@ -163,12 +161,48 @@ public protocol ProtocolOptionGroup: ParsableArguments, Sendable {
     func check(protocolName: String, noActivate: Bool, batch: Bool) throws
     /// The version an image is said to carry (`--image-version`), as given.
     var imageVersionText: String? { get }
+    /// The checks of its simulated device's options that need the simulated device's slot size
+    /// (given with `slotOption`).
+    func check(simulatedSlotSize: Int, slotOption: String) throws
+    /// The checks of its simulated device's options against the run, once the image's plan is known.
+    func check(_ run: SimulatedRun) throws(CLIFailure)
+    /// What its simulated device is when these options start it in its application, whose
+    /// bootloader then answers at the address + 1 (Secure DFU's "buttonless device" with
+    /// `--sim-buttonless`): that device is simulated whatever the image. Nil: they do not.
+    var applicationDevice: String? { get }
+    /// The folder its simulated device keeps its state in between runs, as given with the option
+    /// its registration's `state` names; nil: none.
+    var stateDirectory: String? { get }
 }
 
 extension ProtocolOptionGroup {
     public func check(protocolName: String) throws {}
     public func check(protocolName: String, noActivate: Bool, batch: Bool) throws { try check(protocolName: protocolName) }
     public var imageVersionText: String? { nil }
+    public func check(simulatedSlotSize: Int, slotOption: String) throws {}
+    public func check(_ run: SimulatedRun) throws(CLIFailure) {}
+    public var applicationDevice: String? { nil }
+    public var stateDirectory: String? { nil }
+}
+
+/// What a protocol's simulated-device options are checked against once `flash` knows the image's plan.
+public struct SimulatedRun: Sendable {
+    /// The image, as given.
+    public var image: String
+    /// Whether `--simulator` is given.
+    public var simulated: Bool
+    /// Whether several devices are flashed.
+    public var batch: Bool
+    /// What the simulated device is when another protocol's options start it in its application
+    /// (`ProtocolOptionGroup.applicationDevice`); nil: none does.
+    public var applicationDevice: String?
+
+    public init(image: String, simulated: Bool, batch: Bool, applicationDevice: String?) {
+        self.image = image
+        self.simulated = simulated
+        self.batch = batch
+        self.applicationDevice = applicationDevice
+    }
 }
 
 /// An `@OptionGroup` of a protocol's options, as a command holds it: the group's type (known
@@ -228,17 +262,13 @@ public struct FlashPlan {
     public var update: UpdatePlan
     /// What the user should know about the image before it is sent (an unsigned package…).
     public var warnings: [String] = []
-    /// For the simulator: the SoftDevice a simulated bootloader runs once it installed the
-    /// package's SoftDevice (what the package's last image requires).
-    public var softDeviceAfterUpdate: UInt32?
     /// The version the image carries (an MCUboot header's major.minor.revision), for
     /// `--skip-if-version image`.
     public var imageVersion: FirmwareVersion?
 
-    public init(update: UpdatePlan, warnings: [String] = [], softDeviceAfterUpdate: UInt32? = nil, imageVersion: FirmwareVersion? = nil) {
+    public init(update: UpdatePlan, warnings: [String] = [], imageVersion: FirmwareVersion? = nil) {
         self.update = update
         self.warnings = warnings
-        self.softDeviceAfterUpdate = softDeviceAfterUpdate
         self.imageVersion = imageVersion
     }
 
@@ -285,8 +315,8 @@ public struct AfterActivation: Sendable, HoldsProtocolOptions {
 }
 
 /// What the simulated device of `flash --simulator` is asked to be: the plan it receives, the
-/// device every protocol's simulator has (address, slot, link, faults), what the command line
-/// says of the native device, and every protocol's own options.
+/// device every protocol's simulator has (address, slot, link, faults), whether it exposes its
+/// service, and every protocol's own options.
 public struct SimulatedDeviceRequest: HoldsProtocolOptions {
     /// Nil: a device to look at (`scan`, `info`, `pair`), not to flash.
     public var plan: FlashPlan?
@@ -302,54 +332,28 @@ public struct SimulatedDeviceRequest: HoldsProtocolOptions {
     }
 }
 
-/// The simulated device's options that are not a protocol's own group (`--sim-no-ota-service`,
-/// `--sim-device-version`, `--sim-data-without-write-without-response`, `--sim-buttonless`).
+/// The simulated device's options that are not a protocol's own group (`--sim-no-ota-service`).
 public struct SimulatedDeviceSettings: Sendable, Hashable {
     /// False: the device does not expose its update service.
     public var hasOTAService = true
-    /// The OTA protocol version a native device speaks.
-    public var deviceVersion = 1
-    /// The native data characteristic lacks write-without-response.
-    public var dataWithoutWriteWithoutResponse = false
-    /// A Secure DFU device that starts in its application with the buttonless service.
-    public var buttonless: SimulatedButtonless?
 
-    public init(hasOTAService: Bool = true, deviceVersion: Int = 1, dataWithoutWriteWithoutResponse: Bool = false,
-                buttonless: SimulatedButtonless? = nil) {
+    public init(hasOTAService: Bool = true) {
         self.hasOTAService = hasOTAService
-        self.deviceVersion = deviceVersion
-        self.dataWithoutWriteWithoutResponse = dataWithoutWriteWithoutResponse
-        self.buttonless = buttonless
     }
 }
 
-/// How `--sim-buttonless` starts the simulated Secure DFU device: in its application, with the
-/// buttonless service, and what it does when asked to enter its bootloader.
-public enum SimulatedButtonless: String, CaseIterable, ExpressibleByArgument, Sendable {
-    /// 8EC90003: it reboots into its bootloader at the address + 1.
-    case unbonded
-    /// 8EC90004: it enters its bootloader only for a bonded central.
-    case bonded
-    /// It answers Enter Bootloader with "operation failed".
-    case refusing
-    /// It accepts Enter Bootloader, resets, and its bootloader never comes up.
-    case lost
-
-    public static let help = "Start the simulated Secure DFU device in its application with the buttonless service: " + kinds
-
-    public static let kinds = "unbonded (8EC90003: it reboots into its bootloader at the address + 1), bonded (8EC90004: only for a bonded central), "
-        + "refusing (it answers Enter Bootloader with 'operation failed') or lost (its bootloader never comes up)."
-}
-
-/// Keeps a simulated device's state in a folder between runs (`--sim-state DIR`).
+/// Keeps a simulated device's state in a folder between runs (native's `--sim-state DIR`).
 public struct SimulatorStateKeeper: Sendable {
-    /// The device restored from `dir` (a fresh one when it holds no state).
-    public let load: @Sendable (_ dir: String, SimulatedDeviceConfig, SimulatedDeviceSettings) throws -> SimulatedDevice
+    /// The option that names the folder.
+    public let option: String
+    /// The device `request` describes, restored from `dir` (a fresh one when it holds no state).
+    public let load: @Sendable (_ dir: String, SimulatedDeviceRequest) throws -> SimulatedDevice
     /// Writes the device's state into `dir`.
     public let save: @Sendable (SimulatedDevice, _ dir: String) throws -> Void
 
-    public init(load: @escaping @Sendable (_ dir: String, SimulatedDeviceConfig, SimulatedDeviceSettings) throws -> SimulatedDevice,
+    public init(option: String, load: @escaping @Sendable (_ dir: String, SimulatedDeviceRequest) throws -> SimulatedDevice,
                 save: @escaping @Sendable (SimulatedDevice, _ dir: String) throws -> Void) {
+        self.option = option
         self.load = load
         self.save = save
     }

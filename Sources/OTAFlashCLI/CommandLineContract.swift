@@ -18,8 +18,9 @@ extension ProtocolCommandLine {
     /// The protocols that take `option`, for the refusal.
     static func owners(of option: String) -> [String] { all.filter { $0.takes.contains(option) }.map(\.name) }
 
-    /// The protocol whose simulated device starts in its application with `--sim-buttonless`.
-    static var buttonless: ProtocolCommandLine? { all.first { $0.applicationFirst != nil } }
+    /// The protocol whose simulated device an option starts in its application (`applicationFirst`:
+    /// Secure DFU's `--sim-buttonless`).
+    static var applicationFirstProtocol: ProtocolCommandLine? { all.first { $0.applicationFirst != nil } }
 }
 
 extension ProtocolRegistry {
@@ -73,13 +74,14 @@ extension Flash {
 extension SimulatorOptions {
     /// The simulated device `plan` goes to, with `config`'s address, link and faults: the one its
     /// protocol registers (a device without the OTA service, `--sim-no-ota-service`, exposes none;
-    /// a `--sim-buttonless` device is a Secure DFU device whatever the image, which refuses it).
+    /// a device a protocol's options start in its application, as `--sim-buttonless` does, is that
+    /// protocol's whatever the image, and refuses another's).
     func device(for plan: FlashPlan, config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings? = nil,
                 options: [any ProtocolOptionGroup]) throws -> SimulatedDevice {
         let request = SimulatedDeviceRequest(plan: plan, config: config, settings: settings ?? self.settings, options: options)
-        guard request.settings.hasOTAService else { return try device.lookedAtDevice(config, settings: request.settings) }
-        if request.settings.buttonless != nil, let buttonless = ProtocolCommandLine.buttonless {
-            return try buttonless.simulatedDevice(request)
+        guard request.settings.hasOTAService else { return try device.lookedAtDevice(config, settings: request.settings, options: options) }
+        if let starter = options.first(where: { $0.applicationDevice != nil }) {
+            return try type(of: starter).commandLine.simulatedDevice(request)
         }
         guard let registration = ProtocolCommandLine.named(plan.profile.name) else {
             throw CLIFailure(.internalError, "the \(plan.profile.name) protocol registers no simulated device; please report this")

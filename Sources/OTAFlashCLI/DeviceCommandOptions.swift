@@ -10,7 +10,7 @@ import Simulator
 /// the output.
 struct DeviceCommandOptions: DeviceCommandContext {
     @OptionGroup var target: ConnectionOptions
-    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: LookedAtDeviceOptions
     @OptionGroup var output: OutputOptions
 
     var simulates: Bool { simulator.enabled }

@@ -164,6 +164,7 @@ struct Flash: AsyncParsableCommand {
         for group in protocols.protocolGroups {
             try group.check(protocolName: protocolName, noActivate: noActivate, batch: batch.isBatch(devices: target.device))
         }
+        try target.simulator.device.check(protocols.protocolGroups)
         if batch.count != nil, !target.simulator.enabled {
             throw ValidationError("--count needs --simulator; for real devices use --device (repeated), --devices-file or --scan")
         }
@@ -200,7 +201,7 @@ struct Flash: AsyncParsableCommand {
     /// Checks every path the run writes to, before any radio time.
     func checkOutputPaths() throws {
         if let logDir = batch.logDir { try OutputPaths.prepareDirectory(logDir, option: "--log-dir") }
-        if let state = target.simulator.stateDir { try OutputPaths.prepareDirectory(state, option: "--sim-state") }
+        if let kept = keptState { try OutputPaths.prepareDirectory(kept.directory, option: kept.keeper.option) }
         if let journalDir { try OutputPaths.prepareDirectory(journalDir, option: "--journal-dir") }
     }
 
@@ -218,8 +219,8 @@ struct Flash: AsyncParsableCommand {
 
     private func flashBatch(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {
         // Each simulated device of a batch lives for the run only: a state folder would be ignored.
-        if target.simulator.stateDir != nil {
-            throw CLIFailure(.usage, "--sim-state keeps one simulated device between runs; a batch's simulated devices live for the run only: drop --sim-state, or flash one device")
+        if let option = keptState?.keeper.option {
+            throw CLIFailure(.usage, "\(option) keeps one simulated device between runs; a batch's simulated devices live for the run only: drop \(option), or flash one device")
         }
         printer.note("\(image): \(formatBytes(plan.size)), CRC32 \(hex32(plan.crc32)); \(plan.update.reason)\(plan.update.contents)")
         for warning in plan.warnings { printer.note("warning: \(warning)") }
@@ -263,11 +264,12 @@ struct Flash: AsyncParsableCommand {
     }
 
     /// The central that reaches the device at `address`, and the simulated device when it is one
-    /// (restored from `--sim-state` when given: a native device, the only one that keeps state).
+    /// (restored from the folder a protocol's options name, `--sim-state`: a native device, the only
+    /// one that keeps state).
     private func connection(for plan: FlashPlan, address: DeviceAddress, pairs: Bool) throws -> (any GATTCentral, SimulatedDevice?) {
         let simulator = target.simulator
         guard simulator.enabled else { return (target.bluezCentral().refusingStackPairing(!pairs), nil) }
-        if let stateDir = simulator.stateDir { return try simulator.makeCentral(address: address, stateDir: stateDir) }
+        if let kept = keptState { return try simulator.makeCentral(address: address, kept: kept, options: protocols.protocolGroups) }
         let device = try simulator.device(for: plan, config: simulator.deviceConfig(address: address), options: protocols.protocolGroups)
         return (SimulatedCentral(devices: [device], clock: simulator.clock), device)
     }
@@ -275,7 +277,7 @@ struct Flash: AsyncParsableCommand {
     /// The update of one device as the options describe it.
     private func updater(for plan: FlashPlan, pairing: PairingPolicy) throws -> DeviceUpdater {
         // A simulated device without --sim-state forgets everything when the process ends: no journal.
-        let keepsState = !target.simulator.enabled || target.simulator.stateDir != nil
+        let keepsState = !target.simulator.enabled || keptState != nil
         return DeviceUpdater(plan: plan.update, registry: .cli(for: request), protocolName: protocolName, config: try engineConfig(for: plan),
                              timeouts: sessionTimeouts,
                              reconnect: ReconnectPolicy(window: Ranges.reconnectWindow.duration(reconnectWindow), seed: target.simulator.seed),
@@ -346,7 +348,7 @@ struct Flash: AsyncParsableCommand {
     /// native device with the C device library in lockstep: any difference ends the run) and
     /// says what it runs.
     private func finish(_ simulated: SimulatedDevice, address: DeviceAddress, printer: EventPrinter) throws {
-        try target.simulator.save(simulated)
+        if let kept = keptState { try target.simulator.save(simulated, kept) }
         for registration in ProtocolCommandLine.all {
             guard let line = try registration.check(simulated) else { continue }
             printer.json(FlashEvents.Note(device: address.description, message: line))

@@ -2,6 +2,10 @@ import OTA
 import OTACommandLine
 
 extension Flash {
+    /// The folder the simulated device keeps its state in between runs, when a protocol's options
+    /// name one (native's `--sim-state`).
+    var keptState: KeptState? { KeptState(protocols.protocolGroups) }
+
     /// The options given that only some protocols take (`ProtocolCommandLine.specificOptions`), by name.
     var protocolSpecificOptions: [String] {
         let simulator = target.simulator
@@ -13,18 +17,14 @@ extension Flash {
                 let flash = group.given(withSimulator: false)
                 return group.given(withSimulator: true).filter { !flash.contains($0) }
             }
-            if simulator.buttonless != nil { given.append("--sim-buttonless") }
             if simulator.device.firmwareVersionOption != nil { given.append("--sim-firmware-version") }
-            if simulator.dataWithoutWriteWithoutResponse { given.append("--sim-data-without-write-without-response") }
-            if simulator.device.deviceVersion != 1 { given.append("--sim-device-version") }
-            if simulator.stateDir != nil { given.append("--sim-state") }
         }
         return given.filter(ProtocolCommandLine.specificOptions.contains)
     }
 
     /// Refuses, before any radio time, an option the plan's protocol does not take (each
     /// protocol's registration says which it takes), and the combinations a simulated device
-    /// cannot be.
+    /// cannot be (each protocol's group checks its own against the run).
     ///
     /// - Throws: `CLIFailure` `.usage` (exit 2) with one line that names the option and what to do.
     func refuseOptionsThatDoNotApply(to plan: FlashPlan) throws(CLIFailure) {
@@ -35,17 +35,9 @@ extension Flash {
             throw CLIFailure(.usage, "\(option) applies to \(ProtocolCommandLine.owners(of: option).joined(separator: " and ")) only\(why); "
                                      + "\(image) goes over \(name): drop it")
         }
-        let simulator = target.simulator
-        if simulator.enabled, simulator.device.deviceVersion == 2 {
-            if simulator.buttonless != nil {
-                throw CLIFailure(.usage, "--sim-device-version 2 makes a native OTA device; \(image) goes to a buttonless device, drop it")
-            }
-            if batch.isBatch(devices: target.device) {
-                throw CLIFailure(.usage, "--sim-device-version 2 checks one simulated device against the C device library; flash one device (drop --count)")
-            }
-        }
-        if simulator.stateDir != nil, simulator.buttonless != nil {
-            throw CLIFailure(.usage, "--sim-state keeps the native simulated device only; drop it to flash a buttonless device in the simulator")
-        }
+        let groups = protocols.protocolGroups
+        let run = SimulatedRun(image: image, simulated: target.simulator.enabled, batch: batch.isBatch(devices: target.device),
+                               applicationDevice: groups.lazy.compactMap(\.applicationDevice).first)
+        for group in groups { try group.check(run) }
     }
 }

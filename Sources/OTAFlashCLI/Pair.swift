@@ -22,7 +22,7 @@ struct Pair: AsyncParsableCommand {
 
     @OptionGroup var target: ConnectionOptions
     @OptionGroup(title: "Pairing") var answers: PairingAnswers
-    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: LookedAtDeviceOptions
     @OptionGroup(title: "Simulated peripheral") var simulatedSecurity: SimulatedSecurityOptions
     @OptionGroup var output: OutputOptions
 
@@ -67,7 +67,7 @@ struct Unpair: AsyncParsableCommand {
     )
 
     @OptionGroup var target: ConnectionOptions
-    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: LookedAtDeviceOptions
     @OptionGroup var output: OutputOptions
 
     func run() async throws {

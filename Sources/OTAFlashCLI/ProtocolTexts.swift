@@ -70,11 +70,6 @@ enum ProtocolTexts {
         owned("--restart", "ignore any partial transfer the device holds and send the whole image.", protocols)
     }
 
-    /// `--sim-data-without-write-without-response`.
-    static func dataWithoutWriteWithoutResponse(_ protocols: [ProtocolCommandLine]) -> String {
-        owned("--sim-data-without-write-without-response", "the data characteristic lacks write-without-response.", protocols)
-    }
-
     /// `--sim-slot-size` (`flash --simulator`'s and `simulate`'s), before its range.
     static func simSlotSize(_ protocols: [ProtocolCommandLine], default value: Int? = nil) -> String {
         let slots = protocols.compactMap { registration in registration.texts.slot.map { "\(registration.name): \($0)" } }

@@ -21,6 +21,12 @@ public struct ProtocolOptions: ParsableArguments {
     public init() {}
 }
 
+/// The device `scan`, `info`, `pair` and the device commands simulate is the first protocol's:
+/// its own options (the native device's protocol version), under the simulated peripheral's.
+struct LookedAtProtocolOptions: ParsableArguments {
+    @OptionGroup var native: NativeDeviceVersionOptions
+}
+
 /// The device `otaflash simulate` serves, one group per protocol: the group of `--protocol`
 /// makes it, another's options given are refused.
 struct ServedProtocolOptions: ParsableArguments {

@@ -22,7 +22,7 @@ struct Scan: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Bluetooth adapter to scan on (default: the first powered one).", valueName: "hciN"), completion: .adapters)
     var adapter: String?
 
-    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: LookedAtDeviceOptions
     @OptionGroup var output: OutputOptions
 
     @Option(name: .long, parsing: .unconditional, help: Ranges.scanTimeout.help("Seconds to scan", valueName: "seconds"))
@@ -131,7 +131,7 @@ struct Info: AsyncParsableCommand {
     )
 
     @OptionGroup var target: ConnectionOptions
-    @OptionGroup(title: "Simulated peripheral") var simulator: SimulatedDeviceOptions
+    @OptionGroup(title: "Simulated peripheral") var simulator: LookedAtDeviceOptions
     @OptionGroup var output: OutputOptions
 
     func run() async throws {

@@ -160,7 +160,7 @@ struct Simulate: AsyncParsableCommand {
     }
 
     /// The option that starts a device in its application (`--sim-buttonless`).
-    static var applicationFirst: String { ProtocolCommandLine.buttonless?.applicationFirst ?? "--sim-buttonless" }
+    static var applicationFirst: String { ProtocolCommandLine.applicationFirstProtocol?.applicationFirst ?? "--sim-buttonless" }
 
     /// A device that starts in its application is served on two adapters: the application's and
     /// the bootloader's, at the address + 1.

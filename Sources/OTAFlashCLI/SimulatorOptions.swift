@@ -6,7 +6,8 @@ import OTADevice
 import OTAWire
 import Simulator
 
-/// The simulated peripheral as `scan` and `info` see it: whether to use it, and what it reports.
+/// The simulated peripheral as every command with `--simulator` sees it: whether to use it, and
+/// what it reports (the protocols' own options of it are in their groups).
 public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("simulator"), help: "Use the built-in simulated peripheral instead of a Bluetooth device (its options: otaflash help simulator).")
     public var enabled = false
@@ -25,23 +26,43 @@ public struct SimulatedDeviceOptions: ParsableArguments {
     @Flag(name: .customLong("sim-advertise-no-uuid"), help: "The device advertises no service UUID, as mcumgr's Mynewt smp_svr sample does: `scan --ota-only` cannot tell what it speaks, `scan --probe` connects and looks.")
     public var advertisesNoUUID = false
 
-    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("The OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep, and a difference between the two is exit 1", valueName: "n"))
-    public var deviceVersion: Int = 1
-
     public init() {}
 
     public func validate() throws {
         try Ranges.simSlotSize.check(slotSize)
         guard firmwareVersionOption.map({ FirmwareVersion($0) != nil }) ?? true else { throw ValidationError("--sim-firmware-version must look like 1.2.3, got '\(firmwareVersion)'") }
-        try Ranges.simDeviceVersion.check(deviceVersion)
-        try Self.checkVersion2(deviceVersion, slotSize: slotSize, option: "--sim-device-version", slotOption: "--sim-slot-size")
     }
 
-    /// A device version the registered protocols' simulated devices cannot be with this slot size.
-    static func checkVersion2(_ version: Int, slotSize: Int, option: String, slotOption: String) throws(ValidationError) {
-        for registration in ProtocolCommandLine.all {
-            try registration.checkDeviceVersion?(version, slotSize, option, slotOption)
-        }
+    /// Each protocol group's checks of its simulated device's options against the slot size.
+    func check(_ groups: [any ProtocolOptionGroup]) throws {
+        for group in groups { try group.check(simulatedSlotSize: slotSize, slotOption: "--sim-slot-size") }
+    }
+}
+
+/// The simulated peripheral as `scan`, `info`, `pair` and the device commands see it: the first
+/// protocol's device, with its own options (Protocols.swift).
+public struct LookedAtDeviceOptions: ParsableArguments {
+    @OptionGroup public var device: SimulatedDeviceOptions
+    @OptionGroup var protocols: LookedAtProtocolOptions
+
+    public init() {}
+
+    public func validate() throws {
+        try device.check(protocols.protocolGroups)
+    }
+
+    public var enabled: Bool { device.enabled }
+
+    public func deviceConfig(address: DeviceAddress) -> SimulatedDeviceConfig { device.deviceConfig(address: address) }
+
+    /// The device `scan`, `info` and `pair` simulate, at `config`'s address.
+    func lookedAtDevice(_ config: SimulatedDeviceConfig) throws -> SimulatedDevice {
+        try device.lookedAtDevice(config, options: protocols.protocolGroups)
+    }
+
+    /// A central that reaches the simulated device at `address` on the real clock.
+    func central(address: DeviceAddress) throws -> any GATTCentral {
+        SimulatedCentral(devices: [try lookedAtDevice(deviceConfig(address: address))], clock: SystemClock())
     }
 }
 
@@ -69,8 +90,7 @@ public struct SimulatedSecurityOptions: ParsableArguments {
     }
 }
 
-/// The simulated link and what `flash --simulator` does with the device: its timing, its state
-/// between runs, a buttonless application in front of a Secure DFU bootloader.
+/// The simulated link of `flash --simulator`: its timing.
 public struct SimulatedLinkOptions: ParsableArguments {
     @Option(name: .customLong("sim-mtu"), parsing: .unconditional, help: Ranges.mtu.help("Negotiated ATT MTU", valueName: "bytes"))
     public var mtu: Int = 247
@@ -86,15 +106,6 @@ public struct SimulatedLinkOptions: ParsableArguments {
 
     @Option(name: .customLong("sim-time"), help: ArgumentHelp("real: take the link's real time (a demo); virtual: compute it and finish at once; unlimited: no link timing.", valueName: "time"))
     var time: SimulatedTime = .real
-
-    @Option(name: .customLong("sim-state"), help: ArgumentHelp("Keep the simulated device's flash and transfer state in this folder between runs, so a second run resumes (one native device, not a batch).", valueName: "dir"), completion: .directory)
-    public var stateDir: String?
-
-    @Flag(name: .customLong("sim-data-without-write-without-response"), help: ArgumentHelp(ProtocolTexts.dataWithoutWriteWithoutResponse(ProtocolCommandLine.all)))
-    public var dataWithoutWriteWithoutResponse = false
-
-    @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp(SimulatedButtonless.help, valueName: "kind"))
-    var buttonless: SimulatedButtonless?
 
     public init() {}
 
@@ -125,17 +136,8 @@ public struct SimulatorOptions: ParsableArguments {
     public var seed: UInt64 { faultOptions.seed }
     public var enabled: Bool { device.enabled }
     public var slotSize: Int { device.slotSize }
-    public var stateDir: String? { linkOptions.stateDir }
-    public var dataWithoutWriteWithoutResponse: Bool { linkOptions.dataWithoutWriteWithoutResponse }
-    var buttonless: SimulatedButtonless? { linkOptions.buttonless }
 
     public init() {}
-
-    public func validate() throws {
-        if device.deviceVersion == 2, stateDir != nil {
-            throw ValidationError("--sim-state keeps a version 1 device only; drop it or --sim-device-version 2")
-        }
-    }
 
     public var link: LinkModel { linkOptions.model }
 
@@ -150,31 +152,22 @@ public struct SimulatorOptions: ParsableArguments {
     }
 
     /// What the simulated device is besides its protocol's own options.
-    public var settings: SimulatedDeviceSettings {
-        var settings = device.settings
-        settings.dataWithoutWriteWithoutResponse = dataWithoutWriteWithoutResponse
-        settings.buttonless = buttonless
-        return settings
-    }
+    public var settings: SimulatedDeviceSettings { device.settings }
 
-    /// The simulated device restored from `--sim-state` (by the protocol whose device keeps its
-    /// state) and a central that reaches it.
-    func makeCentral(address: DeviceAddress, stateDir: String) throws -> (SimulatedCentral, SimulatedDevice) {
-        let config = deviceConfig(address: address)
-        guard let keeper = ProtocolCommandLine.all.lazy.compactMap(\.state).first else {
-            throw CLIFailure(.internalError, "no protocol keeps a simulated device's state; please report this")
-        }
-        let device = try keeper.load(stateDir, config, settings)
+    /// The simulated device restored from the folder `kept` names (by the protocol whose device
+    /// keeps its state, with the command's protocol `options`) and a central that reaches it.
+    func makeCentral(address: DeviceAddress, kept: KeptState, options: [any ProtocolOptionGroup]) throws -> (SimulatedCentral, SimulatedDevice) {
+        let request = SimulatedDeviceRequest(plan: nil, config: deviceConfig(address: address), settings: settings, options: options)
+        let device = try kept.keeper.load(kept.directory, request)
         return (SimulatedCentral(devices: [device], clock: clock), device)
     }
 
-    /// Saves the device's state when `--sim-state` asks for it.
-    public func save(_ device: SimulatedDevice) throws {
-        guard let stateDir, let keeper = ProtocolCommandLine.all.lazy.compactMap(\.state).first else { return }
+    /// Saves the device's state into the folder `kept` names.
+    func save(_ device: SimulatedDevice, _ kept: KeptState) throws {
         do {
-            try keeper.save(device, stateDir)
+            try kept.keeper.save(device, kept.directory)
         } catch {
-            throw CLIFailure(.internalError, "cannot save simulator state to \(stateDir): \(error.localizedDescription)")
+            throw CLIFailure(.internalError, "cannot save simulator state to \(kept.directory): \(error.localizedDescription)")
         }
     }
 
@@ -196,20 +189,39 @@ extension SimulatedDeviceOptions {
 
     /// What the simulated device is besides its protocol's own options.
     var settings: SimulatedDeviceSettings {
-        SimulatedDeviceSettings(hasOTAService: !noOTAService, deviceVersion: deviceVersion)
+        SimulatedDeviceSettings(hasOTAService: !noOTAService)
     }
 
-    /// The device `scan`, `info` and `pair` simulate: the first protocol's, at `config`'s address.
-    func lookedAtDevice(_ config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings? = nil) throws -> SimulatedDevice {
+    /// The device `scan`, `info` and `pair` simulate: the first protocol's, at `config`'s address,
+    /// as the command's protocol `options` describe it.
+    func lookedAtDevice(_ config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings? = nil,
+                        options: [any ProtocolOptionGroup]) throws -> SimulatedDevice {
         guard let first = ProtocolCommandLine.all.first else {
             throw CLIFailure(.internalError, "no protocol is registered; please report this")
         }
-        return try first.simulatedDevice(SimulatedDeviceRequest(plan: nil, config: config, settings: settings ?? self.settings))
+        return try first.simulatedDevice(SimulatedDeviceRequest(plan: nil, config: config, settings: settings ?? self.settings, options: options))
+    }
+}
+
+/// The folder a protocol's simulated device keeps its state in between runs, and how it keeps it.
+struct KeptState {
+    var directory: String
+    var keeper: SimulatorStateKeeper
+
+    /// The folder the first of `groups` that gives one names, with its protocol's keeper.
+    init?(_ groups: [any ProtocolOptionGroup]) {
+        for group in groups {
+            if let directory = group.stateDirectory, let keeper = type(of: group).commandLine.state {
+                self.init(directory: directory, keeper: keeper)
+                return
+            }
+        }
+        return nil
     }
 
-    /// A central that reaches the simulated device at `address` on the real clock.
-    func central(address: DeviceAddress) throws -> any GATTCentral {
-        SimulatedCentral(devices: [try lookedAtDevice(deviceConfig(address: address))], clock: SystemClock())
+    init(directory: String, keeper: SimulatorStateKeeper) {
+        self.directory = directory
+        self.keeper = keeper
     }
 }
 

@@ -57,7 +57,8 @@ struct Station: AsyncParsableCommand {
     @OptionGroup(title: "Simulated line (with --simulator)") var line: LineOptions
 
     /// `flash`'s options a station refuses (`validate()`): its help leaves them out.
-    static let refusedOptions: Set<String> = ["--device", "--devices-file", "--scan", "--count", "--sim-device-fault", "--sim-state", "--no-ledger"]
+    static let refusedOptions = Set(["--device", "--devices-file", "--scan", "--count", "--sim-device-fault", "--no-ledger"]
+                                    + ProtocolCommandLine.all.compactMap(\.state?.option))
 
     /// `station`'s help without the options it refuses, and without the simulated peripheral's
     /// (`otaflash help simulator`), as `flash --help`.
@@ -73,8 +74,8 @@ struct Station: AsyncParsableCommand {
                                 (batch.count != nil, "--count"), (!batch.simDeviceFault.isEmpty, "--sim-device-fault")] where given {
             throw ValidationError("\(option) lists a batch's devices; a station flashes every matching device it finds: choose them with --name-prefix and --min-rssi")
         }
-        if flash.target.simulator.stateDir != nil {
-            throw ValidationError("--sim-state keeps one simulated device; a station's simulated line is made by --sim-devices, --sim-arrivals, --sim-dwell and --sim-fail")
+        if let option = flash.keptState?.keeper.option {
+            throw ValidationError("\(option) keeps one simulated device; a station's simulated line is made by --sim-devices, --sim-arrivals, --sim-dwell and --sim-fail")
         }
         if flash.records.noLedger {
             throw ValidationError("--no-ledger: a station keeps its books in the ledger, which also tells it which devices are done; drop --no-ledger")

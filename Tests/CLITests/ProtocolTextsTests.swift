@@ -35,8 +35,10 @@ struct ProtocolTextsTests {
                      exitCodes: [.imageFile: "a .six file without its trailer", .verifyFailed: "the trailer's checksum"]),
         simulatedDevice: { _ in throw CLIFailure(.internalError, "no simulated sixth board") })
 
-    /// The options only some protocols take whose help names those that take them.
-    static let ownedOptions = ["--sim-firmware-version", "--no-activate", "--restart", "--sim-data-without-write-without-response"]
+    /// The options only some protocols take whose help names those that take them. (An option
+    /// one protocol declares in its own group, as native's --sim-data-without-write-without-response,
+    /// is that protocol's alone.)
+    static let ownedOptions = ["--sim-firmware-version", "--no-activate", "--restart"]
 
     /// Each text, built for `protocols`, by what it is.
     static func texts(_ protocols: [ProtocolCommandLine]) -> [(what: String, text: String)] {
@@ -48,7 +50,6 @@ struct ProtocolTextsTests {
          ("--sim-firmware-version", ProtocolTexts.simFirmwareVersion(protocols)),
          ("flash --no-activate", ProtocolTexts.noActivate(protocols)),
          ("flash --restart", ProtocolTexts.restart(protocols)),
-         ("--sim-data-without-write-without-response", ProtocolTexts.dataWithoutWriteWithoutResponse(protocols)),
          ("simulate --name", ProtocolTexts.servedName(protocols)),
          ("--skip-if-version", ProtocolTexts.skipIfVersion(protocols)),
          ("--sim-slot-size", ProtocolTexts.simSlotSize(protocols)),
@@ -108,7 +109,7 @@ struct ProtocolTextsTests {
                              "flash --no-activate", "flash --restart", "--skip-if-version"]),
         (["--help"], ["otaflash --help"]),
         (["scan", "--help"], ["scan --ota-only"]),
-        (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-data-without-write-without-response", "--sim-slot-size"]),
+        (["help", "simulator"], ["--sim-firmware-version", "help simulator", "--sim-slot-size"]),
         (["simulate", "--help"], ["--sim-firmware-version", "simulate's description", "simulate --name"]),
     ])
     func theCommandLineShowsTheTextsBuiltFromItsRegistrations(arguments: [String], whats: [String]) async {

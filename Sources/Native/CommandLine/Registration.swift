@@ -10,15 +10,17 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
     @Option(name: .customLong("image-version"), help: ArgumentHelp("native: the version the image carries (e.g. 1.2.3); the device reports it after activation.", valueName: "version"))
     var imageVersion: String?
 
-    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: Ranges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
+    @Option(name: .customLong("checkpoint-interval"), parsing: .unconditional, help: NativeRanges.checkpointInterval.help("native: bytes between checkpoints (write with response carrying offset and CRC32; default \(OTAEngine.Settings.defaultCheckpointInterval))", valueName: "bytes"))
     var checkpointInterval: Int?
+
+    @OptionGroup(title: "Native OTA device (a .bin or .hex)") var simulated: NativeSimulatorOptions
 
     public init() {}
 
     public static var commandLine: ProtocolCommandLine { .native }
 
     public func validate() throws {
-        try Ranges.checkpointInterval.check(checkpointInterval)
+        try NativeRanges.checkpointInterval.check(checkpointInterval)
         if let imageVersion, FirmwareVersion(imageVersion) == nil {
             throw ValidationError("--image-version must look like 1.2.3, got '\(imageVersion)'")
         }
@@ -26,23 +28,23 @@ public struct NativeFlashOptions: ProtocolOptionGroup {
 
     public func given(withSimulator: Bool) -> [String] {
         [checkpointInterval != nil ? "--checkpoint-interval" : nil, imageVersion != nil ? "--image-version" : nil].compactMap { $0 }
+            + (withSimulator ? simulated.given : [])
     }
 
     public var imageVersionText: String? { imageVersion }
+
+    public func check(simulatedSlotSize: Int, slotOption: String) throws {
+        try simulated.version.check(simulatedSlotSize: simulatedSlotSize, slotOption: slotOption)
+    }
+
+    public func check(_ run: SimulatedRun) throws(CLIFailure) { try simulated.check(run) }
+
+    public var stateDirectory: String? { simulated.stateDir }
 
     /// The engine's settings: `--checkpoint-interval` and `--image-version`.
     var settings: OTAEngine.Settings {
         OTAEngine.Settings(checkpointInterval: checkpointInterval ?? OTAEngine.Settings.defaultCheckpointInterval,
                            imageVersion: imageVersion.flatMap(FirmwareVersion.init))
-    }
-}
-
-extension SimulatedDeviceSettings {
-    /// What makes the simulated device a native one.
-    var native: NativeDeviceOptions {
-        let version2 = deviceVersion == 2 ? OTATarget.Version2() : nil
-        return NativeDeviceOptions(hasOTAService: hasOTAService, dataProperties: dataWithoutWriteWithoutResponse ? [.write] : [.writeWithoutResponse],
-                                   version2: version2, runsCLibrary: version2 != nil)
     }
 }
 
@@ -65,7 +67,7 @@ extension ProtocolCommandLine {
                 servedName: "otaflash-sim",
                 exitCodes: [.internalError: "a simulated version 2 device's C device library answered differently from its Swift model",
                             .verifyFailed: "the CRC32 of the whole image"]),
-            simulatedDevice: { request in SimulatedDevice(request.config, native: request.settings.native) })
+            simulatedDevice: { request in SimulatedDevice(request.config, native: request.native) })
         native.configure = { request in NativeProfile(settings: request.options(NativeFlashOptions.self)?.settings ?? OTAEngine.Settings()) }
         native.check = { simulated throws(CLIFailure) in
             // With the C device library in lockstep, any difference between the two models ends the run.
@@ -83,22 +85,17 @@ extension ProtocolCommandLine {
                     ("ota_slot_size", "\(info.maxImageSize)"), ("ota_firmware_version", info.firmwareVersion.description),
                     ("ota_received", "\(info.received)")]
         }
+        native.rangeTexts = NativeRanges.texts
         native.bench = NativeBench()
         native.soak = NativeSoak()
-        native.state = SimulatorStateKeeper(load: SimulatorState.load, save: SimulatorState.save)
-        native.checkDeviceVersion = { version, slotSize, option, slotOption throws(ValidationError) in
-            // A version 2 device erases whole units, and the C library beside it takes only a slot of whole units.
-            let unit = OTATarget.Version2().eraseUnit
-            guard version == 2, slotSize % unit != 0 else { return }
-            throw ValidationError("\(option) 2 erases \(unit)-byte units: \(slotOption) must be a multiple of \(unit), got \(slotSize)")
-        }
+        native.state = SimulatorStateKeeper(option: "--sim-state", load: SimulatorState.load, save: SimulatorState.save)
         return native
     }()
 }
 
 /// `otaflash simulate`'s options for a native OTA device: the protocol version it speaks.
 public struct NativeServedOptions: ServedOptionGroup {
-    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: Ranges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
+    @Option(name: .customLong("sim-device-version"), parsing: .unconditional, help: NativeRanges.simDeviceVersion.help("native: the OTA protocol version the device speaks: 2 runs it on NOR flash (4 KiB erase units, 85 ms per erase, 40 µs per word) with the C device library in lockstep; a difference between the two is a note and, at the end, exit 1 (default 1)", valueName: "n"))
     var deviceVersionOption: Int?
 
     @Option(name: .customLong("device-version"), parsing: .unconditional, help: ArgumentHelp("The former name of --sim-device-version.", visibility: .hidden))
@@ -112,8 +109,8 @@ public struct NativeServedOptions: ServedOptionGroup {
     var option: String { formerDeviceVersion != nil ? "--device-version" : "--sim-device-version" }
 
     public func validate() throws {
-        try Ranges.simDeviceVersion.check(deviceVersionOption)
-        try Ranges.deviceVersion.check(formerDeviceVersion)
+        try NativeRanges.simDeviceVersion.check(deviceVersionOption)
+        try NativeRanges.deviceVersion.check(formerDeviceVersion)
         if deviceVersionOption != nil, formerDeviceVersion != nil {
             throw ValidationError("--device-version is the former name of --sim-device-version; give --sim-device-version once")
         }
@@ -122,7 +119,7 @@ public struct NativeServedOptions: ServedOptionGroup {
     public var given: [String] { deviceVersion != 1 ? [option] : [] }
 
     public func check(_ request: ServeRequest, slotOption: String) throws {
-        try Self.commandLine.checkDeviceVersion?(deviceVersion, request.slotSize, option, slotOption)
+        try NativeDeviceVersionOptions.check(version: deviceVersion, slotSize: request.slotSize, option: option, slotOption: slotOption)
     }
 
     public func served(_ request: ServeRequest) throws -> ServedDevice {

@@ -7,8 +7,8 @@ import Simulator
 /// that "run the same command again" resumes on the simulator as it does on a real device.
 /// `state.json` holds the transfer's position, `flash.bin` the slot; both are replaced atomically.
 enum SimulatorState {
-    static func load(from dir: String, config: SimulatedDeviceConfig, settings: SimulatedDeviceSettings) throws -> SimulatedDevice {
-        let native = settings.native
+    static func load(from dir: String, _ request: SimulatedDeviceRequest) throws -> SimulatedDevice {
+        let (config, native) = (request.config, request.native)
         let stateURL = URL(fileURLWithPath: dir).appendingPathComponent("state.json")
         let flashURL = URL(fileURLWithPath: dir).appendingPathComponent("flash.bin")
         guard FileManager.default.fileExists(atPath: stateURL.path) else { return SimulatedDevice(config, native: native) }

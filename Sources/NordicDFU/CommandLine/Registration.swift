@@ -42,11 +42,13 @@ extension ProtocolCommandLine {
                             .incompatibleDevice: "a bootloader that refuses the package: other hardware, another SoftDevice, a downgrade, "
                                 + "a missing or untrusted signature (or --hw-version/--sd-req shows it would, before any radio time)"]),
             simulatedDevice: { request in
-                try simulatedSecureDFUDevice(config: request.config, options: request.options(NordicDFUOptions.self)?.simulated,
-                                             buttonless: request.settings.buttonless, softDeviceAfterUpdate: request.plan?.softDeviceAfterUpdate)
+                let options = request.options(NordicDFUOptions.self)
+                return try simulatedSecureDFUDevice(config: request.config, options: options?.simulated, buttonless: options?.application.buttonless,
+                                                    softDeviceAfterUpdate: softDeviceInstalled(by: request.plan))
             })
         nordic.fileHints = [.nordicPackageWithoutManifest]
         nordic.applicationFirst = "--sim-buttonless"
+        nordic.rangeTexts = NordicDFURanges.texts
         nordic.describe = { simulated in
             simulated.model(as: NordicButtonlessDevice.self).map { model in
                 "runs its \(model.mode) at \(simulated.address)"
@@ -82,11 +84,9 @@ extension ProtocolCommandLine {
             UpdatePlan.Part(firmware: image.firmware, profile: NordicDFUProfile(image: image), label: image.kind.description)
         }
         let kinds = parts.map(\.label).joined(separator: ", then ")
-        let installsSoftDevice = package.images.dropLast().contains { $0.kind == .softDevice || $0.kind == .softDeviceBootloader }
         let contents = parts.count == 1 ? "; the package's image: \(kinds)" : "; the package's images, in order: \(kinds)"
         return FlashPlan(update: UpdatePlan(parts: parts, format: .nordicDFUPackage, reason: resolution.reason, contents: contents),
-                         warnings: package.warnings,
-                         softDeviceAfterUpdate: installsSoftDevice ? package.images.last?.initPacket.command.softDeviceRequirements.first : nil)
+                         warnings: package.warnings)
     }
 }
 
@@ -96,7 +96,7 @@ extension ProtocolCommandLine {
 public struct NordicDFUServedOptions: ServedOptionGroup {
     @OptionGroup(title: "Secure DFU bootloader") var bootloader: SecureDFUSimulatorOptions
 
-    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: Ranges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
+    @Option(name: .customLong("sd-after-update"), parsing: .unconditional, help: NordicDFURanges.sdAfterUpdate.help("nordic-dfu: the SoftDevice FWID the bootloader reports once it installed a SoftDevice (what the package's application requires, e.g. 0xB6); default: unchanged", valueName: "fwid"))
     var softDeviceAfterUpdate: FWID?
 
     @Option(name: .customLong("sim-buttonless"), help: ArgumentHelp("nordic-dfu: serve the device's application with the buttonless service first; Enter Bootloader resets it into its bootloader on --bootloader-adapter. " + SimulatedButtonless.kinds, valueName: "kind"))
@@ -115,7 +115,7 @@ public struct NordicDFUServedOptions: ServedOptionGroup {
     var buttonless: SimulatedButtonless? { buttonlessKind ?? (formerButtonless ? .unbonded : nil) }
 
     public func validate() throws {
-        try Ranges.sdAfterUpdate.check(softDeviceAfterUpdate)
+        try NordicDFURanges.sdAfterUpdate.check(softDeviceAfterUpdate)
         for (former, formerGiven, current, currentGiven) in [("--public-key", formerPublicKey != nil, "--sim-public-key", bootloader.publicKey != nil),
                                                              ("--buttonless", formerButtonless, "--sim-buttonless", buttonlessKind != nil)]
         where formerGiven && currentGiven {

@@ -9,16 +9,16 @@ import OTACommandLine
 public struct SecureDFUSimulatorOptions: ParsableArguments, Sendable {
     public init() {}
 
-    @Option(name: .customLong("sim-hw-version"), parsing: .unconditional, help: Ranges.simHWVersion.help("Simulated Secure DFU bootloader (a .zip package only): its hardware version; a package for another refuses with ext 0x06 (default 52, nrfutil's for the nRF52)", valueName: "n"))
+    @Option(name: .customLong("sim-hw-version"), parsing: .unconditional, help: NordicDFURanges.simHWVersion.help("Simulated Secure DFU bootloader (a .zip package only): its hardware version; a package for another refuses with ext 0x06 (default 52, nrfutil's for the nRF52)", valueName: "n"))
     var hardwareVersion: Int?
 
-    @Option(name: .customLong("sim-softdevice"), parsing: .unconditional, help: Ranges.simSoftDevice.help("Simulated Secure DFU bootloader: FWID of the SoftDevice it runs; a package whose sd_req lacks it refuses with ext 0x07 (default 0xAF)", valueName: "fwid"))
+    @Option(name: .customLong("sim-softdevice"), parsing: .unconditional, help: NordicDFURanges.simSoftDevice.help("Simulated Secure DFU bootloader: FWID of the SoftDevice it runs; a package whose sd_req lacks it refuses with ext 0x07 (default 0xAF)", valueName: "fwid"))
     var softDevice: FWID?
 
-    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: Ranges.simAppVersion.help("Simulated Secure DFU bootloader: version of the installed application; a lower application fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
+    @Option(name: .customLong("sim-app-version"), parsing: .unconditional, help: NordicDFURanges.simAppVersion.help("Simulated Secure DFU bootloader: version of the installed application; a lower application fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
     var applicationVersion: Int?
 
-    @Option(name: .customLong("sim-bootloader-version"), parsing: .unconditional, help: Ranges.simBootloaderVersion.help("Simulated Secure DFU bootloader: its own version; a lower bootloader fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
+    @Option(name: .customLong("sim-bootloader-version"), parsing: .unconditional, help: NordicDFURanges.simBootloaderVersion.help("Simulated Secure DFU bootloader: its own version; a lower bootloader fw_version is a downgrade, ext 0x05 (default 0)", valueName: "n"))
     var bootloaderVersion: Int?
 
     @Option(name: .customLong("sim-public-key"), help: ArgumentHelp("Simulated Secure DFU bootloader: PEM file of the P-256 public key it verifies signatures with; a package signed with another key refuses with ext 0x0C (default: any signature passes).", valueName: "pem"), completion: .file(extensions: ["pem"]))
@@ -31,10 +31,10 @@ public struct SecureDFUSimulatorOptions: ParsableArguments, Sendable {
     var debugBootloader = false
 
     public func validate() throws {
-        try Ranges.simHWVersion.check(hardwareVersion)
-        try Ranges.simSoftDevice.check(softDevice)
-        try Ranges.simAppVersion.check(applicationVersion)
-        try Ranges.simBootloaderVersion.check(bootloaderVersion)
+        try NordicDFURanges.simHWVersion.check(hardwareVersion)
+        try NordicDFURanges.simSoftDevice.check(softDevice)
+        try NordicDFURanges.simAppVersion.check(applicationVersion)
+        try NordicDFURanges.simBootloaderVersion.check(bootloaderVersion)
     }
 
     public static let names: Set<String> = ["--sim-hw-version", "--sim-softdevice", "--sim-app-version", "--sim-bootloader-version",

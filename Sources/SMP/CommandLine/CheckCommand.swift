@@ -120,7 +120,7 @@ extension SMPOptions {
         let version = run.after?.firmwareVersion.map { "\($0)" } ?? ""
         run.note("the new image answers; running --check-command before confirming it")
         let outcome = await CheckCommand.run(command, environment: ["OTAFLASH_DEVICE": run.address.description, "OTAFLASH_VERSION": version],
-                                             timeout: Ranges.checkTimeout.duration(settings.checkTimeout))
+                                             timeout: SMPRanges.checkTimeout.duration(settings.checkTimeout))
         if let why = outcome.failure(command, timeout: settings.checkTimeout) {
             return .failure(OTAError(.checkFailed, "the new image booted but failed its check: \(why); it was not confirmed, so MCUboot reverts it at the next reset",
                                      hint: "reset the device to revert (otaflash reset), or confirm the image by hand if it is fine (otaflash image confirm)"))

@@ -215,11 +215,11 @@ struct ImageErase<Context: DeviceCommandContext>: AsyncParsableCommand {
 
     @OptionGroup var options: SMPCommandOptions<Context>
 
-    @Option(name: .long, parsing: .unconditional, help: Ranges.smpSlot.help("The slot to erase (default: the device's upload slot)", valueName: "n"))
+    @Option(name: .long, parsing: .unconditional, help: SMPRanges.slot.help("The slot to erase (default: the device's upload slot)", valueName: "n"))
     var slot: Int?
 
     func validate() throws {
-        try Ranges.smpSlot.check(slot)
+        try SMPRanges.slot.check(slot)
     }
 
     func run() async throws {

@@ -10,7 +10,7 @@ public struct SMPFlashOptions: ParsableArguments, Sendable {
     @Flag(name: .customLong("no-reset"), help: "SMP: mark the image but do not reset the device; it runs the image at its next reset (otaflash reset).")
     var noReset = false
 
-    @Option(name: .customLong("smp-window"), parsing: .unconditional, help: Ranges.smpWindow.help("SMP: upload requests in flight at most (never more than the device's buffers)", valueName: "n"))
+    @Option(name: .customLong("smp-window"), parsing: .unconditional, help: SMPRanges.window.help("SMP: upload requests in flight at most (never more than the device's buffers)", valueName: "n"))
     var window = SMPEngine.defaultMaxWindow
 
     @Flag(name: .customLong("smp-any-image"), help: "SMP: send a file that is not an MCUboot image as it is (with --protocol smp); only the device's own SHA-256 check verifies it.")
@@ -28,17 +28,17 @@ public struct SMPFlashOptions: ParsableArguments, Sendable {
     @Option(name: .customLong("image"), help: ArgumentHelp("SMP, multi-image: one more MCUboot image for image number N (1: an nRF5340's network core), as N=FILE; repeat it for each. The command's image is image 0, the application core's; the images go as nRF Connect SDK's dfu_application.zip does.", valueName: "N=file"))
     var images: [String] = []
 
-    @Option(name: .customLong("check-timeout"), parsing: .unconditional, help: Ranges.checkTimeout.help("Seconds --check-command may run before it counts as failed and is stopped (default 60)", valueName: "seconds"))
+    @Option(name: .customLong("check-timeout"), parsing: .unconditional, help: SMPRanges.checkTimeout.help("Seconds --check-command may run before it counts as failed and is stopped (default 60)", valueName: "seconds"))
     var checkTimeout: Double?
 
     public init() {}
 
     public func check(protocolName: String) throws {
-        try Ranges.smpWindow.check(window)
+        try SMPRanges.window.check(window)
         if anyImage, protocolName != SMPProfile.name {
             throw ValidationError("--smp-any-image sends a file over SMP as it is: it needs --protocol smp")
         }
-        try Ranges.checkTimeout.check(checkTimeout)
+        try SMPRanges.checkTimeout.check(checkTimeout)
         if confirmAfterCheck, confirm {
             throw ValidationError("--confirm confirms before the image ever ran, --confirm-after-check once it ran and passed its check; give one")
         }

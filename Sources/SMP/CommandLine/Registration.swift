@@ -47,6 +47,7 @@ extension ProtocolCommandLine {
                                                 reason: "using smp: asked for with --protocol, the image sent as it is (--smp-any-image)"))
         }
         smp.afterActivation = SMPOptions.checkThenConfirm
+        smp.rangeTexts = SMPRanges.texts
         smp.commands = smpCommands
         smp.eventSamples = smpEventSamples
         smp.bench = SMPBench()

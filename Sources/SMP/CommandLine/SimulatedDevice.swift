@@ -39,10 +39,10 @@ enum SimulatedSMP {
 /// The simulated SMP device's buffers and refusals (`--simulator` with an MCUboot image): each
 /// refusal is what a real Zephyr device with MCUboot answers in that state or configuration.
 public struct SimulatedSMPOptions: ParsableArguments, Sendable {
-    @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: Ranges.smpBufferSize.help("The simulated SMP server's buffer size (MCUmgr buf_size)", valueName: "bytes"))
+    @Option(name: .customLong("sim-smp-buf-size"), parsing: .unconditional, help: SMPRanges.bufferSize.help("The simulated SMP server's buffer size (MCUmgr buf_size)", valueName: "bytes"))
     var bufferSize = 384
 
-    @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: Ranges.smpBufferCount.help("The simulated SMP server's buffer count (MCUmgr buf_count)", valueName: "n"))
+    @Option(name: .customLong("sim-smp-buf-count"), parsing: .unconditional, help: SMPRanges.bufferCount.help("The simulated SMP server's buffer count (MCUmgr buf_count)", valueName: "n"))
     var bufferCount = 4
 
     @Flag(name: .customLong("sim-smp-pending"), help: "The simulated SMP device's slot 1 holds an image marked for test, waiting for a reset: an upload is refused with NO_FREE_SLOT (9).")
@@ -57,13 +57,13 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     @Flag(name: .customLong("sim-smp-busy"), help: "The simulated SMP server answers every upload request with MGMT_ERR_EBUSY (10).")
     var busy = false
 
-    @Option(name: .customLong("sim-smp-busy-above"), parsing: .unconditional, help: Ranges.smpBusyAbove.help("The simulated SMP server reports --sim-smp-buf-count buffers but answers an upload request with MGMT_ERR_EBUSY (10) when it finds this many requests still held (a buffer pool shared with other users); otaflash goes on with one request in flight. Use with --sim-slow-flash-ms, or no request is ever held", valueName: "n"))
+    @Option(name: .customLong("sim-smp-busy-above"), parsing: .unconditional, help: SMPRanges.busyAbove.help("The simulated SMP server reports --sim-smp-buf-count buffers but answers an upload request with MGMT_ERR_EBUSY (10) when it finds this many requests still held (a buffer pool shared with other users); otaflash goes on with one request in flight. Use with --sim-slow-flash-ms, or no request is ever held", valueName: "n"))
     var busyAbove: Int?
 
-    @Option(name: .customLong("sim-smp-erase-seconds"), parsing: .unconditional, help: Ranges.smpEraseSeconds.help("The simulated SMP server erases its slot for this long at a new upload's first request, before it answers (Zephyr's img_mgmt without progressive erase: 20-40 s for 1 MiB on nRF52/nRF5340)", valueName: "s"))
+    @Option(name: .customLong("sim-smp-erase-seconds"), parsing: .unconditional, help: SMPRanges.eraseSeconds.help("The simulated SMP server erases its slot for this long at a new upload's first request, before it answers (Zephyr's img_mgmt without progressive erase: 20-40 s for 1 MiB on nRF52/nRF5340)", valueName: "s"))
     var eraseSeconds: Double = 0
 
-    @Option(name: .customLong("sim-smp-refuse-upload"), parsing: .unconditional, help: Ranges.smpRefuseUpload.help("The simulated SMP server refuses the first upload request with this image management error code (3 no image, 24 invalid hash, 30 too large, 31 data overrun…)", valueName: "rc"))
+    @Option(name: .customLong("sim-smp-refuse-upload"), parsing: .unconditional, help: SMPRanges.refuseUpload.help("The simulated SMP server refuses the first upload request with this image management error code (3 no image, 24 invalid hash, 30 too large, 31 data overrun…)", valueName: "rc"))
     var refuseUpload: Int?
 
     @Flag(name: .customLong("sim-smp-no-params"), help: "The simulated SMP server is an older one that does not answer the MCUmgr parameters read (MGMT_ERR_ENOTSUP): one request in flight, one write each.")
@@ -90,11 +90,11 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
     public init() {}
 
     public func validate() throws {
-        try Ranges.smpBufferSize.check(bufferSize)
-        try Ranges.smpBufferCount.check(bufferCount)
-        try Ranges.smpRefuseUpload.check(refuseUpload)
-        try Ranges.smpBusyAbove.check(busyAbove)
-        try Ranges.smpEraseSeconds.check(eraseSeconds)
+        try SMPRanges.bufferSize.check(bufferSize)
+        try SMPRanges.bufferCount.check(bufferCount)
+        try SMPRanges.refuseUpload.check(refuseUpload)
+        try SMPRanges.busyAbove.check(busyAbove)
+        try SMPRanges.eraseSeconds.check(eraseSeconds)
         if pending, unconfirmed {
             throw ValidationError("--sim-smp-pending and --sim-smp-unconfirmed are two states of slot 1; give one")
         }
@@ -135,7 +135,7 @@ public struct SimulatedSMPOptions: ParsableArguments, Sendable {
         server.fileSystem = fileSystem
         var device = SMPPeripheral(config: server, firmwareVersion: firmwareVersion, leftover: leftover, signatureKey: signatureKey,
                                    faults: faults, resetDelay: resetDelay)
-        device.eraseTime = Ranges.smpEraseSeconds.duration(eraseSeconds)
+        device.eraseTime = SMPRanges.eraseSeconds.duration(eraseSeconds)
         return device
     }
 
@@ -169,8 +169,8 @@ public struct SMPServedOptions: ServedOptionGroup {
     public static var commandLine: ProtocolCommandLine { .smp }
 
     public func validate() throws {
-        try Ranges.bufSize.check(formerBufferSize)
-        try Ranges.bufCount.check(formerBufferCount)
+        try SMPRanges.formerBufferSize.check(formerBufferSize)
+        try SMPRanges.formerBufferCount.check(formerBufferCount)
         try checkChoice(formerCBOR, SMPReplyEncoding.self, option: "--cbor")
         let given = Set(device.given)
         for (former, formerGiven, current) in [("--buf-size", formerBufferSize != nil, "--sim-smp-buf-size"),
