@@ -159,8 +159,11 @@ struct Simulate: AsyncParsableCommand {
         }
     }
 
-    /// The option that starts a device in its application (`--sim-buttonless`).
-    static var applicationFirst: String { ProtocolCommandLine.applicationFirstProtocol?.applicationFirst ?? "--sim-buttonless" }
+    /// The option that starts a device in its application, as its protocol registers it
+    /// (`applicationFirst`); the words for it where no protocol has one.
+    static var applicationFirst: String {
+        ProtocolCommandLine.applicationFirstProtocol?.applicationFirst ?? "an option that starts the device in its application"
+    }
 
     /// A device that starts in its application is served on two adapters: the application's and
     /// the bootloader's, at the address + 1.
