@@ -141,15 +141,15 @@ public actor SpoolingLedger: LedgerStore {
     /// Records only this process holds (`stranded`): their devices, for the line that says so.
     public var strandedDevices: [String] { stranded.map(\.device) }
 
-    /// Sends what the outbox keeps, in order; returns how many were sent. Throws as the server
-    /// does (then the rest stay, in order); another process of the station replaying meanwhile is
-    /// `locked`.
-    /// One replay at a time in this process too: operations that meet one in progress (the
-    /// outbox's retries beside a claim, devices ending at once) wait for it, rather than send its
-    /// records again or find the outbox's lock held by themselves.
+    /// A replay in progress in this process, and the operations waiting for it.
     private var replaying = false
     private var replayWaiters: [CheckedContinuation<Void, Never>] = []
 
+    /// Sends what the outbox keeps, in order; returns how many were sent. Throws as the server
+    /// does (then the rest stay, in order); another process of the station replaying meanwhile is
+    /// `locked`. One replay at a time in this process too: operations that meet one in progress
+    /// (the outbox's retries beside a claim, devices ending at once) wait for it, rather than send
+    /// its records again or find the outbox's lock held by themselves.
     @discardableResult
     public func replay() async throws(LedgerError) -> Int {
         while replaying { await withCheckedContinuation { replayWaiters.append($0) } }
