@@ -110,24 +110,30 @@ let package = Package(
         // Fault soak on the simulator (run in release mode): each registered protocol's SoakStrategy.
         .executableTarget(name: "otaflash-soak", dependencies: ["OTA", "GATT", "Simulator", "OTACommandLine", "OTAFlashCLI"]),
 
-        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire", "Native"]),
-        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "Native"]),
+        .testTarget(name: "OTAWireTests", dependencies: ["OTAWire"]),
+        // The protocol-neutral core (images, registry, session) against a protocol of the tests' own.
+        .testTarget(name: "OTATests", dependencies: ["OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "TestSupport"]),
+        // otaflash's own protocol: codec, engine, device, sessions with its device, its command line.
+        .testTarget(name: "NativeTests", dependencies: ["Native", "OTA", "OTAWire", "OTADevice", "GATT", "Simulator", "TestSupport", "CLITestSupport"]),
         // The C device library and OTATarget held to the same scenarios.
         .testTarget(name: "DeviceConformanceTests", dependencies: ["OTADevice", "OTAWire", "Native"]),
-        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT", "Native"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "OTADevice", "OTAWire", "GATT", "Native", "TestSupport"]),
         // Test tools shared by the test targets: child processes, a private dbus-daemon.
-        .target(name: "TestSupport", dependencies: ["DBus"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["DBus", "OTA"], path: "Tests/TestSupport"),
+        // The command-line tests' tools (otaflash run in-process, docs/EVENTS.md's tables): CLITests
+        // and each protocol's command-line tests (Tests/<Protocol>Tests/CommandLine).
+        .target(name: "CLITestSupport", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "TestSupport"], path: "Tests/CLITestSupport"),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"]),
         .testTarget(name: "BlueZTests", dependencies: ["TestSupport", "BlueZ", "GATT", "DBus", "OTAWire", "OTADevice", "OTAFlashCLI", "Simulator", "OTA", "Native", "NordicDFU", "SMP", "Ledger"], exclude: ["fake_bluez"]),
-        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native"], exclude: ["FuzzCrashes"]),
+        .testTarget(name: "NordicDFUTests", dependencies: ["NordicDFU", "OTA", "OTAWire", "GATT", "ZIPFoundation", "OTADevice", "Simulator", "Native", "CLITestSupport"], exclude: ["FuzzCrashes"]),
         .testTarget(name: "SMPTests", dependencies: [
-            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
+            "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", "CLITestSupport", .product(name: "Crypto", package: "swift-crypto"),
         ]),
-        .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
+        .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "CLITestSupport", "TestSupport"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native", "GATT",
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "CLITestSupport", "Ledger", "Native", "GATT",
                                                      .product(name: "GRDB", package: "GRDB.swift")]),
     ],
     swiftLanguageModes: [.v6]

@@ -6,13 +6,6 @@ import Testing
 /// not a number) is one usage line that names the option and its range, never a trap.
 @Suite("otaflash option ranges")
 struct OptionValidationTests {
-    struct BadValue: Sendable, CustomTestStringConvertible {
-        let arguments: [String]
-        /// Text the error line must contain: the option, and its range.
-        let says: [String]
-        var testDescription: String { arguments.joined(separator: " ") }
-    }
-
     static func flash(_ option: String, _ value: String, _ range: String) -> BadValue {
         BadValue(arguments: simulator + [option, value, samplePath("seeded-4k.bin")], says: [option, range])
     }

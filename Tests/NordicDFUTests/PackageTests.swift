@@ -5,8 +5,6 @@ import Testing
 import ZIPFoundation
 @testable import NordicDFU
 
-let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-
 func nordicSample(_ name: String) -> String {
     repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
 }

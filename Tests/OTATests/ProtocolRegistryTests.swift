@@ -1,5 +1,4 @@
 import GATT
-import Native
 import OTA
 import OTAWire
 import Testing
@@ -10,25 +9,29 @@ private extension ImageFormat.Kind {
 }
 
 /// Another protocol for the registry to choose from; nothing attaches to it.
-private struct OtherProfile: OTAProfile {
+struct OtherProfile: OTAProfile {
     let name: String
     let serviceUUID: BluetoothUUID
     let imageFormats: Set<ImageFormat.Kind>
 
     func attach(to connection: any GATTConnection, device: String,
-                discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<DeviceInfo> {
+                discoveryTimeout: Duration) async throws(OTAError) -> AttachedLink<Void> {
         throw OTAError(.incompatibleDevice, "not attachable")
     }
     func chunkSize(mtu: Int) -> Int { mtu - 3 }
-    func makeEngine(image: FirmwareImage, config: EngineConfig) -> OTAEngine {
-        OTAEngine(image: image, config: config)
+    func makeEngine(image: FirmwareImage, config: EngineConfig) -> SinkEngine {
+        SinkEngine(image: image, config: config)
     }
 }
 
 @Suite struct ProtocolRegistryTests {
-    /// Native; one that sends packages under Nordic's service; one that also sends raw binaries.
+    static let nativeService = BluetoothUUID(uint16: 0xFFF0)
+    static let native = OtherProfile(name: "native", serviceUUID: nativeService, imageFormats: [.rawBinary, .intelHex])
+
+    /// A protocol named native under its service (raw binaries and Intel HEX); one that sends
+    /// packages under Nordic's service; one that also sends raw binaries.
     let registry = ProtocolRegistry([
-        NativeProfile(),
+        Self.native,
         OtherProfile(name: "package", serviceUUID: BluetoothUUID(uint16: 0xFE59), imageFormats: [.nordicDFUPackage]),
         OtherProfile(name: "raw", serviceUUID: BluetoothUUID(uint16: 0x1234), imageFormats: [.rawBinary]),
     ])
@@ -36,7 +39,7 @@ private struct OtherProfile: OTAProfile {
     @Test func aRegistryFindsItsProfilesByName() throws {
         #expect(registry.names == ["native", "package", "raw"])
         let profile = try #require(registry.profile(named: "native"))
-        #expect(profile.serviceUUID == OTAProtocol.serviceUUID)
+        #expect(profile.serviceUUID == Self.nativeService)
         #expect(profile.imageFormats == Set<ImageFormat.Kind>([.rawBinary, .intelHex]))
         #expect(registry.profile(named: "nordic") == nil)
     }
@@ -54,14 +57,14 @@ private struct OtherProfile: OTAProfile {
         #expect(pick.profile.name == "raw")
         #expect(pick.reason == "picked raw: the first protocol that sends raw-binary images; the device exposes \(BluetoothUUID(uint16: 0x1234))")
 
-        let native = try registry.resolve("auto", format: .rawBinary, services: [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0x1234)])
+        let native = try registry.resolve("auto", format: .rawBinary, services: [Self.nativeService, BluetoothUUID(uint16: 0x1234)])
         #expect(native.profile.name == "native")
-        #expect(native.reason == "picked native: the first protocol that sends raw-binary images; the device exposes \(OTAProtocol.serviceUUID)")
+        #expect(native.reason == "picked native: the first protocol that sends raw-binary images; the device exposes \(Self.nativeService)")
     }
 
     @Test func theImageOutranksTheServices() throws {
         // A device running its application may expose several services; the package decides.
-        let pick = try registry.resolve("auto", format: .nordicDFUPackage, services: [OTAProtocol.serviceUUID, BluetoothUUID(uint16: 0xFE59)])
+        let pick = try registry.resolve("auto", format: .nordicDFUPackage, services: [Self.nativeService, BluetoothUUID(uint16: 0xFE59)])
         #expect(pick.profile.name == "package")
     }
 
@@ -75,14 +78,14 @@ private struct OtherProfile: OTAProfile {
             try registry.resolve("auto", format: .rawBinary, services: [BluetoothUUID(uint16: 0xFE59)])
         } throws: { error in
             guard let error = error as? OTAError else { return false }
-            return error.code == .incompatibleDevice && error.message.contains("native (\(OTAProtocol.serviceUUID))")
+            return error.code == .incompatibleDevice && error.message.contains("native (\(Self.nativeService))")
                 && error.message.contains("raw (")
         }
     }
 
     @Test func aDeviceThatSpeaksAnotherProtocolSaysWhichAndWhatItTakes() {
         let nativeOnly = ProtocolRegistry([
-            NativeProfile(),
+            Self.native,
             OtherProfile(name: "package", serviceUUID: BluetoothUUID(uint16: 0xFE59), imageFormats: [.nordicDFUPackage]),
         ])
         #expect {

@@ -3,36 +3,6 @@ import OTA
 import OTAWire
 import Testing
 
-/// The committed sample images and their manifest.
-enum Samples {
-    struct Entry: Decodable, Sendable, CustomTestStringConvertible {
-        let file: String
-        let format: String
-        let size: Int
-        let crc32: String
-        let base_address: String?
-        var testDescription: String { file }
-    }
-
-    struct Manifest: Decodable {
-        let version: Int
-        let files: [Entry]
-    }
-
-    /// The repository root, three levels above this file (Tests/OTATests/<file>).
-    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-    static let directory = root.appendingPathComponent("firmware-samples")
-
-    static func path(_ file: String) -> String { directory.appendingPathComponent(file).path }
-
-    /// The manifest's entries; empty (and the tests using them fail) when it cannot be read.
-    static let entries: [Entry] = {
-        guard let data = FileManager.default.contents(atPath: path("manifest.json")),
-              let manifest = try? JSONDecoder().decode(Manifest.self, from: data) else { return [] }
-        return manifest.files
-    }()
-}
-
 @Suite("Sample images")
 struct SampleImageTests {
     @Test func manifestListsEverySample() throws {

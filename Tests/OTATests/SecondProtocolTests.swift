@@ -28,6 +28,14 @@ private enum Sink {
 private struct SinkModel: PeripheralModel {
     var held: [UInt8] = []
     var dropAt: Int?
+    /// FINISH is taken and never answered.
+    var silentAtFinish = false
+    /// The byte at this offset is stored inverted (a flash that does not keep it).
+    var corruptAt: Int?
+    /// Every connection attempt is refused (a device out of range).
+    var unreachable = false
+    /// The link drops at every START: the device never moves forward.
+    var dropsEveryStart = false
 
     var services: [PeripheralService] {
         [PeripheralService(Sink.service, [PeripheralCharacteristic(Sink.control, [.write, .notify]),
@@ -35,7 +43,7 @@ private struct SinkModel: PeripheralModel {
     }
     var advertisedServices: [BluetoothUUID] { [Sink.service] }
     var availableAt: Duration { .zero }
-    func refusesConnection(after connections: Int) -> Bool { false }
+    func refusesConnection(after connections: Int) -> Bool { unreachable }
     func read(_ characteristic: BluetoothUUID) -> [UInt8]? { nil }
 
     mutating func write(_ bytes: [UInt8], to characteristic: BluetoothUUID, withResponse: Bool,
@@ -46,6 +54,7 @@ private struct SinkModel: PeripheralModel {
         if characteristic == Sink.data {
             let before = held.count
             held += bytes
+            if let corruptAt, (before..<held.count).contains(corruptAt) { held[corruptAt] = ~held[corruptAt] }
             if let drop = dropAt, held.count >= drop {
                 dropAt = nil
                 return PeripheralWriteResult(reply: .success(at: now), outputs: [PeripheralTimed(at: now, .dropLink(reason: "injected"))])
@@ -56,7 +65,10 @@ private struct SinkModel: PeripheralModel {
             return notify([0x03] + Sink.le32(held.count))
         }
         switch bytes.first {
+        case 0x01 where dropsEveryStart:
+            return PeripheralWriteResult(reply: .success(at: now), outputs: [PeripheralTimed(at: now, .dropLink(reason: "injected"))])
         case 0x01: return notify([0x01] + Sink.le32(held.count))
+        case 0x02 where silentAtFinish: return PeripheralWriteResult(reply: .success(at: now), outputs: [])
         case 0x02: return notify([0x02] + Sink.le32(Int(CRC32.checksum(held))))
         default: return PeripheralWriteResult(reply: .failure(ATTError(rawValue: 0x81), "writing the control point"), outputs: [])
         }
@@ -67,7 +79,8 @@ private struct SinkModel: PeripheralModel {
 }
 
 /// The sink central: a pure engine over the neutral contracts.
-private struct SinkEngine: TransferEngine {
+/// Also the engine of the registry tests' stand-in profiles.
+struct SinkEngine: TransferEngine {
     let image: FirmwareImage
     let config: EngineConfig
     private(set) var phase = TransferPhase.idle
@@ -186,11 +199,12 @@ private final class EventLog: Sendable {
 @Suite struct SecondProtocolTests {
     static let image = testImage(20_000, seed: 7)
 
-    fileprivate func run(_ model: SinkModel, reconnect: ReconnectPolicy) async throws -> (OTAResult, SimulatedDevice, [SessionEvent]) {
+    fileprivate func run(_ model: SinkModel, reconnect: ReconnectPolicy, config: EngineConfig = EngineConfig(),
+                         address: DeviceAddress? = nil) async throws -> (OTAResult, SimulatedDevice, [SessionEvent]) {
         let device = SimulatedDevice(SimulatedDeviceConfig(), model: model)
         let central = SimulatedCentral(devices: [device], clock: VirtualClock())
-        let session = OTASession(central: central, address: device.config.address, image: Self.image,
-                                 profile: SinkProfile(), reconnect: reconnect)
+        let session = OTASession(central: central, address: address ?? device.config.address, image: Self.image,
+                                 config: config, profile: SinkProfile(), reconnect: reconnect)
         let log = EventLog()
         let result = try await session.run { event in log.events.withLock { $0.append(event) } }
         return (result, device, log.events.withLock { $0 })
@@ -218,5 +232,52 @@ private final class EventLog: Sendable {
         #expect(result.stats.resumedFrom.first == 0)
         #expect(resumedAt >= 9_000)
         #expect(events.contains { if case .reconnecting = $0 { true } else { false } })
+    }
+
+    // The session's own rules, held with a protocol of the tests' own: they are the core's, not a
+    // protocol's.
+
+    /// The thrown `OTAError` of a run that must fail, with the virtual time it took.
+    fileprivate func failure(_ model: SinkModel, reconnect: ReconnectPolicy = .never, config: EngineConfig = EngineConfig(),
+                             address: DeviceAddress? = nil) async -> OTAError? {
+        do {
+            _ = try await run(model, reconnect: reconnect, config: config, address: address)
+            Issue.record("the run succeeded")
+            return nil
+        } catch let error as OTAError {
+            return error
+        } catch {
+            Issue.record("not an OTAError: \(error)")
+            return nil
+        }
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aDeviceThatNeverAnswersFinishEndsTheRunAtItsReplyTimeout() async {
+        var config = EngineConfig()
+        config.replyTimeout = .seconds(2)
+        let error = await failure(SinkModel(silentAtFinish: true), config: config)
+        #expect(error?.code == .timeout)
+    }
+
+    @Test func bytesTheDeviceDidNotKeepFailTheWholeImageCheck() async {
+        let error = await failure(SinkModel(corruptAt: 12_345))
+        #expect(error?.code == .verifyFailed)
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aDeviceThatDropsEveryLinkWithoutProgressEndsWithinTheReconnectWindow() async {
+        let error = await failure(SinkModel(dropsEveryStart: true), reconnect: ReconnectPolicy(window: .seconds(5), seed: 9))
+        #expect(error?.code == .connection)
+        #expect(error?.resumable == true)
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aDeviceOutOfReachIsAConnectionFailureWithinTheWindow() async {
+        let error = await failure(SinkModel(unreachable: true), reconnect: ReconnectPolicy(window: .seconds(3), seed: 4))
+        #expect(error != nil)
+        #expect(error?.code != .verifyFailed)
+    }
+
+    @Test func anAddressNoDeviceHasIsDeviceNotFound() async {
+        let error = await failure(SinkModel(), address: DeviceAddress("00:11:22:33:44:55"))
+        #expect(error?.code == .deviceNotFound)
     }
 }

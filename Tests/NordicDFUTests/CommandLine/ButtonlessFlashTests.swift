@@ -6,10 +6,6 @@ import Testing
 // bootloader, flashes the bootloader at the address + 1, and the device runs the new application
 // at its own address again. Every refusal is one line and its exit code.
 
-private func nordicSample(_ name: String) -> String {
-    repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
-}
-
 /// The simulated device's address and where its unbonded bootloader answers.
 private let application = "C0:FF:EE:00:00:01"
 private let bootloader = "C0:FF:EE:00:00:02"

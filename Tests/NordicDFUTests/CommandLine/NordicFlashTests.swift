@@ -5,10 +5,6 @@ import Testing
 // file, `--simulator` serves a Secure DFU bootloader, and what cannot be sent is refused with
 // one line and its exit code before any radio time.
 
-private func nordicSample(_ name: String) -> String {
-    repositoryRoot.appendingPathComponent("firmware-samples/nordic/\(name)").path
-}
-
 @Suite("otaflash flash, Nordic Secure DFU")
 struct NordicFlashTests {
     @Test func aPackageFlashesIntoTheSimulatedBootloaderAndSaysWhatItPicked() async throws {

@@ -6,7 +6,7 @@ import Testing
 /// is opened.
 @Suite("otaflash simulate --buttonless options")
 struct SimulateButtonlessTests {
-    typealias Case = OptionValidationTests.BadValue
+    typealias Case = BadValue
 
     static let nordic = ["simulate", "--protocol", "nordic-dfu"]
 

@@ -50,25 +50,25 @@ struct DeviceVersion2Tests {
     }
 
     @Test(arguments: [
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "3", samplePath("seeded-4k.bin")],
+        BadValue(arguments: simulator + ["--sim-device-version", "3", samplePath("seeded-4k.bin")],
                                        says: ["--sim-device-version", "1 and 2"]),
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "x", samplePath("seeded-4k.bin")],
+        BadValue(arguments: simulator + ["--sim-device-version", "x", samplePath("seeded-4k.bin")],
                                        says: ["--sim-device-version", "a whole number 1–2"]),
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", "--sim-slot-size", "5000", samplePath("seeded-4k.bin")],
+        BadValue(arguments: simulator + ["--sim-device-version", "2", "--sim-slot-size", "5000", samplePath("seeded-4k.bin")],
                                        says: ["--sim-slot-size must be a multiple of 4096", "5000"]),
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", "--sim-state", "/tmp/x", samplePath("seeded-4k.bin")],
+        BadValue(arguments: simulator + ["--sim-device-version", "2", "--sim-state", "/tmp/x", samplePath("seeded-4k.bin")],
                                        says: ["--sim-state keeps a version 1 device only"]),
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", "--count", "2", samplePath("seeded-4k.bin")],
+        BadValue(arguments: simulator + ["--sim-device-version", "2", "--count", "2", samplePath("seeded-4k.bin")],
                                        says: ["--sim-device-version 2", "drop --count"]),
-        OptionValidationTests.BadValue(arguments: simulator + ["--sim-device-version", "2", samplePath("nordic/blinky-app.zip")],
+        BadValue(arguments: simulator + ["--sim-device-version", "2", samplePath("nordic/blinky-app.zip")],
                                        says: ["--sim-device-version applies to native only", "nordic-dfu"]),
-        OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "0"], says: ["--device-version", "1 and 2"]),
-        OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "2", "--protocol", "smp"],
+        BadValue(arguments: ["simulate", "--device-version", "0"], says: ["--device-version", "1 and 2"]),
+        BadValue(arguments: ["simulate", "--device-version", "2", "--protocol", "smp"],
                                        says: ["--device-version configures a simulated native OTA device", "add --protocol native"]),
-        OptionValidationTests.BadValue(arguments: ["simulate", "--device-version", "2", "--slot-size", "100000"],
+        BadValue(arguments: ["simulate", "--device-version", "2", "--slot-size", "100000"],
                                        says: ["--slot-size must be a multiple of 4096", "100000"]),
     ])
-    func aBadVersion2CombinationIsOneUsageLine(input: OptionValidationTests.BadValue) async {
+    func aBadVersion2CombinationIsOneUsageLine(input: BadValue) async {
         let run = await otaflash(input.arguments)
         expectOneUsageLine(run, saying: input.says)
     }

@@ -4,7 +4,7 @@ import OTAWire
 import Testing
 
 /// Deterministic test bytes (SplitMix64).
-func testBytes(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
+func targetBytes(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
     var state = seed
     return (0..<count).map { _ in
         state &+= 0x9E37_79B9_7F4A_7C15
@@ -21,7 +21,7 @@ struct Bench {
     let image: [UInt8]
     let version = FirmwareVersion(major: 2, minor: 1, patch: 7)
 
-    init(image: [UInt8] = testBytes(10_000), slot: Int = 64 * 1024) {
+    init(image: [UInt8] = targetBytes(10_000), slot: Int = 64 * 1024) {
         self.image = image
         target = OTATarget(slotSize: slot, firmwareVersion: FirmwareVersion(major: 1, minor: 0, patch: 0))
     }
@@ -158,7 +158,7 @@ struct OTATargetDataTests {
     /// A hole that persists is a lost packet: reported once, with the device's position, after
     /// more than the allowance is held beyond it, and not again until it is filled.
     @Test func aPersistentHoleIsReportedOnceAfterTheAllowance() throws {
-        var bench = Bench(image: testBytes(20_000))
+        var bench = Bench(image: targetBytes(20_000))
         _ = bench.begin()
         bench.stream(0..<960)
         let (event, ahead) = sendAheadUntilGap(&bench, from: 1200, limit: 10_000)
@@ -179,7 +179,7 @@ struct OTATargetDataTests {
 
     /// docs/PROTOCOL.md: no further GAP events "until `received` changes or a checkpoint is handled".
     @Test func committedCheckpointRearmsGapReporting() {
-        var bench = Bench(image: testBytes(20_000))
+        var bench = Bench(image: targetBytes(20_000))
         _ = bench.begin()
         bench.stream(0..<960)
         #expect(sendAheadUntilGap(&bench, from: 1200, limit: 10_000).event != nil)
@@ -192,7 +192,7 @@ struct OTATargetDataTests {
     }
 
     @Test func checkpointAnsweredWithGapRearmsGapReporting() {
-        var bench = Bench(image: testBytes(20_000))
+        var bench = Bench(image: targetBytes(20_000))
         _ = bench.begin()
         bench.stream(0..<960)
         let first = sendAheadUntilGap(&bench, from: 1200, limit: 10_000)
@@ -203,10 +203,10 @@ struct OTATargetDataTests {
     }
 
     @Test func packetBeyondTheImageEndIsIgnored() {
-        var bench = Bench(image: testBytes(1000))
+        var bench = Bench(image: targetBytes(1000))
         _ = bench.begin()
         bench.stream(0..<900)
-        let packet = DataPacket.encode(offset: 900, payload: testBytes(101, seed: 5)[...])
+        let packet = DataPacket.encode(offset: 900, payload: targetBytes(101, seed: 5)[...])
         #expect(bench.target.handleData(packet) == nil)
         #expect(bench.target.received == 900)
     }
@@ -516,7 +516,7 @@ struct OTATargetCommandTests {
 /// The device's timing, as both transports run it.
 @Suite("DeviceModel: timing")
 struct DeviceModelTests {
-    let image = testBytes(4096)
+    let image = targetBytes(4096)
     var crc: UInt32 { CRC32.checksum(image) }
     let version = FirmwareVersion(major: 2, minor: 0, patch: 0)
 
@@ -629,7 +629,7 @@ struct DeviceModelTests {
         var model = model()
         var time = Duration.zero
         for n in 1...50 {
-            let image = testBytes(4096, seed: UInt64(n))
+            let image = targetBytes(4096, seed: UInt64(n))
             time = model.availableAt + .milliseconds(1)
             _ = model.receiveCommand(begin(image), at: time)
             send(&model, image, upTo: image.count, at: time)
@@ -638,7 +638,7 @@ struct DeviceModelTests {
         }
         #expect(model.target.activationCount == 50)
         let last = try #require(model.target.lastActivation)
-        #expect(last.image == testBytes(4096, seed: 50))
+        #expect(last.image == targetBytes(4096, seed: 50))
         // What the device holds: the running image only, no slot contents, nothing per activation.
         #expect(model.target.flash.isEmpty)
         #expect(retainedBytes(model) == 4096)

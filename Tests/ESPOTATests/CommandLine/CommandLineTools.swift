@@ -1,0 +1,2 @@
+// The command-line tests' tools, shared with Tests/CLITests.
+@_exported import CLITestSupport
