@@ -48,7 +48,7 @@ public struct FirmwareImage: Sendable {
     public static func load(path: String, accepting accepted: Set<ImageFormat.Kind> = [],
                             detecting detectors: [ImageFormat.Detector] = [],
                             hints: [ImageFormat.Hint] = []) throws(ImageError) -> FirmwareImage {
-        switch try read(path: path, accepting: accepted, detecting: detectors, hints: hints) {
+        switch try read(path: path, accepting: accepted, detecting: detectors, hints: hints, refusingClaimed: true) {
         case .firmware(let image):
             return image
         case .claimed(let claimed) where accepted.contains(claimed.format.kind):
@@ -73,6 +73,13 @@ public struct FirmwareImage: Sendable {
     public static func read(path: String, accepting accepted: Set<ImageFormat.Kind> = [],
                             detecting detectors: [ImageFormat.Detector] = [],
                             hints: [ImageFormat.Hint] = []) throws(ImageError) -> DetectedImage {
+        try read(path: path, accepting: accepted, detecting: detectors, hints: hints, refusingClaimed: false)
+    }
+
+    /// `read`; with `refusingClaimed` (`load`), a file a detector claims and `accepted` lacks is
+    /// refused from its head and tail, without reading the rest of it.
+    private static func read(path: String, accepting accepted: Set<ImageFormat.Kind>, detecting detectors: [ImageFormat.Detector],
+                             hints: [ImageFormat.Hint], refusingClaimed: Bool) throws(ImageError) -> DetectedImage {
         let file = try ImageFile(path)
         defer { file.close() }
         let head = try file.read(upTo: ImageFormat.headSize)
@@ -80,6 +87,9 @@ public struct FirmwareImage: Sendable {
         let tail = file.size > head.count ? try file.readTail(ImageFormat.tailSize) : head
         let format = ImageFormat.detect(head: head, tail: tail, using: detectors)
         if detectors.contains(where: { $0.kind == format.kind }) {
+            if refusingClaimed, !accepted.contains(format.kind) {
+                throw ImageError(path, refusal(for: format, path: path, detectors: detectors), format: format.kind)
+            }
             return .claimed(try ClaimedImage(path: path, format: format, file: file, head: head))
         }
         let lower = path.lowercased()
