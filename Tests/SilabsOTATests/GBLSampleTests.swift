@@ -107,3 +107,64 @@ import Testing
         #expect(GBLFile.howToMake(from: "app.hex").contains("commander gbl create app.gbl --app app.hex"))
     }
 }
+
+/// docs/RELIABILITY.md's GBL rows (scripts/bad-inputs runs them once silabs-ota is registered):
+/// the same files, made here as the script makes them, refused by GBLFile with the row's line.
+@Suite struct GBLBadInputRowTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// The files of scripts/bad-inputs' gbl_fixtures, by row, with the file name the row shows.
+    static func fixture(_ row: String, good: [UInt8], signed: [UInt8]) -> (name: String, bytes: [UInt8], key: [UInt8]?)? {
+        let header = Array(good[0..<16]), application = Array(good[16..<52]), prog = Array(good[52..<300])
+        func closed(_ tags: [UInt8]) -> [UInt8] { GBLFile.closed(tags) }
+        var flipped = good
+        flipped[100] ^= 0x01
+        var version = Array(good[0..<300])
+        version[11] = 0x02
+        // The P-256 base point: a valid key, not the sample's.
+        let other = GBLFile.hexBytes("6B17D1F2E12C4247F8BCE6E563A440F277037D812DEB33A0F4A13945D898C296"
+                                     + "4FE342E2FE1A7F9B8EE7EB4A7C0F9E162BCE33576B315ECECBB6406837BF51F5")
+        let pem = try? Array(Data(contentsOf: root.appendingPathComponent("firmware-samples/silabs/test-signing-pubkey.pem")))
+        switch row {
+        case "GBL: end tag's CRC-32 does not match": return ("crc-mismatch.gbl", flipped, nil)
+        case "GBL: a tag running past the end of the file": return ("cut.gbl", Array(good.prefix(200)), nil)
+        case "GBL: no end tag": return ("no-end-tag.gbl", Array(good.prefix(300)), nil)
+        case "GBL: header says version 2": return ("version-2.gbl", closed(version), nil)
+        case "GBL: no header tag first": return ("no-header.gbl", Array(good[16...]), nil)
+        case "GBL: a tag no bootloader parses":
+            return ("unknown-tag.gbl", closed(header + application + GBLFile.tag(GBLTag.ID(rawValue: 0x1234_5678), [0, 0, 0, 0]) + prog), nil)
+        case "GBL: prog tag before the application tag": return ("prog-first.gbl", closed(header + prog + application), nil)
+        case "GBL: no application tag": return ("no-application.gbl", closed(header + prog), nil)
+        case "GBL: bytes after the end tag": return ("trailing.gbl", good + [0, 1, 2], nil)
+        case "GBL: signed, --gbl-key of another key": return ("firmware-samples/silabs/blinky-efr32-v2-signed.gbl", signed, other)
+        case "GBL: unsigned, --gbl-key given": return ("firmware-samples/silabs/blinky-efr32-v2.gbl", good, pem)
+        default: return nil
+        }
+    }
+
+    @Test func eachGBLRowsLineIsTheParsersRefusal() throws {
+        let table = try String(contentsOf: Self.root.appendingPathComponent("docs/RELIABILITY.md"), encoding: .utf8)
+        let good = Array(try Data(contentsOf: Self.root.appendingPathComponent("firmware-samples/silabs/blinky-efr32-v2.gbl")))
+        let signed = Array(try Data(contentsOf: Self.root.appendingPathComponent("firmware-samples/silabs/blinky-efr32-v2-signed.gbl")))
+        var checked = 0
+        for line in table.split(separator: "\n") where line.contains("| GBL: ") {
+            let cells = line.split(separator: "|", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces) }
+            guard cells.count >= 9, let fixture = Self.fixture(cells[2], good: good, signed: signed) else { continue }
+            let expected = cells[8..<(cells.count - 1)].joined(separator: "|").replacingOccurrences(of: "\\", with: "")
+            let key = try fixture.key.map { try GBLFile.publicKey(bytes: $0) }
+            do {
+                _ = try GBLFile(parsing: fixture.bytes, key: key, source: fixture.name)
+                Issue.record("\(cells[2]): taken")
+            } catch {
+                #expect("otaflash: error: \(error.description)" == expected, "\(cells[2])")
+            }
+            checked += 1
+        }
+        #expect(checked == 11)
+        // The .s37 row's line is the hint's.
+        let s37 = try #require(table.split(separator: "\n").first { $0.contains("| GBL: a Simplicity Studio .s37") })
+        let srec = Array("S00F000068656C6C6F202020202000003C\n".utf8)
+        let hint = try #require(ImageFormat.Hint.silabsS37.refusal(ImageFormat.detect(srec), srec, "blinky.s37"))
+        #expect(s37.hasSuffix("otaflash: error: blinky.s37: \(hint) |"))
+    }
+}
