@@ -22,6 +22,13 @@ import Testing
     static let header = GBLFile.headerTag()
     static let application = GBLFile.tag(.application, app.bytes)
 
+    /// `b` with its last four bytes (the end tag's value) made the CRC-32 of the bytes before them.
+    static func withCRC(_ b: [UInt8]) -> [UInt8] {
+        var crc: [UInt8] = []
+        crc.appendLE(CRC32.checksum(b[0..<(b.count - 4)]))
+        return Array(b.dropLast(4)) + crc
+    }
+
     func refusal(_ bytes: [UInt8], key: P256.Signing.PublicKey? = nil) -> GBLError? {
         do {
             _ = try GBLFile(parsing: bytes, key: key, source: "app.gbl")
@@ -57,12 +64,7 @@ import Testing
             b[at] = value
             return recrc ? recrced(b) : b
         }
-        func recrced(_ b: [UInt8]) -> [UInt8] {
-            var b = b
-            let crc = CRC32.checksum(b[0..<(b.count - 4)])
-            b.replaceSubrange((b.count - 4)..., with: [UInt8(crc & 0xFF), UInt8(crc >> 8 & 0xFF), UInt8(crc >> 16 & 0xFF), UInt8(crc >> 24)])
-            return b
-        }
+        func recrced(_ b: [UInt8]) -> [UInt8] { GBLFileTests.withCRC(b) }
         var flipped = g
         flipped[100] ^= 0x01
         var cases: [(String, [UInt8], String)] = [
@@ -191,8 +193,7 @@ import Testing
         // A byte changed after signing, its CRC made good again: only the signature finds it.
         var changed = signed
         changed[100] ^= 0x40
-        let crc = CRC32.checksum(changed[0..<(changed.count - 4)])
-        changed.replaceSubrange((changed.count - 4)..., with: [UInt8(crc & 0xFF), UInt8(crc >> 8 & 0xFF), UInt8(crc >> 16 & 0xFF), UInt8(crc >> 24)])
+        changed = Self.withCRC(changed)
         #expect(throws: Never.self) { try GBLFile(parsing: changed) }
         #expect(refusal(changed, key: key.publicKey)?.description.contains("changed after signing") == true)
         // Signed without the header's flag: the parser checks the flag only where it enforces signatures.

@@ -183,7 +183,9 @@ public struct GBLFile: Sendable, Equatable {
             throw damaged("it holds encrypted data (at byte \(data.offset)) with no encryption init tag before it, so no bootloader can decrypt it")
         }
         if encrypted {
-            if let clear = tags.first(where: { $0.id.rule?.clear == false }) {
+            // The SE upgrade tag of a bootloader without staging lies before the init tag, in the clear.
+            let clearSE: (GBLTag) -> Bool = { tag in tag.id == .seUpgrade && initTag.map { tag.offset < $0.offset } == true }
+            if let clear = tags.first(where: { $0.id.rule?.clear == false && !clearSE($0) }) {
                 throw refused("it is encrypted, but \(clear.id) at byte \(clear.offset) is in the clear, which the bootloader refuses in an encrypted GBL; make it again with `commander gbl create … --encrypt KEY`")
             }
             if encryptedData.isEmpty {
