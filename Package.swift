@@ -83,6 +83,13 @@ let package = Package(
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
+        // Silicon Labs' Bluetooth OTA DFU (EFR32, Gecko SDK and Simplicity SDK) with GBL files: wire
+        // codec, GBL checks, the central's engine and the device's model, its command line
+        // (CommandLine/), each in its own folder.
+        .target(name: "SilabsOTA", dependencies: [
+            "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
         // The factory line's books: one record per device attempt, committed as it ends (SQLite
         // through GRDB, or PostgreSQL through PostgresNIO for several stations, with claims).
         // Knows no protocol and no transport.
@@ -130,6 +137,7 @@ let package = Package(
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", "CLITestSupport", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "CLITestSupport", "TestSupport"]),
+        .testTarget(name: "SilabsOTATests", dependencies: ["SilabsOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),
