@@ -100,13 +100,13 @@ public struct SimulatedSilabsOptions: ParsableArguments, Sendable {
     @Flag(name: .customLong("sim-silabs-refuse"), help: "The simulated EFR32's bootloader refuses the GBL at its check.")
     var refuse = false
 
-    @Option(name: .customLong("sim-silabs-drop-write"), parsing: .unconditional, help: SilabsRanges.writeIndex.help("The simulated EFR32's stack drops the OTA Data write command with this index (0: the first since boot); repeatable", valueName: "index"))
+    @Option(name: .customLong("sim-silabs-drop-write"), help: SilabsRanges.writeIndex.help("The simulated EFR32's stack drops the OTA Data write command with this index (0: the first since boot); repeatable", valueName: "index"))
     var dropWrite: [Int] = []
 
-    @Option(name: .customLong("sim-silabs-storage-error"), parsing: .unconditional, help: SilabsRanges.storageErrorIndex.help("The flash write of the OTA Data write with this index fails; repeatable", valueName: "index"))
+    @Option(name: .customLong("sim-silabs-storage-error"), help: SilabsRanges.storageErrorIndex.help("The flash write of the OTA Data write with this index fails; repeatable", valueName: "index"))
     var storageError: [Int] = []
 
-    @Option(name: .customLong("sim-silabs-lose-response"), parsing: .unconditional, help: SilabsRanges.lostResponseIndex.help("The response to the OTA Data write request with this index is lost, and the link with it; repeatable", valueName: "index"))
+    @Option(name: .customLong("sim-silabs-lose-response"), help: SilabsRanges.lostResponseIndex.help("The response to the OTA Data write request with this index is lost, and the link with it; repeatable", valueName: "index"))
     var loseResponse: [Int] = []
 
     public init() {}

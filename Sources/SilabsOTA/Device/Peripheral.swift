@@ -168,6 +168,9 @@ public struct SilabsOTAPeripheral: PeripheralModel {
     private var writesThisBoot = 0
     // Application OTA DFU.
     private var component = Component.ready
+    /// The connection that sent 0x00 (`app_ota.connection`): `taken`, and its central where the
+    /// transport names it.
+    private var taken = false
     private var owner: String?
     private var slot: [UInt8] = []
     private var reportedActivation = false
@@ -264,6 +267,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
                 runningVersion = boot.version ?? runningVersion
             }
             writesThisBoot = 0
+            taken = false
             owner = nil
             started = false
             received = []
@@ -295,7 +299,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         guard now >= awayUntil else { return PeripheralWriteResult(reply: .away, outputs: []) }
         if injector.silent {
             // Hung (`stopAnsweringAt`): nothing is answered.
-            return PeripheralWriteResult(reply: withResponse ? .away : .success(at: now), outputs: [])
+            return Self.unanswered(withResponse, at: now, note: "hung: not answered")
         }
         if characteristic == SilabsOTAService.controlUUID {
             if withResponse, injector.refusesCommand() {
@@ -343,6 +347,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         if injector.rebootsAfterPacket(at: offset, count: bytes.count) {
             let back: Runs = runs == .appLoader && !applicationIntact ? .appLoader : .application
             reboot(at: now, into: back, boot: config.bootDuration)
+            taken = false
             owner = nil
             result.outputs.append(PeripheralTimed(at: now, .reboot(until: now + config.bootDuration, reason: "reboot fault at offset \(offset)", injected: true)))
         }
@@ -357,6 +362,14 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         return out
     }
 
+    /// A write the device never answers: a request's ATT transaction times out and the central
+    /// drops the link.
+    private static func unanswered(_ withResponse: Bool, at now: Duration, note: String) -> PeripheralWriteResult {
+        guard withResponse else { return PeripheralWriteResult(reply: .success(at: now), outputs: []) }
+        return PeripheralWriteResult(reply: .away, outputs: [PeripheralTimed(at: now, .dropLink(reason: "no response: the ATT transaction timed out"))],
+                                     reports: [.note(note)])
+    }
+
     private static func refusal(_ code: UInt8, _ what: String) -> PeripheralReply {
         .failure(ATTError(rawValue: code), what)
     }
@@ -369,8 +382,9 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         let wasEnd = component == .downloadEnd
         switch control {
         case .begin:
-            if component == .ready, owner == nil || owner == central {
+            if component == .ready, !taken || owner == central {
                 component = .downloading
+                taken = true
                 owner = central
                 slot = []
                 reports.append(.begin(size: config.slotSize, crc: nil, offset: 0))
@@ -404,11 +418,10 @@ public struct SilabsOTAPeripheral: PeripheralModel {
     }
 
     private mutating func applicationData(_ bytes: [UInt8], index: Int, withResponse: Bool, from central: String?, at now: Duration) -> PeripheralWriteResult {
-        guard owner != nil, owner == central else {
+        guard taken, owner == central else {
             // Not the connection that sent 0x00: the write request event is not handled, and
-            // no response is sent (the central's ATT transaction times out).
-            return PeripheralWriteResult(reply: withResponse ? .away : .success(at: now), outputs: [],
-                                         reports: [.note("OTA Data write \(index) before 0x00 or from another connection: not answered")])
+            // no response is sent (the central's ATT transaction times out, and the link with it).
+            return Self.unanswered(withResponse, at: now, note: "OTA Data write \(index) before 0x00 or from another connection: not answered")
         }
         func error(_ code: UInt8, _ why: String) -> PeripheralWriteResult {
             let cancelled = reportedActivation
@@ -430,6 +443,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
 
     /// The error state's default handler: `sl_bt_app_ota_dfu_restart_progress`, INIT again.
     private mutating func startOver(at now: Duration) {
+        taken = false
         owner = nil
         reportedActivation = false
         component = .preparing(readyAt: now + config.prepareTime(dirty: !slot.isEmpty))
@@ -449,11 +463,12 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         switch runs {
         case .application where config.kind == .app:
             // Only the connection that sent 0x00 counts (`app_ota.connection`).
-            guard let owner, central == nil || owner == central else { return }
+            guard taken, central == nil || owner == nil || owner == central else { return }
             if component == .downloadEnd {
                 let outcome = check(slot)
                 let checked = lastNow + config.perKiB(config.verifyPerKiB, slot.count)
-                self.owner = nil
+                taken = false
+                owner = nil
                 if case .valid(let length, let version) = outcome {
                     let image = Array(slot[..<length])
                     activations.append(image)
