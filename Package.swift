@@ -14,6 +14,7 @@ let package = Package(
         .library(name: "NordicDFU", targets: ["NordicDFU"]),
         .library(name: "SMP", targets: ["SMP"]),
         .library(name: "ESPOTA", targets: ["ESPOTA"]),
+        .library(name: "SilabsOTA", targets: ["SilabsOTA"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -83,9 +84,9 @@ let package = Package(
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
-        // Silicon Labs' Bluetooth OTA DFU (EFR32, Gecko SDK and Simplicity SDK) with GBL files: wire
-        // codec, GBL checks, the central's engine and the device's model, its command line
-        // (CommandLine/), each in its own folder.
+        // Silicon Labs' Bluetooth OTA (EFR32: the AppLoader, application and in-place OTA DFU) with
+        // GBL files: wire codec, GBL checks, the central's engine and the devices' models, its
+        // command line (CommandLine/), each in its own folder.
         .target(name: "SilabsOTA", dependencies: [
             "GATT", "OTAWire", "OTA", "OTADevice", "Simulator", "OTACommandLine", .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -103,7 +104,7 @@ let package = Package(
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger",
+            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "SilabsOTA", "Ledger",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -137,7 +138,8 @@ let package = Package(
             "SMP", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "Native", "ZIPFoundation", "OTACommandLine", "CLITestSupport", .product(name: "Crypto", package: "swift-crypto"),
         ]),
         .testTarget(name: "ESPOTATests", dependencies: ["ESPOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "CLITestSupport", "TestSupport"]),
-        .testTarget(name: "SilabsOTATests", dependencies: ["SilabsOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator"]),
+        .testTarget(name: "SilabsOTATests", dependencies: ["SilabsOTA", "OTA", "OTAWire", "GATT", "OTADevice", "Simulator", "OTACommandLine", "OTAFlashCLI",
+                                                         .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),

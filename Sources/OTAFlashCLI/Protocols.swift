@@ -3,6 +3,7 @@ import ESPOTA
 import Native
 import NordicDFU
 import OTACommandLine
+import SilabsOTA
 import SMP
 
 // The one file of the command line that names a protocol. A protocol registers with one line in
@@ -17,6 +18,7 @@ public struct ProtocolOptions: ParsableArguments {
     @OptionGroup var nordicDFU: NordicDFUOptions
     @OptionGroup var smp: SMPOptions
     @OptionGroup var espOTA: ESPOTAOptions
+    @OptionGroup var silabsOTA: SilabsOTAOptions
 
     public init() {}
 }
@@ -34,4 +36,5 @@ struct ServedProtocolOptions: ParsableArguments {
     @OptionGroup(title: "Secure DFU device") var nordicDFU: NordicDFUServedOptions
     @OptionGroup(title: "SMP device") var smp: SMPServedOptions
     @OptionGroup var espOTA: ESPOTAServedOptions
+    @OptionGroup var silabsOTA: SilabsOTAServedOptions
 }

@@ -98,8 +98,8 @@ struct ProtocolTextsTests {
             }
         }
         #expect(ExitCode.verifyFailed.meaning(protocols).hasSuffix("; sixth: the trailer's checksum"))
-        // It cannot resume, as ESP32s cannot.
-        #expect(ProtocolTexts.flashDescription(protocols).contains("(esp-ota, sixth: reset the device first, and the whole image goes again)"))
+        // It cannot resume, as ESP32s and EFR32s cannot.
+        #expect(ProtocolTexts.flashDescription(protocols).contains("(esp-ota, silabs-ota, sixth: reset the device first, and the whole image goes again)"))
         #expect(ExitCode.timeout.meaning(protocols) == ExitCode.timeout.meaning)
     }
 
