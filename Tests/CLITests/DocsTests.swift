@@ -219,7 +219,8 @@ struct DocsTests {
         try fm.createDirectory(at: scratch.url.appendingPathComponent("build"), withIntermediateDirectories: true)
         for (name, sample) in [("app.bin", "seeded-256k.bin"), ("app.hex", "seeded-256k.hex"),
                                ("app_dfu_package.zip", "nordic/blinky-app.zip"),
-                               ("app.signed.bin", "mcuboot/blinky-ec256-v1.3.0.bin"), ("build/app.bin", "esp32/blink-esp32.bin")] {
+                               ("app.signed.bin", "mcuboot/blinky-ec256-v1.3.0.bin"), ("build/app.bin", "esp32/blink-esp32.bin"),
+                               ("app.gbl", "silabs/blinky-efr32-v2.gbl")] {
             try fm.copyItem(atPath: samplePath(sample), toPath: scratch.url.appendingPathComponent(name).path)
         }
         _ = try scratch.file("line3.txt", "# line 3, station A\nC0:FF:EE:00:03:01\nC0:FF:EE:00:03:02\nC0:FF:EE:00:03:03\n")

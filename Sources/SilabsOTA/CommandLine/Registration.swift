@@ -44,8 +44,7 @@ extension ProtocolCommandLine {
         silabs.configure = { request in
             request.options(SilabsOTAOptions.self)?.profile(imageVersion: nil) ?? SilabsOTAProfile()
         }
-        // The file hints of .s37, .hex and .bin (`ImageFormat.Hint`s beside the GBL parser) are
-        // registered here once that parser is merged: silabs.fileHints = [...].
+        silabs.fileHints = [.silabsS37]
         silabs.rangeTexts = SilabsRanges.texts
         silabs.bench = SilabsOTABench()
         silabs.soak = SilabsOTASoak()

@@ -31,7 +31,7 @@ public struct SilabsOTAProfile: OTAProfile {
     public var serviceUUID: BluetoothUUID { SilabsOTAService.serviceUUID }
     public var imageFormats: Set<ImageFormat.Kind> { [.gbl] }
     public var otherFormatHint: String? {
-        "Silicon Labs' OTA takes a GBL file: make one with `commander gbl create app.gbl --app app.s37`"
+        "Silicon Labs' OTA takes a GBL file: " + GBLFile.howToMake()
     }
     public var imageCheck: String {
         "checks the GBL (its CRC-32, and its signature where secure boot asks for one): the AppLoader before it answers 0x03, an application's OTA DFU component once the link closes"
