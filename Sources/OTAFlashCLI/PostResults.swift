@@ -284,6 +284,9 @@ final class ResultsPoster: Sendable {
             interrupts.cancel()
         }
         sender.cancel()
+        // Its waits are continuations, not cancelled with it: woken, it sees it is cancelled.
+        kept.signal()
+        hurry.signal()
         await sender.value
         try? await client.shutdown()
         state.withLock {
