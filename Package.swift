@@ -23,6 +23,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // `--post-results`: each device's record POSTed to an MES (docs/EVENTS.md, "Results to a server").
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -108,6 +110,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
+            .product(name: "AsyncHTTPClient", package: "async-http-client"),
         ], plugins: ["BuildCommit"]),
         // The commit a build is from, for `otaflash --version` (the version itself is in Version.swift).
         .plugin(name: "BuildCommit", capability: .buildTool()),

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BlueZ
 import GATT
+import Ledger
 import Logging
 import OTA
 import OTACommandLine
@@ -123,6 +124,8 @@ struct Flash: AsyncParsableCommand {
 
     @OptionGroup(title: "Records (docs/LEDGER.md)") var records: LedgerOptions
 
+    @OptionGroup(title: "Results to a server (docs/EVENTS.md)") var post: PostResultsOptions
+
     /// Each protocol's own options (Protocols.swift).
     @OptionGroup var protocols: ProtocolOptions
 
@@ -190,11 +193,13 @@ struct Flash: AsyncParsableCommand {
         let plan = try FlashPlan.load(path: image, request)
         try refuseOptionsThatDoNotApply(to: plan)
         let book = try openRecords(plan: plan, printer: printer)
-        try await book.prepare()
-        if batch.isBatch(devices: target.device) {
-            try await flashBatch(plan: plan, book: book, printer: printer)
-        } else {
-            try await flashOne(plan: plan, book: book, printer: printer)
+        try await book.posting {
+            try await book.prepare()
+            if batch.isBatch(devices: target.device) {
+                try await flashBatch(plan: plan, book: book, printer: printer)
+            } else {
+                try await flashOne(plan: plan, book: book, printer: printer)
+            }
         }
     }
 
@@ -213,8 +218,15 @@ struct Flash: AsyncParsableCommand {
                    image: try RunRecords.describe(imageAt: image, version: imageVersionText ?? plan.imageVersion?.description),
                    protocolName: plan.profile.name,
                    report: try batch.report.map { path throws(CLIFailure) in try ReportFile(path: path, printer: printer) },
+                   results: try post.open(ledger: resultsLedger, printer: printer),
                    logs: batch.logDir.map { DeviceLogs(directory: $0, printer: printer) }, printer: printer, skipsDone: skipsDone,
                    whenDown: spooling == nil ? nil : whenDown?.policy)
+    }
+
+    /// The ledger file the results' outbox sits beside by default (`ResultsOutbox.defaultDirectory`).
+    var resultsLedger: String? {
+        if records.noLedger { return nil }
+        return records.ledger ?? (target.simulator.enabled ? nil : Ledger.defaultPath())
     }
 
     private func flashBatch(plan: FlashPlan, book: RunRecords, printer: EventPrinter) async throws {

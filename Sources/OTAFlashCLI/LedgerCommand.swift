@@ -58,8 +58,12 @@ struct LedgerCommand: AsyncParsableCommand {
     @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
     var summary = false
 
-    @Flag(help: "Check the books instead: every ok device has one ok record per image, every done claim its record, no claim left held by a station that stopped, each station's counts add up; exit 22 with a line per finding when not.")
+    @Flag(help: "Check the books instead: every ok device has one ok record per image, every done claim its record, no claim left held by a station that stopped, each station's counts add up; exit 22 with a line per finding when not. Also says how many records --post-results has not delivered yet.")
     var check = false
+
+    @Option(name: .customLong("post-outbox"), help: ArgumentHelp("With --check: the --post-results outbox to look at (default: beside the ledger file, LEDGER.results; else $XDG_STATE_HOME/otaflash/results).", valueName: "dir"),
+            completion: .directory)
+    var postOutbox: String?
 
     mutating func validate() throws {
         try Ranges.ledgerLimit.check(limit)
@@ -68,6 +72,7 @@ struct LedgerCommand: AsyncParsableCommand {
         }
         if check, summary { throw ValidationError("--check and --summary are two reports: give one") }
         if check, limit != nil { throw ValidationError("--check checks every selected record: drop --limit") }
+        if postOutbox != nil, !check { throw ValidationError("--post-outbox names the outbox --check looks at: add --check, or drop it") }
         if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
         for (option, value) in [("--since", since), ("--until", until)] {
             if let value, Self.time(value, now: Date()) == nil {
@@ -117,20 +122,60 @@ struct LedgerCommand: AsyncParsableCommand {
             throw CLIFailure(error)
         }
         let out = CLIContext.output
+        let outbox = postOutbox ?? ResultsOutbox.defaultDirectory(ledger: path)
+        let depth = FileManager.default.fileExists(atPath: outbox) ? ResultsOutbox.depth(outbox) : nil
         switch format {
         case .json:
             for finding in result.findings {
                 out.out(Self.json(["finding": finding.kind.rawValue, "device": finding.device ?? "", "message": finding.line]) + "\n")
             }
+            if let depth {
+                out.out(Self.json(ResultsDepth(resultsOutbox: outbox, pending: depth.pending, refused: depth.refused, oldestDevice: depth.oldest?.device,
+                                               oldestEndedAt: depth.oldest?.endedAt, oldestAttemptId: depth.oldest?.attemptID)) + "\n")
+            }
             out.out(Self.json(CheckSummary(records: result.records, claims: result.claims, findings: result.findings.count, passed: result.passed)) + "\n")
         case .csv, .table:
             for note in result.notes { out.err("note: \(note)\n") }
             for finding in result.findings { out.out("\(finding.kind.rawValue): \(finding.line)\n") }
+            if let depth { out.out(Self.line(depth, outbox)) }
             out.out(result.passed ? "the books check out: \(result.records) records, \(result.claims) claims\n"
                                   : "\(result.findings.count) findings in \(result.records) records and \(result.claims) claims\n")
         }
         if !result.passed {
             throw CLIFailure(.ledgerInconsistent, "the books of \(path.redactingPassword) do not check out: \(result.findings.count) findings (above)").markedReported()
+        }
+    }
+
+    /// The `--post-results` outbox's line: records not yet delivered (not a finding: they are sent
+    /// by the next run that posts), and those the server refused.
+    static func line(_ depth: ResultsOutbox.Depth, _ outbox: String) -> String {
+        var text = depth.pending == 0 ? "results outbox \(outbox): every record delivered"
+            : "results outbox \(outbox): \(depth.pending) record\(depth.pending == 1 ? "" : "s") not yet delivered, the oldest \(depth.oldest.map { "\($0.device)'s, ended \($0.endedAt)" } ?? "unreadable"); the next run with --post-results sends them"
+        if depth.refused > 0 { text += "; \(depth.refused) refused by the server, kept in \(outbox)/refused" }
+        return text + "\n"
+    }
+
+    private struct ResultsDepth: Encodable {
+        var resultsOutbox: String
+        var pending: Int
+        var refused: Int
+        var oldestDevice: String?
+        var oldestEndedAt: String?
+        var oldestAttemptId: String?
+
+        private enum Keys: CodingKey {
+            case resultsOutbox, pending, refused, oldestDevice, oldestEndedAt, oldestAttemptId
+        }
+
+        /// Every key on every line, `null` where there is no oldest.
+        func encode(to encoder: any Encoder) throws {
+            var c = encoder.container(keyedBy: Keys.self)
+            try c.encode(resultsOutbox, forKey: .resultsOutbox)
+            try c.encode(pending, forKey: .pending)
+            try c.encode(refused, forKey: .refused)
+            try c.encode(oldestDevice, forKey: .oldestDevice)
+            try c.encode(oldestEndedAt, forKey: .oldestEndedAt)
+            try c.encode(oldestAttemptId, forKey: .oldestAttemptId)
         }
     }
 

@@ -105,6 +105,8 @@ final class RunRecords: Sendable {
     let station: String
     private let `operator`: String?
     private let report: ReportFile?
+    /// `--post-results`: each record, once written, kept for the server and sent in the background.
+    let results: ResultsPoster?
     private let logs: DeviceLogs?
     private let printer: EventPrinter
     private let notes = Mutex<[String: Notes]>([:])
@@ -148,7 +150,8 @@ final class RunRecords: Sendable {
     func setHooks(_ hooks: Hooks) { self.hooks.withLock { $0 = hooks } }
 
     init(ledger: (any LedgerStore)?, options: LedgerOptions, image: Image, protocolName: String,
-         report: ReportFile?, logs: DeviceLogs?, printer: EventPrinter, skipsDone: Bool = false, whenDown: WhenLedgerDown? = nil) {
+         report: ReportFile?, results: ResultsPoster? = nil, logs: DeviceLogs?, printer: EventPrinter, skipsDone: Bool = false,
+         whenDown: WhenLedgerDown? = nil) {
         self.skipsDone = skipsDone
         self.whenDown = whenDown
         let run = UUID().uuidString
@@ -161,6 +164,7 @@ final class RunRecords: Sendable {
         self.operator = options.operator
         self.lease = .milliseconds(Int64((options.claimLease * 1000).rounded()))
         self.report = report
+        self.results = results
         self.logs = logs
         self.printer = printer
     }
@@ -378,6 +382,7 @@ final class RunRecords: Sendable {
         // A device not attempted because the ledger settled it (done already, another station's)
         // or the run stopped first gets no record of its own: the books count attempts.
         let attempted = settled.withLock { $0.remove(outcome.device) } == nil
+        var rowID: Int64?
         if let ledger, attempted {
             do {
                 // Written even when the run is being stopped: a task of its own is not cancelled
@@ -385,7 +390,7 @@ final class RunRecords: Sendable {
                 let written = await Task { () async -> Result<Int64, LedgerError> in
                     do throws(LedgerError) { return .success(try await ledger.append(record)) } catch { return .failure(error) }
                 }.value
-                _ = try written.get()
+                rowID = try written.get()
             } catch {
                 fail(CLIFailure(.ledgerFailed, "the record of \(outcome.device) could not be written: \(error.message)"))
                 // No `done ok` without its record: the line says the device was flashed, unrecorded.
@@ -400,9 +405,29 @@ final class RunRecords: Sendable {
         if let report, let problem = report.append(record) {
             fail(CLIFailure(.outputFailed, "cannot write the report row of \(outcome.device) to \(report.path): \(problem)"))
         }
+        if let results, attempted {
+            var posted = record
+            posted.id = rowID.flatMap { $0 > 0 ? $0 : nil }
+            if let problem = results.keep(posted) {
+                fail(CLIFailure(.outputFailed, "cannot keep the record of \(outcome.device) for --post-results in \(results.outbox.directory): \(problem)"))
+            }
+        }
         logs?.finish(outcome.device, done.line)
         // Last: a device reported done has its record, its report row and its log on disk.
         printer.json(done)
+    }
+
+    /// Runs `body` with the `--post-results` sender running, then waits a little for what it has
+    /// not delivered yet (`ResultsPoster.finish`), whether `body` ended or threw.
+    func posting(_ body: () async throws -> Void) async throws {
+        results?.start()
+        do {
+            try await body()
+        } catch {
+            await results?.finish()
+            throw error
+        }
+        await results?.finish()
     }
 
     /// Ends the run with the first record or row that could not be written, if any.

@@ -103,6 +103,11 @@ struct Station: AsyncParsableCommand {
         let plan = try FlashPlan.load(path: flash.image, flash.request)
         try flash.refuseOptionsThatDoNotApply(to: plan)
         let book = try flash.openRecords(plan: plan, printer: printer, skipsDone: true, whenDown: whenDown)
+        try await book.posting { try await shift(plan: plan, book: book, printer) }
+    }
+
+    /// The shift itself, with the ledger and the run's records open.
+    private func shift(plan: FlashPlan, book: RunRecords, _ printer: EventPrinter) async throws {
         guard let ledger = book.ledger else { throw CLIFailure(.usage, "a station needs a ledger: give --ledger PATH") }
         // Started again, the station sends what its outbox kept before it claims anything.
         let unsent = await (ledger as? SpoolingLedger)?.unsent ?? 0
