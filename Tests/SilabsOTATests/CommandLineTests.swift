@@ -17,13 +17,20 @@ struct SilabsCommandLineTests {
         if kind == "apploader" { #expect(run.stdout.contains("AppLoader"), "\(run.stdout)") }
     }
 
-    @Test func aGBLTheAppLoaderRefusesIsExit8AndAStorageErrorExit9() async throws {
+    @Test func aDamagedGBLIsRefusedBeforeAnyRadioTimeAndOneTheAppLoaderRefusesIsExit8() async throws {
         var bytes = TestGBL.bytes(body: TestGBL.body(4000))
         bytes[200] ^= 0x10
         let corrupt = try temporaryFile("corrupt.gbl", bytes)
-        let refused = await otaflash(Self.simulator + ["--sim-silabs-kind", "apploader", corrupt])
+        let damaged = await otaflash(Self.simulator + ["--sim-silabs-kind", "apploader", corrupt])
+        #expect(damaged.code == 3, "\(damaged.stderr)")
+        #expect(damaged.stderr.contains("CRC-32") && !damaged.stdout.contains("\"event\":\"connecting\""), "\(damaged.stderr)")
+        let good = try temporaryFile("good.gbl", TestGBL.bytes(body: TestGBL.body(4000)))
+        let refused = await otaflash(Self.simulator + ["--sim-silabs-kind", "apploader", "--sim-silabs-refuse", good])
         #expect(refused.code == 8, "\(refused.stderr)")
         #expect(refused.stderr.contains("ATT error 0x80"), "\(refused.stderr)")
+    }
+
+    @Test func aStorageErrorIsExit9() async throws {
         let good = try temporaryFile("good.gbl", TestGBL.bytes(body: TestGBL.body(4000)))
         let failing = await otaflash(Self.simulator + ["--sim-silabs-storage-error", "3", good])
         #expect(failing.code == 9, "\(failing.stderr)")
