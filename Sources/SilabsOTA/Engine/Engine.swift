@@ -66,6 +66,9 @@ public struct SilabsOTAEngine: TransferEngine {
         /// The link closed for the check; `since`: when. `afterLoss`: the link was lost before
         /// 0x03 was answered (the device may or may not have it).
         case checking(since: Duration, afterLoss: Bool)
+        /// Connected again while checking: what `peer` says is weighed at the next `.timeout`, at
+        /// once, when the session has told the time (it does not before `.connected`).
+        case weighing(since: Duration, afterLoss: Bool, peer: SilabsOTALink)
         case done
         case failed
     }
@@ -107,7 +110,7 @@ public struct SilabsOTAEngine: TransferEngine {
         // 0x00 goes out as the stream's first write: the transfer has started.
         case .beginning, .streaming: .streaming
         case .ending, .closing: .verifying
-        case .checking: .activating
+        case .checking, .weighing: .activating
         case .done: .done
         case .failed: .failed
         }
@@ -121,13 +124,14 @@ public struct SilabsOTAEngine: TransferEngine {
         // The write itself is awaited; once it returned, the close is at once.
         case .ending, .closing: .zero
         case .checking: config.activateTimeout
+        case .weighing: .zero
         default: config.replyTimeout
         }
     }
 
     public var isAwaitingReply: Bool {
         switch state {
-        case .settling, .ending, .closing, .checking: true
+        case .settling, .ending, .closing, .checking, .weighing: true
         default: false
         }
     }
@@ -135,7 +139,7 @@ public struct SilabsOTAEngine: TransferEngine {
     public var sent: Int {
         switch state {
         case .streaming(let next): next
-        case .ending, .closing, .checking, .done: image.size
+        case .ending, .closing, .checking, .weighing, .done: image.size
         default: 0
         }
     }
@@ -148,7 +152,12 @@ public struct SilabsOTAEngine: TransferEngine {
     public var chunkSize: Int { chunkBytes }
     public var stats: TransferStats { tally.stats }
     public var notes: [String] { noted }
-    public var awaitsNextConnection: Bool { if case .checking = state { true } else { false } }
+    public var awaitsNextConnection: Bool {
+        switch state {
+        case .checking, .weighing: true
+        default: false
+        }
+    }
 
     public mutating func observe(time: Duration) { now = time }
 
@@ -174,7 +183,10 @@ public struct SilabsOTAEngine: TransferEngine {
     }
 
     private mutating func connected(_ peer: SilabsOTALink, mtu: Int) -> [TransferAction] {
-        if case .checking(let since, let afterLoss) = state { return readBack(peer, since: since, afterLoss: afterLoss) }
+        if case .checking(let since, let afterLoss) = state {
+            state = .weighing(since: since, afterLoss: afterLoss, peer: peer)
+            return []
+        }
         guard state == .idle || state == .settling else { return [] }
         guard let mode = peer.mode else {
             return fail(OTAError(.incompatibleDevice, "the device runs an application with in-place OTA DFU (OTA Control, no OTA Data): it must reboot into its AppLoader first, and it did not",
@@ -265,6 +277,9 @@ public struct SilabsOTAEngine: TransferEngine {
                     ? "the AppLoader checked the GBL (0x03 answered); closing the link so that it boots the new application, and reconnecting to see it"
                     : "0x03 answered; closing the link so that the device checks its slot and installs the GBL, and reconnecting to see what it runs",
                 hint: "check what the device runs before sending it again", resumable: true))]
+        case .weighing(let since, let afterLoss, let peer):
+            state = .checking(since: since, afterLoss: afterLoss)
+            return readBack(peer, since: since, afterLoss: afterLoss)
         case .checking:
             return [.failed(checkingError("no answer"))]
         default:
@@ -295,6 +310,9 @@ public struct SilabsOTAEngine: TransferEngine {
             state = .checking(since: now, afterLoss: false)
             return [.failed(OTAError(.connection, "\(reason) after 0x03 was answered; reconnecting to see what the device runs",
                                      hint: "check what the device runs before sending it again", resumable: true))]
+        case .weighing(let since, let afterLoss, _):
+            state = .checking(since: since, afterLoss: afterLoss)
+            return [.failed(OTAError(.connection, "\(reason) while reading what the device runs", resumable: true))]
         case .checking, .done, .failed:
             return []
         }
