@@ -90,13 +90,17 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"), .product(name: "PostgresNIO", package: "postgres-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // What the line looks like, from its records and the stations' heartbeats: counts, series and
+        // SVG plots, the shift report (HTML) and JUnit XML; the dashboard's page is drawn from the
+        // same model. Knows the ledger only: no protocol, no transport, no HTTP.
+        .target(name: "LineView", dependencies: ["Ledger"]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger",
+            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger", "LineView",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -127,7 +131,8 @@ let package = Package(
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native", "GATT",
+        .testTarget(name: "LineViewTests", dependencies: ["LineView", "Ledger"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native", "GATT", "LineView",
                                                      .product(name: "GRDB", package: "GRDB.swift")]),
     ],
     swiftLanguageModes: [.v6]
