@@ -22,6 +22,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // The HTTP listeners of `station --metrics` and `dashboard` (no default traits: neither
+        // swift-configuration nor the full-Foundation extras are used).
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -94,13 +97,18 @@ let package = Package(
         // SVG plots, the shift report (HTML) and JUnit XML; the dashboard's page is drawn from the
         // same model. Knows the ledger only: no protocol, no transport, no HTTP.
         .target(name: "LineView", dependencies: ["Ledger"]),
+        // The line over HTTP (Hummingbird): the station's Prometheus metrics and the dashboard.
+        .target(name: "LineServer", dependencies: [
+            "LineView", "Ledger", .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger", "LineView",
+            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "Ledger", "LineView", "LineServer",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -132,7 +140,7 @@ let package = Package(
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),
         .testTarget(name: "LineViewTests", dependencies: ["LineView", "Ledger"]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native", "GATT", "LineView",
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "Ledger", "Native", "GATT", "LineView", "LineServer",
                                                      .product(name: "GRDB", package: "GRDB.swift")]),
     ],
     swiftLanguageModes: [.v6]

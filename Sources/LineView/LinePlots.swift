@@ -79,7 +79,7 @@ struct LinePlots {
             if let median = summary.medianSeconds { marks.append((String(format: "median %.1f s", median), median)) }
             if let p95 = summary.p95Seconds { marks.append((String(format: "p95 %.1f s", p95), p95)) }
             durations = SVGChart(x: 0...top, y: 0...Self.niceMax(histogram.max() ?? 0),
-                                 xLabel: { String(format: "%.0f s", $0) }, yLabel: { String(format: "%.0f", $0) })
+                                 xLabel: { String(format: top < 10 ? "%.1f s" : "%.0f s", $0) }, yLabel: { String(format: "%.0f", $0) })
                 .bars([("devices", histogram.enumerated().map { (Double($0.offset) * width, width, $0.element) })], marks: marks, yUnit: "devices")
         } else {
             durations = SVGChart.empty("no attempt ended ok")
@@ -134,7 +134,7 @@ struct LinePlots {
 /// viewBox; the page scales it to its width.
 struct SVGChart {
     static let width = 640.0, height = 260.0
-    static let left = 56.0, right = 12.0, top = 28.0, bottom = 34.0
+    static let left = 56.0, right = 24.0, top = 28.0, bottom = 34.0
     static let palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"]
 
     let x: ClosedRange<Double>
