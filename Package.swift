@@ -25,6 +25,9 @@ let package = Package(
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
         // `--post-results`: each device's record POSTed to an MES (docs/EVENTS.md, "Results to a server").
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        // The HTTP listeners of `station --metrics` and `dashboard` (no default traits: neither
+        // swift-configuration nor the full-Foundation extras are used).
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
     ],
     targets: [
         // C shims: the only places C comes in.
@@ -100,13 +103,22 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"), .product(name: "PostgresNIO", package: "postgres-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // What the line looks like, from its records and the stations' heartbeats: counts, series and
+        // SVG plots, the shift report (HTML) and JUnit XML; the dashboard's page is drawn from the
+        // same model. Knows the ledger only: no protocol, no transport, no HTTP.
+        .target(name: "LineView", dependencies: ["Ledger"]),
+        // The line over HTTP (Hummingbird): the station's Prometheus metrics and the dashboard.
+        .target(name: "LineServer", dependencies: [
+            "LineView", "Ledger", .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         // libdbus wrapper: the only importer of CDBus.
         .target(name: "DBus", dependencies: ["CDBus"]),
         // BlueZ over D-Bus: the central transport and the peripheral (GATT application) server.
         .target(name: "BlueZ", dependencies: ["GATT", "DBus", "OTAWire", "OTADevice", .product(name: "Logging", package: "swift-log")]),
         // Command implementations (testable in-process); `otaflash` is only its entry point.
         .target(name: "OTAFlashCLI", dependencies: [
-            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "SilabsOTA", "Ledger",
+            "OTA", "OTACommandLine", "Simulator", "BlueZ", "OTADevice", "Native", "NordicDFU", "SMP", "ESPOTA", "SilabsOTA", "Ledger", "LineView", "LineServer",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
@@ -146,7 +158,8 @@ let package = Package(
         .testTarget(name: "LedgerTests", dependencies: ["Ledger", "TestSupport", .product(name: "Logging", package: "swift-log"),
                                                         .product(name: "PostgresNIO", package: "postgres-nio"),
                                                         .product(name: "GRDB", package: "GRDB.swift")]),
-        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "CLITestSupport", "Ledger", "Native", "GATT",
+        .testTarget(name: "LineViewTests", dependencies: ["LineView", "Ledger"]),
+        .testTarget(name: "CLITests", dependencies: ["OTAFlashCLI", "OTACommandLine", "OTA", "OTAWire", "TestSupport", "CLITestSupport", "Ledger", "Native", "GATT", "LineView", "LineServer",
                                                      .product(name: "GRDB", package: "GRDB.swift")]),
     ],
     swiftLanguageModes: [.v6]

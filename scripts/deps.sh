@@ -4,8 +4,9 @@
 set -euo pipefail
 
 # python3-dbus-fast runs the fake bluetoothd of the BlueZ tests (Tests/BlueZTests/fake_bluez);
-# python3-venv is for scripts/bench's bleak; postgresql for the PostgreSQL ledger's tests (scripts/pg-server).
-otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev libsqlite3-dev sqlite3 pkg-config python3 python3-dbus-fast python3-venv postgresql)
+# python3-venv is for scripts/bench's bleak; postgresql for the PostgreSQL ledger's tests (scripts/pg-server);
+# prometheus for promtool, which checks `station --metrics` (Tests/CLITests/MetricsTests.swift).
+otaflash_packages=(libdbus-1-dev dbus-daemon zlib1g-dev libsqlite3-dev sqlite3 pkg-config python3 python3-dbus-fast python3-venv postgresql prometheus)
 
 otaflash_install_deps() {
     local missing=()

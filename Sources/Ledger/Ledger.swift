@@ -43,6 +43,14 @@ public protocol LedgerStore: Sendable {
     /// Every claim the ledger holds (held, released and done), by device.
     func claims() async throws(LedgerError) -> [Claim]
 
+    /// Writes `heartbeat` as its station's and run's row, stamped with the ledger's time
+    /// (`StationHeartbeat`); the table is made on the first beat.
+    func beat(_ heartbeat: StationHeartbeat) async throws(LedgerError)
+
+    /// The newest heartbeat of each station (none when no station has beaten), with its age by
+    /// the ledger's clock.
+    func heartbeats() async throws(LedgerError) -> [StationHeartbeat]
+
     /// Releases the store's resources; nothing is lost by not calling it.
     func close() async
 }
@@ -195,6 +203,15 @@ public enum Ledger {
         } else if location.contains("://") {
             throw LedgerError(.badLocation, "--ledger \(location): not a path or a postgres:// URL")
         }
+    }
+}
+
+extension String {
+    /// A ledger location as lines may show it: a URL without its password.
+    public var redactingPassword: String {
+        guard Ledger.isServer(self), var parts = URLComponents(string: self), parts.password != nil else { return self }
+        parts.password = "***"
+        return parts.string ?? self
     }
 }
 

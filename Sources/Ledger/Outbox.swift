@@ -190,6 +190,15 @@ public actor SpoolingLedger: LedgerStore {
         try await shared.prepare(station: station)
     }
 
+    /// To the server only: a beat the server does not take is a station it sees as silent.
+    public func beat(_ heartbeat: StationHeartbeat) async throws(LedgerError) {
+        try await shared.beat(heartbeat)
+    }
+
+    public func heartbeats() async throws(LedgerError) -> [StationHeartbeat] {
+        try await shared.heartbeats()
+    }
+
     @discardableResult
     public func append(_ record: LedgerRecord) async throws(LedgerError) -> Int64 {
         do {

@@ -253,6 +253,53 @@ public actor PostgresLedger: LedgerStore {
         }
     }
 
+    public func beat(_ heartbeat: StationHeartbeat) async throws(LedgerError) {
+        var binds = PostgresBindings()
+        binds.append(heartbeat.station)
+        binds.append(heartbeat.run)
+        binds.append(heartbeat.startedAt)
+        binds.append(heartbeat.interval)
+        binds.append(heartbeat.adapters.joined(separator: ","))
+        binds.append(heartbeat.inProgress)
+        binds.append(heartbeat.claimsHeld)
+        binds.append(heartbeat.ended ? 1 : 0)
+        let sql = """
+            INSERT INTO heartbeats (station, run_id, started_at, beat_at, interval_seconds, adapters, in_progress, claims_held, ended)
+            VALUES ($1, $2, $3, \(Self.now), $4, $5, $6, $7, $8)
+            ON CONFLICT (station, run_id) DO UPDATE SET beat_at = excluded.beat_at, interval_seconds = excluded.interval_seconds,
+                adapters = excluded.adapters, in_progress = excluded.in_progress, claims_held = excluded.claims_held, ended = excluded.ended
+            """
+        let made = heartbeatTable
+        try await run("writing to") { [binds] c in
+            // The table is made before this process's first beat (IF NOT EXISTS: other stations may have).
+            if !made { try await c.query(PostgresQuery(unsafeSQL: StationHeartbeat.table), logger: Self.logger).drain() }
+            try await c.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: Self.logger).drain()
+        }
+        heartbeatTable = true
+    }
+
+    /// Whether this process has made sure of the heartbeats table.
+    private var heartbeatTable = false
+
+    public func heartbeats() async throws(LedgerError) -> [StationHeartbeat] {
+        try await run("reading") { c in
+            let exists = try await c.query("SELECT to_regclass('heartbeats') IS NOT NULL", logger: Self.logger).collect()
+            guard try exists.first?.decode(Bool.self) == true else { return [] }
+            let sql = """
+                SELECT DISTINCT ON (station) station, run_id, started_at, beat_at, interval_seconds, adapters, in_progress, claims_held, ended,
+                    EXTRACT(EPOCH FROM (now() - beat_at::timestamptz))::double precision
+                FROM heartbeats ORDER BY station, beat_at DESC
+                """
+            return try await c.query(PostgresQuery(unsafeSQL: sql), logger: Self.logger).collect().map { row in
+                let (station, run, started, beat, interval, adapters, inProgress, claims, ended, age) =
+                    try row.decode((String, String, String, String, Double, String, Int, Int, Int, Double).self)
+                return StationHeartbeat(station: station, run: run, startedAt: started, interval: interval,
+                                        adapters: adapters.split(separator: ",").map(String.init), inProgress: inProgress, claimsHeld: claims,
+                                        ended: ended != 0, beatAt: beat, age: max(0, age))
+            }
+        }
+    }
+
     public func claims() async throws(LedgerError) -> [Claim] {
         try await run("reading") { c in
             try await c.query("SELECT device, image_sha256, station, run_id, state, claimed_at, expires_at FROM claims ORDER BY device",

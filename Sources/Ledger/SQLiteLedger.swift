@@ -125,6 +125,48 @@ public final class SQLiteLedger: LedgerStore {
         return migrator
     }
 
+    public func beat(_ heartbeat: StationHeartbeat) async throws(LedgerError) {
+        let now = LedgerRecord.timestamp(Date())
+        do {
+            try await queue.write { db in
+                try db.execute(sql: StationHeartbeat.table)
+                try db.execute(sql: """
+                    INSERT INTO heartbeats (station, run_id, started_at, beat_at, interval_seconds, adapters, in_progress, claims_held, ended)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (station, run_id) DO UPDATE SET beat_at = excluded.beat_at, interval_seconds = excluded.interval_seconds,
+                        adapters = excluded.adapters, in_progress = excluded.in_progress, claims_held = excluded.claims_held, ended = excluded.ended
+                    """, arguments: [heartbeat.station, heartbeat.run, heartbeat.startedAt, now, heartbeat.interval,
+                                     heartbeat.adapters.joined(separator: ","), heartbeat.inProgress, heartbeat.claimsHeld, heartbeat.ended ? 1 : 0])
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "writing to")
+        }
+    }
+
+    public func heartbeats() async throws(LedgerError) -> [StationHeartbeat] {
+        do {
+            let rows = try await queue.read { db -> [Row] in
+                guard try db.tableExists("heartbeats") else { return [] }
+                // The newest row of each station (SQLite takes the bare columns from the max row).
+                return try Row.fetchAll(db, sql: """
+                    SELECT station, run_id, started_at, max(beat_at) AS beat_at, interval_seconds, adapters, in_progress, claims_held, ended,
+                        (julianday('now') - julianday(max(beat_at))) * 86400.0 AS age
+                    FROM heartbeats GROUP BY station ORDER BY station
+                    """)
+            }
+            return rows.map { row in
+                let beat: String = row["beat_at"]
+                let adapters: String = row["adapters"]
+                return StationHeartbeat(station: row["station"], run: row["run_id"], startedAt: row["started_at"], interval: row["interval_seconds"],
+                                        adapters: adapters.split(separator: ",").map(String.init), inProgress: row["in_progress"],
+                                        claimsHeld: row["claims_held"], ended: (row["ended"] as Int) != 0, beatAt: beat,
+                                        age: max(0, row["age"] as Double))
+            }
+        } catch {
+            throw Self.failure(error, path: location, doing: "reading")
+        }
+    }
+
     public func prepare(station: String) async throws(LedgerError) {
         let now = LedgerRecord.timestamp(Date())
         do {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Ledger
+import LineView
 import OTACommandLine
 
 /// `otaflash ledger`: the records of past runs, filtered, exported, or summarised as a shift.
@@ -17,11 +18,13 @@ struct LedgerCommand: AsyncParsableCommand {
               otaflash ledger --since 8h --summary
               otaflash ledger --result error --format csv > failures.csv
               otaflash ledger --serial SN0042 --format json
+              otaflash ledger --since 8h --html shift.html
+              otaflash ledger --since 8h --format junit > shift.xml
             """
     )
 
     enum Format: String, ExpressibleByArgument, CaseIterable {
-        case table, csv, json
+        case table, csv, json, junit
     }
 
     @Option(name: .customLong("ledger"), help: ArgumentHelp("The ledger to read (default: $XDG_STATE_HOME/otaflash/ledger.sqlite).", valueName: "path"),
@@ -52,8 +55,12 @@ struct LedgerCommand: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: Ranges.ledgerLimit.help("Only the newest this many records", valueName: "n"))
     var limit: Int?
 
-    @Option(help: ArgumentHelp("How to print the records (or the summary); json: JSON Lines, one object for --summary.", valueName: "format"))
+    @Option(help: ArgumentHelp("How to print the records (or the summary); json: JSON Lines, one object for --summary; junit: JUnit XML, a test case per attempt (docs/LINE.md).", valueName: "format"))
     var format: Format = .table
+
+    @Option(help: ArgumentHelp("Write the selected attempts as a one-file shift report instead: counts, plots, last failures; HTML with nothing external (docs/LINE.md).", valueName: "file"),
+            completion: .file(extensions: ["html"]))
+    var html: String?
 
     @Flag(help: "Print a summary of the selected attempts instead: devices, first-pass and final yield, median and p95 time, failures by error code, per station and adapter.")
     var summary = false
@@ -74,6 +81,12 @@ struct LedgerCommand: AsyncParsableCommand {
         if check, limit != nil { throw ValidationError("--check checks every selected record: drop --limit") }
         if postOutbox != nil, !check { throw ValidationError("--post-outbox names the outbox --check looks at: add --check, or drop it") }
         if let image, image.isEmpty { throw ValidationError("--image must not be empty") }
+        if format == .junit, summary || check { throw ValidationError("--format junit writes the attempts: drop \(summary ? "--summary" : "--check")") }
+        if let html {
+            if summary || check { throw ValidationError("--html writes a report of its own: drop \(summary ? "--summary" : "--check")") }
+            if format != .table { throw ValidationError("--html writes HTML: drop --format") }
+            try Self.checkReportPath(html)
+        }
         for (option, value) in [("--since", since), ("--until", until)] {
             if let value, Self.time(value, now: Date()) == nil {
                 throw ValidationError("\(option) must be a UTC time like 2026-11-26 or 2026-11-26T06:00:00Z, or an age like 30m, 8h or 7d; got '\(value)'")
@@ -100,7 +113,21 @@ struct LedgerCommand: AsyncParsableCommand {
             try await runCheck(path, records: records)
             return
         }
-        if summary {
+        if let html {
+            let model = LineModel(records: records)
+            let filters = [("since", since), ("until", until), ("device", device), ("serial", serial), ("result", result?.rawValue),
+                           ("image", image), ("station", station), ("limit", limit.map(String.init))]
+                .compactMap { name, value in value.map { "--\(name) \($0)" } }
+            let subtitle = "\(path.redactingPassword)" + (filters.isEmpty ? "" : " · " + filters.joined(separator: " "))
+                + " · written \(LedgerRecord.timestamp(Date())) by otaflash \(OtaflashVersion.number)"
+            let text = LineHTML.document(model, title: "otaflash shift report", subtitle: subtitle)
+            do {
+                try Data(text.utf8).write(to: URL(fileURLWithPath: html), options: .atomic)
+            } catch {
+                throw CLIFailure(.outputFailed, "the report \(html) could not be written: \(error.localizedDescription)")
+            }
+            out.err("wrote \(html): \(model.counts.attempts) attempts, \(model.counts.devices) devices\n")
+        } else if summary {
             out.out(Self.render(LedgerSummary(records), format: format))
         } else {
             out.out(Self.render(records, format: format))
@@ -134,7 +161,7 @@ struct LedgerCommand: AsyncParsableCommand {
                                                oldestEndedAt: depth.oldest?.endedAt, oldestAttemptId: depth.oldest?.attemptID)) + "\n")
             }
             out.out(Self.json(CheckSummary(records: result.records, claims: result.claims, findings: result.findings.count, passed: result.passed)) + "\n")
-        case .csv, .table:
+        case .csv, .table, .junit:
             for note in result.notes { out.err("note: \(note)\n") }
             for finding in result.findings { out.out("\(finding.kind.rawValue): \(finding.line)\n") }
             if let depth { out.out(Self.line(depth, outbox)) }
@@ -227,6 +254,8 @@ struct LedgerCommand: AsyncParsableCommand {
                 .joined(separator: "\n") + "\n"
         case .json:
             return records.map { json($0) + "\n" }.joined()
+        case .junit:
+            return JUnitReport.xml(records)
         case .table:
             let rows = [["started (UTC)", "station", "device", "serial", "result", "error", "attempts", "time", "image", "before", "after"]]
                 + records.map { r in
@@ -243,7 +272,7 @@ struct LedgerCommand: AsyncParsableCommand {
         switch format {
         case .json:
             return json(s) + "\n"
-        case .csv:
+        case .csv, .junit:
             var lines = ["metric,value", "attempts,\(s.attempts)", "devices,\(s.devices)",
                          "first_pass_yield,\(String(format: "%.4f", s.firstPassYield))", "final_yield,\(String(format: "%.4f", s.finalYield))",
                          "median_seconds,\(s.medianSeconds.map { String(format: "%.3f", $0) } ?? "")",
@@ -266,6 +295,19 @@ struct LedgerCommand: AsyncParsableCommand {
                                      + groups.map { [$0.name, "\($0.attempts)", "\($0.devices)", "\($0.ok)", "\($0.failed)"] })
             }
             return text
+        }
+    }
+
+    /// A report file's place: its folder must exist (a typo is a command-line error, exit 2).
+    static func checkReportPath(_ path: String) throws(ValidationError) {
+        if path.isEmpty { throw ValidationError("--html needs a file name") }
+        let folder = (path as NSString).deletingLastPathComponent
+        var isFolder: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isFolder), isFolder.boolValue {
+            throw ValidationError("--html \(path) is a folder: name a file")
+        }
+        if !folder.isEmpty, !(FileManager.default.fileExists(atPath: folder, isDirectory: &isFolder) && isFolder.boolValue) {
+            throw ValidationError("--html \(path): the folder \(folder) does not exist")
         }
     }
 

@@ -20,7 +20,7 @@ public struct Otaflash: AsyncParsableCommand {
         subcommands: [Flash.self, Scan.self, Info.self, Simulate.self, Pair.self, Unpair.self]
             // Each protocol's own device commands (SMP's image, reset and echo).
             + ProtocolCommandLine.all.flatMap { $0.commands(DeviceCommandOptions.self) }
-            + [LedgerCommand.self, Station.self, CompletionsCommand.self, SimulatorTopic.self],
+            + [LedgerCommand.self, Station.self, DashboardCommand.self, CompletionsCommand.self, SimulatorTopic.self],
         defaultSubcommand: Flash.self
     )
 

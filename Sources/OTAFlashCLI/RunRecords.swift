@@ -147,6 +147,9 @@ final class RunRecords: Sendable {
         var stopDevice: @Sendable (String) -> Void = { _ in }
     }
 
+    /// Claims this run holds now (each renewed until its device's record).
+    var claimsHeld: Int { renewals.withLock { $0.count } }
+
     func setHooks(_ hooks: Hooks) { self.hooks.withLock { $0 = hooks } }
 
     init(ledger: (any LedgerStore)?, options: LedgerOptions, image: Image, protocolName: String,

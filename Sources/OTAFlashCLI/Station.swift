@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import GATT
 import Ledger
+import LineServer
 import OTA
 import OTACommandLine
 import Simulator
@@ -12,6 +13,10 @@ struct Station: AsyncParsableCommand {
     /// How long a station that ends holding records nowhere else (its outbox's disk full) waits
     /// for the ledger to take them (docs/LEDGER.md, "When the server goes away").
     static let strandedWait: Duration = .seconds(600)
+
+    /// How often a station writes its heartbeat to the ledger (docs/LINE.md): a dashboard shows it
+    /// dead once its last beat is three of these old.
+    static let heartbeatInterval: Duration = .seconds(2)
 
     static let configuration = CommandConfiguration(
         commandName: "station",
@@ -52,6 +57,9 @@ struct Station: AsyncParsableCommand {
     @Option(name: .customLong("retry-backoff"), parsing: .unconditional, help: Ranges.retryBackoff.help("Seconds before a failed device is tried again, doubling for each further retry (at most an hour)", valueName: "seconds"))
     var retryBackoff: Double = 30
 
+    @Option(name: .customLong("metrics"), help: ArgumentHelp("Serve Prometheus metrics at http://HOST:PORT/metrics while the shift runs (port 1-65535; docs/LINE.md)", valueName: "host:port"))
+    var metrics: String?
+
     @OptionGroup(title: "When a postgres:// ledger cannot be reached") var whenDown: LedgerDownOptions
 
     @OptionGroup(title: "Simulated line (with --simulator)") var line: LineOptions
@@ -85,6 +93,9 @@ struct Station: AsyncParsableCommand {
         }
         try line.check(simulator: flash.target.simulator.enabled)
         try Ranges.maxUnconfirmed.check(whenDown.maxUnconfirmed)
+        if let metrics {
+            do { _ = try ListenAddress(metrics, option: "--metrics") } catch { throw ValidationError(error.message) }
+        }
     }
 
     func run() async throws {
@@ -134,12 +145,32 @@ struct Station: AsyncParsableCommand {
         printer.json(StationEvents.Station(station: settings.station, ledger: ledger.location.redactingPassword, adapters: source.adapters,
                                            perAdapter: settings.perAdapter, parallel: settings.parallel, retries: settings.retries,
                                            retryBackoff: retryBackoff, simulator: simulated))
-        let run = StationRun(flash: flash, plan: plan, book: book, ledger: ledger, source: source, settings: settings, printer: printer)
+        let meter = metrics == nil ? nil : StationMetricsSource(ledger: ledger, book: book, source: source)
+        let run = StationRun(flash: flash, plan: plan, book: book, ledger: ledger, source: source, settings: settings, printer: printer,
+                             metrics: meter?.registry)
+        meter?.attach(run)
+        // Before any device: a port in use ends the station here (exit 2), not mid-shift.
+        var listener: HTTPListener?
+        if let address = metrics, let meter {
+            do throws(ListenerError) {
+                listener = try await HTTPListener.metrics(meter.registry, on: try ListenAddress(address, option: "--metrics"))
+            } catch {
+                throw CLIFailure(.usage, error.message)
+            }
+        }
         if let startsDown { run.ledgerWentDown(startsDown) }
+        let heart = Heart(ledger: ledger, template: StationHeartbeat(station: settings.station, run: book.runID, startedAt: LedgerRecord.timestamp(Date()),
+                                                               interval: Self.heartbeatInterval.seconds, adapters: source.adapters, inProgress: 0, claimsHeld: 0),
+                          sample: { (run.counts.inProgress, book.claimsHeld) })
+        let beating = Task { await heart.beat(every: Self.heartbeatInterval) }
         let interrupts = InterruptHandler { _ in run.stop("stopping: every device ends after its current write and gets its record (press Ctrl-C again to exit at once)…") }
         CLIContext.output.onFailure { run.stop(nil) }
         await run.run()
         interrupts.cancel()
+        await listener?.stop()
+        beating.cancel()
+        await beating.value
+        await heart.last()
         if let spooling = ledger as? SpoolingLedger {
             // Records only this process holds (the outbox's disk was full): the station does not
             // end with them while the ledger may still come back (their devices' claims are
@@ -176,6 +207,57 @@ struct Station: AsyncParsableCommand {
         printer.result(counts.line(hours: run.hours, clock: run.clockName))
         if let recordFailure { throw recordFailure.markedReported() }
     }
+}
+
+/// The station's heartbeat in the ledger (`StationHeartbeat`): written every interval while the
+/// shift runs, and once more, ended, when it is over. A beat the ledger does not take is left: the
+/// dashboard then sees the station as silent, which it is from the ledger's side.
+struct Heart: Sendable {
+    let ledger: any LedgerStore
+    let template: StationHeartbeat
+    let sample: @Sendable () -> (inProgress: Int, claimsHeld: Int)
+
+    func now(ended: Bool) -> StationHeartbeat {
+        var beat = template
+        (beat.inProgress, beat.claimsHeld) = sample()
+        beat.ended = ended
+        return beat
+    }
+
+    /// Beats until cancelled.
+    func beat(every interval: Duration) async {
+        while !Task.isCancelled {
+            try? await ledger.beat(now(ended: false))
+            do { try await Task.sleep(for: interval) } catch { return }
+        }
+    }
+
+    /// The last beat: the shift is over.
+    func last() async {
+        try? await ledger.beat(now(ended: true))
+    }
+}
+
+/// `--metrics`: the station's registry, its gauges read from the run at each scrape.
+final class StationMetricsSource: Sendable {
+    private final class Slot: Sendable {
+        let run = Mutex<StationRun?>(nil)
+    }
+
+    let registry: StationMetrics
+    private let slot: Slot
+
+    init(ledger: any LedgerStore, book: RunRecords, source: any LineSource) {
+        let slot = Slot()
+        self.slot = slot
+        registry = StationMetrics {
+            let counts = slot.run.withLock { $0?.counts }
+            return StationMetrics.Gauges(inProgress: counts?.inProgress ?? 0, claimsHeld: book.claimsHeld, adaptersUp: source.adaptersUp,
+                                         outboxDepth: await (ledger as? SpoolingLedger)?.unsent)
+        }
+    }
+
+    func attach(_ station: StationRun) { slot.run.withLock { $0 = station } }
 }
 
 /// What a station does while its `postgres://` ledger cannot be reached (docs/LEDGER.md, "When
@@ -270,15 +352,6 @@ struct LineOptions: ParsableArguments {
     }
 }
 
-extension String {
-    /// A ledger location as lines may show it: a URL without its password.
-    var redactingPassword: String {
-        guard Ledger.isServer(self), var parts = URLComponents(string: self), parts.password != nil else { return self }
-        parts.password = "***"
-        return parts.string ?? self
-    }
-}
-
 // MARK: where devices come from
 
 /// A device seen in range: where, and (on a simulated line) which member of the population.
@@ -292,6 +365,8 @@ struct Sighting: Sendable {
 /// What a station scans: radios, or a simulated line on virtual time.
 protocol LineSource: AnyObject, Sendable {
     var adapters: [String] { get }
+    /// Adapters whose last scan worked (`--metrics`' `otaflash_adapters_up`).
+    var adaptersUp: Int { get }
     /// The devices in range now (a scan of the radios waits its window; cancelled, it ends early).
     func scan(now: Duration) async -> (seen: [Sighting], problem: String?)
 }
@@ -310,6 +385,10 @@ final class RadioLine: LineSource {
 
     var adapters: [String] { centrals.map { $0.0 ?? "default" } }
 
+    /// Adapters whose last scan failed.
+    private let failing = Mutex<Set<String>>([])
+    var adaptersUp: Int { centrals.count - failing.withLock { $0.count } }
+
     func scan(now: Duration) async -> (seen: [Sighting], problem: String?) {
         let (filter, window) = (filter, window)
         return await withTaskGroup(of: (String?, any GATTCentral, Result<[Advertisement], GATTError>).self) { group in
@@ -321,6 +400,7 @@ final class RadioLine: LineSource {
             }
             var best: [DeviceAddress: (Int, Sighting)] = [:]
             var problem: String?
+            var failed: Set<String> = []
             for await (adapter, central, result) in group {
                 switch result {
                 case .success(let ads):
@@ -329,8 +409,10 @@ final class RadioLine: LineSource {
                     }
                 case .failure(let error):
                     problem = "scanning on \(adapter ?? "the default adapter") failed: \(error.message)"
+                    failed.insert(adapter ?? "default")
                 }
             }
+            failing.withLock { [failed] in $0 = failed }
             return (best.values.sorted { $0.0 > $1.0 }.map(\.1), problem)
         }
     }
@@ -350,6 +432,7 @@ final class SimulatedLine: LineSource, @unchecked Sendable {
     }
 
     var adapters: [String] { ["sim"] }
+    var adaptersUp: Int { 1 }
 
     func scan(now: Duration) async -> (seen: [Sighting], problem: String?) {
         while let next = arrivals.nextArrival, next <= now, let member = arrivals.next() { inRange.append(member) }

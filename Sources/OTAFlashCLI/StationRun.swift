@@ -1,6 +1,7 @@
 import Foundation
 import GATT
 import Ledger
+import LineServer
 import OTA
 import OTACommandLine
 import Simulator
@@ -125,8 +126,12 @@ final class StationRun: @unchecked Sendable {
     private let virtualShift: VirtualClock?
     private let shiftClock: any MonotonicClock
     private let screen: StationScreen?
+    /// `--metrics`: each attempt that ends with a record is counted there.
+    let metrics: StationMetrics?
 
-    init(flash: Flash, plan: FlashPlan, book: RunRecords, ledger: any LedgerStore, source: any LineSource, settings: Settings, printer: EventPrinter) {
+    init(flash: Flash, plan: FlashPlan, book: RunRecords, ledger: any LedgerStore, source: any LineSource, settings: Settings, printer: EventPrinter,
+         metrics: StationMetrics? = nil) {
+        self.metrics = metrics
         self.flash = flash
         self.plan = plan
         self.book = book
@@ -463,7 +468,10 @@ final class StationRun: @unchecked Sendable {
             let end = f.started + .milliseconds(Int64((f.outcome.seconds * 1000).rounded()))
             var lines: [String] = []
             var events: [any JSONEvent] = []
+            var attempt: (result: String, error: String?)?
+            var bytes = 0
             state.withLock { s in
+                bytes = s.flights[f.address]?.bytes ?? 0
                 s.lastEnd = max(s.lastEnd, end)
                 s.tasks[f.address] = nil
                 if virtualShift != nil {
@@ -477,7 +485,9 @@ final class StationRun: @unchecked Sendable {
                 case .ok:
                     device.phase = .done
                     s.counts.done += 1
+                    attempt = ("ok", nil)
                 case .skipped:
+                    attempt = ("skipped", nil)
                     device.phase = .done
                     s.counts.alreadyDone += 1
                     s.sawElsewhere(f.address)
@@ -495,6 +505,7 @@ final class StationRun: @unchecked Sendable {
                     device.phase = .waiting
                 case .failed(let e):
                     s.counts.failed += 1
+                    attempt = (e.code == .bondLeft ? "bond_left" : "error", ExitCode(e.code).name)
                     device.failures = f.number
                     s.failures.append((name, f.number, e.description))
                     if s.failures.count > 5 { s.failures.removeFirst() }
@@ -513,6 +524,7 @@ final class StationRun: @unchecked Sendable {
                 }
                 s.devices[f.address] = device
             }
+            if let attempt { metrics?.attemptEnded(result: attempt.result, error: attempt.error, seconds: f.outcome.seconds, bytes: bytes) }
             for line in lines { say(line) }
             for event in events { printer.json(event) }
         }

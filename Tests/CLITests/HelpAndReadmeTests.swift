@@ -99,7 +99,7 @@ struct HelpAndReadmeTests {
     func helpForAnUnknownCommandIsAUsageError(name: String) async {
         let run = await otaflash(["help", name])
         #expect(run.code == 2)
-        #expect(run.errorLines == ["otaflash: error: unknown command '\(name)': the commands are flash, scan, info, simulate, pair, unpair, image, reset, echo, files, ledger, station, completions, help (and the topic simulator)"])
+        #expect(run.errorLines == ["otaflash: error: unknown command '\(name)': the commands are flash, scan, info, simulate, pair, unpair, image, reset, echo, files, ledger, station, dashboard, completions, help (and the topic simulator)"])
         #expect(run.stdout.isEmpty)
     }
 
@@ -160,7 +160,7 @@ struct HelpAndReadmeTests {
         ("otaflash --simulator --sim-time virtual --sim-fl", ["--sim-flash-bitflip-at"]),
         ("otaflash flash --dev", ["--device", "--devices-file"]),
         ("otaflash sc", ["scan"]),
-        ("otaflash ", ["flash", "scan", "info", "simulate", "pair", "unpair", "image", "reset", "echo", "files", "ledger", "station", "completions", "help", "app.bin", "app.hex", "images"]),
+        ("otaflash ", ["flash", "scan", "info", "simulate", "pair", "unpair", "image", "reset", "echo", "files", "ledger", "station", "dashboard", "completions", "help", "app.bin", "app.hex", "images"]),
         ("otaflash --simulator ", ["app.bin", "app.hex", "images"]),
         ("otaflash --write-path ", ["acquire-write", "write-value"]),
         ("otaflash --simulator --sim-time ", ["real", "virtual", "unlimited"]),

@@ -19,6 +19,9 @@ public enum MachineSuite: String, CaseIterable, Sendable {
     /// Tests/LedgerTests/PostgresLedgerTests: the PostgreSQL ledger against a private server
     /// (Debian's postgresql, started by scripts/pg-server).
     case postgres
+    /// Tests/CLITests/MetricsTests: `station --metrics` checked by Prometheus' `promtool check
+    /// metrics` (Debian's prometheus).
+    case promtool
 }
 
 /// What a machine suite needs, and what happens when it is missing.
@@ -85,6 +88,9 @@ public enum Prerequisites {
         if suite == .postgres {
             if case .failure(let why) = PostgresServer.bin { return why.description }
             return nil
+        }
+        if suite == .promtool {
+            return findExecutable("promtool") == nil ? "promtool is not installed (apt-get install prometheus, or run scripts/deps.sh)" : nil
         }
         var checks: [Result<String, HarnessError>] = [dbusDaemon()]
         if suite == .bluez { checks.append(fakeBlueZPython) }
