@@ -241,6 +241,12 @@ public struct SilabsOTAEngine: TransferEngine {
         }
         if waited < config.verifyTimeout { return [.failed(checkingError("it still runs application version \(text(running))"))] }
         if afterLoss { return startOver(peer, why: "the link was lost around 0x03 and the device still runs application version \(text(running))") }
+        if writeCommands {
+            // Nothing was answered: it may never have taken 0x00 (refused silently while it
+            // erased its slot), so nothing says its bootloader checked anything.
+            return fail(OTAError(.protocolError, "the device still runs application version \(text(running)) \(waited.seconds) s after the link closed: it did not install the GBL; with write commands nothing was answered, so it refused the GBL or never took the transfer (0x00 is refused silently while it erases its slot)",
+                                 hint: "run the same command again without --silabs-write-commands: each write is then answered"))
+        }
         return fail(OTAError(.verifyFailed, "the device took every byte and 0x03, and still runs application version \(text(running)) \(waited.seconds) s after the link closed: its bootloader refused the GBL (a CRC, a signature, or another product), which the application OTA DFU component does not report",
                              hint: "check the GBL (commander gbl parse; --gbl-key checks its signature), then run the same command again: the device started over by itself"))
     }
