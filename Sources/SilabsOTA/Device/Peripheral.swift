@@ -331,7 +331,13 @@ public struct SilabsOTAPeripheral: PeripheralModel {
         case .dropped where !withResponse:
             droppedWrites += 1
             return PeripheralWriteResult(reply: .success(at: now), outputs: [])
-        case .corrupt(let i, let mask) where !withResponse && i < bytes.count:
+        case .dropped:
+            // A write request that never arrives is never answered: the central's ATT
+            // transaction times out and the link goes.
+            return Self.unanswered(true, at: now, note: "OTA Data write request \(index) lost (fault)")
+        case .corrupt(let i, let mask) where i < bytes.count:
+            // Bytes changed on the way reach the storage as they are, answered or not: only the
+            // bootloader's check of the whole GBL finds them.
             bytes[i] ^= mask
         case .disconnect(let reason):
             return PeripheralWriteResult(reply: .success(at: now), outputs: [PeripheralTimed(at: now, .dropLink(reason: reason))], reports: [.note(reason)])

@@ -86,9 +86,12 @@ public struct SilabsOTAEngine: TransferEngine {
     private var tally = ResendTally()
     private var ackedBytes = 0
     private var startOvers = 0
-    /// Bytes taken over all attempts (answered requests; with write commands, writes the link
-    /// took): what the stall budget watches, so that an attempt after a start-over counts too.
-    private var progressTotal = 0
+    /// The furthest the device took the GBL in any attempt (answered requests; with write
+    /// commands, writes the link took): what the stall budget watches. An attempt after a start-over
+    /// sends again what an earlier one sent, which is no progress: a link that keeps dropping
+    /// before the device gets further spends the budget (`--stall-timeout`) and ends the run, as
+    /// the session's bound says.
+    private var furthest = 0
     private var now = Duration.zero
     private var failedPhase: TransferPhase?
     private var noted: [String] = []
@@ -148,7 +151,7 @@ public struct SilabsOTAEngine: TransferEngine {
     public var acked: Int { ackedBytes }
     public var ackedCRC: UInt32 { CRC32.checksum(image.bytes[0..<ackedBytes]) }
     public var highWater: Int { tally.highWater }
-    public var furthestAgreed: Int { progressTotal }
+    public var furthestAgreed: Int { furthest }
     public var chunkSize: Int { chunkBytes }
     public var stats: TransferStats { tally.stats }
     public var notes: [String] { noted }
@@ -344,15 +347,15 @@ public struct SilabsOTAEngine: TransferEngine {
         case .streaming(let next):
             // The write before this one was answered (requests are awaited one at a time).
             if !writeCommands {
-                progressTotal += next - ackedBytes
                 ackedBytes = next
+                furthest = max(furthest, next)
             }
             guard next < image.size else {
                 state = .ending
                 return .write(TransferWrite(SilabsControl.end.encoded, to: .control, withResponse: false))
             }
             let count = min(chunkBytes, image.size - next)
-            if writeCommands { progressTotal += count }
+            if writeCommands { furthest = max(furthest, next + count) }
             tally.streamed(offset: next, count: count)
             state = .streaming(next: next + count)
             return .data(offset: next, count: count)
