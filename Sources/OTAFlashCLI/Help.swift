@@ -203,9 +203,8 @@ enum RootHelp {
         out += wrap("  " + Otaflash.commandNames.filter { $0 != "help" }.map { $0 == "flash" ? "flash (default)" : $0 }.joined(separator: ", "), indent: "  ")
         out += [
             "",
-            "Every failure prints one line and exits with its own code, listed with every",
-            "option by `otaflash help flash`. The simulator: `otaflash help simulator`.",
-            "Any command: `otaflash help <command>`.",
+            "Every failure prints one line and exits with its own code (`otaflash help flash`",
+            "lists them); `otaflash help simulator`, `otaflash help <command>` tell more.",
         ]
         return out.joined(separator: "\n")
     }

@@ -88,7 +88,6 @@ struct CommandLineShapeTests {
     }
 
     static let badChoices: [BadChoice] = [
-        BadChoice(arguments: simulator + ["--protocol", "dfu", app], values: "'auto', 'native', 'nordic-dfu', 'smp' or 'esp-ota'"),
         BadChoice(arguments: simulator + ["--sim-security", "maybe", app], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["pair", "--simulator", "--sim-security", "high"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: simulator + ["--sim-phy", "3M", app], values: "'1M' and '2M'"),
@@ -96,7 +95,6 @@ struct CommandLineShapeTests {
         BadChoice(arguments: simulator + ["--sim-buttonless", "sideways", package], values: "'unbonded', 'bonded', 'refusing' or 'lost'"),
         BadChoice(arguments: simulator + ["--sim-smp-cbor", "json", mcuboot], values: "'definite', 'indefinite', 'zcbor' or 'tinycbor'"),
         BadChoice(arguments: ["image", "list", "--simulator", "--sim-smp-cbor", "json"], values: "'definite', 'indefinite', 'zcbor' or 'tinycbor'"),
-        BadChoice(arguments: ["simulate", "--protocol", "auto"], values: "'native', 'nordic-dfu', 'smp' or 'esp-ota'"),
         BadChoice(arguments: ["simulate", "--sim-security", "maybe"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["simulate", "--security", "maybe"], values: "'none', 'encrypt' or 'authenticate'"),
         BadChoice(arguments: ["simulate", "--protocol", "nordic-dfu", "--sim-buttonless", "maybe"], values: "'unbonded', 'bonded', 'refusing' or 'lost'"),
@@ -108,6 +106,15 @@ struct CommandLineShapeTests {
     func aValueOutsideAChoiceIsRefusedNamingTheValues(_ bad: BadChoice) async {
         let run = await otaflash(bad.arguments)
         expectOneUsageLine(run, saying: ["is invalid for", "Please provide one of \(bad.values)"])
+    }
+
+    /// `--protocol` offers the registered protocols (and `auto` where a file picks one).
+    @Test(arguments: [["--simulator", "--sim-time", "virtual", "--protocol", "dfu", "app.bin"], ["simulate", "--protocol", "auto"]])
+    func aProtocolNoneRegisteredIsRefusedNamingEachThatIs(_ arguments: [String]) async {
+        let run = await otaflash(arguments)
+        let names = (arguments.first == "simulate" ? [] : ["auto"]) + ProtocolCommandLine.all.map(\.name)
+        expectOneUsageLine(run, saying: ["is invalid for", "Please provide one of"] + names.map { "'\($0)'" })
+        if arguments.first == "simulate" { #expect(!(run.errorLines.first ?? "").contains("'auto'")) }
     }
 
     /// --sim-phy takes 1m as 1M, as it always did; --sim-security is no longer re-parsed with a
@@ -183,8 +190,8 @@ struct CommandLineShapeTests {
     }
 
     @Test(arguments: [
-        ("otaflash --protocol ", ["auto", "esp-ota", "native", "nordic-dfu", "smp"]),
-        ("otaflash simulate --protocol ", ["esp-ota", "native", "nordic-dfu", "smp"]),
+        ("otaflash --protocol ", ["auto"] + ProtocolCommandLine.all.map(\.name)),
+        ("otaflash simulate --protocol ", ProtocolCommandLine.all.map(\.name)),
         ("otaflash --simulator --sim-phy ", ["1M", "2M"]),
         ("otaflash ledger --result ", ["ok", "skipped", "error", "bond_left"]),
         ("otaflash --device AA:BB:CC:DD:EE:FF ", ["app.bin", "app.hex", "app_dfu_package.zip", "zephyr.signed.bin", "images"]),

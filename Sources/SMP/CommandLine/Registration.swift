@@ -27,8 +27,7 @@ extension ProtocolCommandLine {
                     + "a second reset without a confirm reverts it; one confirmed stays. `smpmgr --ble <address> upgrade --slot 1 "
                     + "app.signed.bin` or `otaflash --protocol smp --device <address> app.signed.bin` can update it.",
                 servedName: "otaflash-smp", slot: "each of its two slots",
-                mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload"),
-                              ("--confirm-after-check", "confirm once the image ran (--check-command)")],
+                mainOptions: [("--confirm, --no-reset", "confirm at once; no reset after the upload")],
                 imageVersion: "an MCUboot image's header",
                 exitCodes: [.imageFile: "an MCUboot image that does not check out (magic, header, TLVs, hash, encrypted or non-bootable), "
                                 + "or the device refusing its header or TLVs",

@@ -30,7 +30,7 @@ extension ProtocolCommandLine {
                     + "the AppLoader on, as after the in-place application rebooted into it). It cannot resume: a lost link sends the whole GBL again.",
                 servedName: "Empty Example, as Silicon Labs' SoC Empty example (\(SilabsOTAService.appLoaderName) for the AppLoader)",
                 slot: "its storage slot (app) or application area (apploader)",
-                mainOptions: [("--gbl-key <file>", "the public key a GBL's signature is checked with")],
+                mainOptions: [("--gbl-key <file>", "the key a GBL's signature is checked with")],
                 flashNote: "An EFR32 that runs an application with in-place OTA DFU is asked into its AppLoader first.",
                 imageVersion: "a GBL's application tag",
                 exitCodes: [.imageFile: "a GBL that does not check out, or a .s37, .hex or .bin of the application (make a GBL with `commander gbl create`)",

@@ -151,6 +151,8 @@ public struct SilabsOTAPeripheral: PeripheralModel {
     public private(set) var runningVersion: UInt32
     /// GBLs it booted after a check, oldest first.
     public private(set) var activations: [[UInt8]] = []
+    /// When each 0x03 reached the device (the bench's end of a transfer).
+    public private(set) var endsReceived: [Duration] = []
     /// Why its bootloader (or AppLoader) refused what it was sent, oldest first.
     public private(set) var refusals: [String] = []
     /// Write commands dropped, over all boots.
@@ -399,6 +401,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
                 startOver(at: now)
             }
         case .end:
+            endsReceived.append(now)
             component = .downloadEnd
             let outcome = check(slot)
             if case .valid(let length, let version) = outcome, !reportedActivation {
@@ -527,6 +530,7 @@ public struct SilabsOTAPeripheral: PeripheralModel {
             accepted = nil
             return PeripheralWriteResult(reply: .success(at: now), outputs: [], reports: [.begin(size: config.slotSize, crc: nil, offset: 0)])
         case .end:
+            endsReceived.append(now)
             guard started else { return PeripheralWriteResult(reply: Self.refusal(0x81, "writing OTA Control"), outputs: [], reports: [.note("0x03 before 0x00")]) }
             let outcome = check(received)
             let checked = now + config.perKiB(config.verifyPerKiB, received.count)

@@ -221,7 +221,22 @@ public struct SilabsOTAEngine: TransferEngine {
             // The old application is overwritten as data arrives: whatever runs but the AppLoader
             // is what 0x03 checked. The AppLoader again: it did not take 0x03, or what it took
             // does not start.
-            if peer.mode != .appLoader || (imageVersion != nil && running == imageVersion) {
+            if imageVersion != nil && running == imageVersion {
+                state = .done
+                return [.finished]
+            }
+            if peer.mode != .appLoader {
+                // An application that says it runs another version than the GBL's is the old one:
+                // the AppLoader leaves to it when the link goes before any data came.
+                if let running, let imageVersion {
+                    return fail(OTAError(.connection, "the link was lost before 0x03 was answered, and the device left its AppLoader for application version \(text(running)), not the GBL's \(text(imageVersion)): it kept its application",
+                                         hint: "run the same command again: the device enters its AppLoader again"))
+                }
+                // Otherwise it is what 0x03 checked, unless the link went before 0x03 was answered.
+                guard !afterLoss else {
+                    return fail(OTAError(.notConfirmed, "sent, not confirmed: the link was lost before 0x03 was answered, and the device runs an application again that reports no version: the new one, or its old one if the AppLoader had taken no data",
+                                         hint: "check what the device runs before sending it again"))
+                }
                 state = .done
                 return [.finished]
             }
