@@ -185,9 +185,9 @@ public enum SilabsOTARegistration {
         }
         let gbl: GBLFile
         do {
-            gbl = try GBLFile(parsing: firmware.bytes, key: key)
+            gbl = try GBLFile(parsing: firmware.bytes, key: key, source: firmware.source)
         } catch {
-            throw CLIFailure(.imageFile, "\(firmware.source): \(error.description)")
+            throw CLIFailure(ExitCode(error.code), error.description)
         }
         let resolution: ProtocolRegistry.Resolution
         do {

@@ -245,6 +245,11 @@ public struct SilabsOTAEngine: TransferEngine {
             return fail(OTAError(.verifyFailed, "the AppLoader took the GBL (0x03 answered), but the device is still in its AppLoader \(waited.seconds) s after the link closed: the new application does not start",
                                  hint: "check that the GBL holds an application for this device (commander gbl parse), then run the same command again"))
         }
+        if running == nil, versionBefore != nil, waited < config.verifyTimeout {
+            // It reported its version before the transfer: a read that found none now is a device
+            // still starting its application (or its read failed), not one that has none.
+            return [.failed(checkingError("it reported no application version yet"))]
+        }
         guard let running, let imageVersion else {
             return fail(OTAError(.notConfirmed, "sent, not confirmed: an application OTA DFU device checks its slot only once the link closes and says nothing, and this one reports no application version to show what it runs",
                                  hint: "check what the device runs (its own version) before sending it again"))

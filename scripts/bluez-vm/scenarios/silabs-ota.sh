@@ -95,6 +95,23 @@ for kind in app apploader; do
 done
 
 # ------------------------------------------------------------------ 3, 4. link dropped mid-transfer
+# The sample GBL (312 B) goes in a few writes, before any drop could land: these steps send a GBL of
+# 256 KiB of seeded bytes, written here tag by tag as btl_gbl_format.h lays them out (header,
+# application, prog at 0x08006000, end with the CRC-32 of every byte before its value).
+if [[ $STEPS == *" drop"* ]]; then
+	IMAGE=$RESULTS_DIR/seeded-256k.gbl
+	python3 - "$IMAGE" <<'PY'
+import random, struct, sys, zlib
+body = bytes(random.Random(48).getrandbits(8) for _ in range(256 * 1024))
+le = lambda *v: struct.pack("<%dI" % len(v), *v)
+out = bytes.fromhex("eb17a603") + le(8, 0x03000000, 0)
+out += bytes.fromhex("f40a0af4") + le(28, 0x20, 0x02000000, 0) + bytes(range(16))
+out += bytes.fromhex("fe0101fe") + le(4 + len(body), 0x08006000) + body
+out += bytes.fromhex("fc0404fc") + le(4)
+open(sys.argv[1], "wb").write(out + le(zlib.crc32(out)))
+PY
+	IMAGE_SIZE=$(stat -c %s "$IMAGE")
+fi
 for step_name in drop drop-end; do
 	[[ $STEPS == *" $step_name "* ]] || continue
 	# Its flash writes take 300 ms per KiB more, so the transfer lasts long enough for the drop
