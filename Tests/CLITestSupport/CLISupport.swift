@@ -3,28 +3,13 @@ import OTA
 import OTACommandLine
 import OTAFlashCLI
 import Testing
+@_exported import TestSupport
 
 /// The repository root, three levels above this file (Tests/CLITestSupport/<file>).
 package let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-package func samplePath(_ name: String) -> String {
-    repositoryRoot.appendingPathComponent("firmware-samples").appendingPathComponent(name).path
-}
-
-package struct SampleEntry: Decodable, Sendable, CustomTestStringConvertible {
-    package let file: String
-    package let size: Int
-    package let crc32: String
-    package var testDescription: String { file }
-}
-
-/// The entries of firmware-samples/manifest.json; empty (and the tests using them fail) when unreadable.
-package let manifestEntries: [SampleEntry] = {
-    struct Manifest: Decodable { let files: [SampleEntry] }
-    guard let data = FileManager.default.contents(atPath: samplePath("manifest.json")),
-          let manifest = try? JSONDecoder().decode(Manifest.self, from: data) else { return [] }
-    return manifest.files
-}()
+/// A committed sample's path (firmware-samples/NAME): `Samples.path`, as the command tests name it.
+package func samplePath(_ name: String) -> String { Samples.path(name) }
 
 /// What one in-process run of `otaflash` printed and returned.
 package struct Run {

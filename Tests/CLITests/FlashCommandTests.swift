@@ -5,8 +5,8 @@ import Testing
 @Suite("otaflash flash")
 struct FlashCommandTests {
     /// With --json every stdout line is an event object, and the last one reports the image's CRC.
-    @Test(arguments: manifestEntries)
-    func jsonLinesEndWithDoneOkAndTheManifestCRC(entry: SampleEntry) async throws {
+    @Test(arguments: Samples.entries)
+    func jsonLinesEndWithDoneOkAndTheManifestCRC(entry: Samples.Entry) async throws {
         let run = await otaflash(simulator + ["--json", samplePath(entry.file)])
         #expect(run.code == 0, "\(run.stderr)")
         let events = run.jsonEvents
