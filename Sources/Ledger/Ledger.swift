@@ -227,6 +227,8 @@ extension LedgerQuery {
     /// The statement both stores run for this query, given its filters as SQL conditions in the
     /// store's placeholder syntax: oldest first, or with a limit the newest that many, oldest first.
     func select(where clauses: [String]) -> String {
+        var clauses = clauses
+        if let afterID { clauses.append("id > \(afterID)") }
         var sql = "SELECT * FROM attempts"
         if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
         guard let limit else { return sql + " ORDER BY id" }

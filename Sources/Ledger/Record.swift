@@ -209,9 +209,11 @@ public struct LedgerQuery: Sendable, Hashable {
     public var station: String?
     /// At most this many records, the newest; nil for all.
     public var limit: Int?
+    /// Only records whose id is above this (a reader that follows the ledger: `otaflash dashboard`).
+    public var afterID: Int64?
 
     public init(since: String? = nil, until: String? = nil, device: String? = nil, serialNumber: String? = nil,
-                result: LedgerResult? = nil, image: String? = nil, station: String? = nil, limit: Int? = nil) {
+                result: LedgerResult? = nil, image: String? = nil, station: String? = nil, limit: Int? = nil, afterID: Int64? = nil) {
         self.since = since
         self.until = until
         self.device = device
@@ -220,6 +222,7 @@ public struct LedgerQuery: Sendable, Hashable {
         self.image = image
         self.station = station
         self.limit = limit
+        self.afterID = afterID
     }
 
     /// Whether `record` passes every filter (the stores filter in SQL; this is their reference).
@@ -230,6 +233,7 @@ public struct LedgerQuery: Sendable, Hashable {
         if let serialNumber, record.serialNumber != serialNumber { return false }
         if let result, record.result != result { return false }
         if let station, record.station != station { return false }
+        if let afterID, (record.id ?? 0) <= afterID { return false }
         if let image, record.imageName != image, !(image.count >= 8 && record.imageSHA256.hasPrefix(image.lowercased())) {
             return false
         }

@@ -32,20 +32,22 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
     /// Summarises the attempts among `records`: a row an older otaflash wrote for a device it found
     /// held by another station (`held_elsewhere`, nothing sent) is an encounter, and left out.
     public init(_ records: [LedgerRecord]) {
+        // Indices and flags rather than copies of the records: a dashboard draws this every second.
         let records = records.filter { !$0.isEncounter }
         let succeeded: (LedgerRecord) -> Bool = { $0.result.succeeded }
         attempts = records.count
-        var first: [String: LedgerRecord] = [:]
-        var last: [String: LedgerRecord] = [:]
-        for record in records.sorted(by: Self.chronological) {
-            let key = record.device.uppercased()
-            if first[key] == nil { first[key] = record }
-            last[key] = record
+        var first: [String: Bool] = [:]
+        var last: [String: Bool] = [:]
+        for i in records.indices.sorted(by: { Self.chronological(records[$0], records[$1]) }) {
+            let key = records[i].device.uppercased()
+            let ok = succeeded(records[i])
+            if first[key] == nil { first[key] = ok }
+            last[key] = ok
         }
         devices = first.count
-        firstPassYield = devices == 0 ? 0 : Double(first.values.filter(succeeded).count) / Double(devices)
-        finalYield = devices == 0 ? 0 : Double(last.values.filter(succeeded).count) / Double(devices)
-        let times = records.filter { $0.result == .ok }.map(\.seconds).sorted()
+        firstPassYield = devices == 0 ? 0 : Double(first.values.filter { $0 }.count) / Double(devices)
+        finalYield = devices == 0 ? 0 : Double(last.values.filter { $0 }.count) / Double(devices)
+        let times = records.compactMap { $0.result == .ok ? $0.seconds : nil }.sorted()
         medianSeconds = Self.percentile(times, 0.5)
         p95Seconds = Self.percentile(times, 0.95)
         var failures: [String: Int] = [:]
@@ -57,7 +59,7 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
     }
 
     /// Start time, then id: the order attempts happened in.
-    static func chronological(_ a: LedgerRecord, _ b: LedgerRecord) -> Bool {
+    public static func chronological(_ a: LedgerRecord, _ b: LedgerRecord) -> Bool {
         a.startedAt != b.startedAt ? a.startedAt < b.startedAt : (a.id ?? 0) < (b.id ?? 0)
     }
 
@@ -70,9 +72,15 @@ public struct LedgerSummary: Sendable, Hashable, Codable {
 
     static func groups(_ records: [LedgerRecord], by key: (LedgerRecord) -> String,
                        succeeded: (LedgerRecord) -> Bool) -> [Group] {
-        Dictionary(grouping: records, by: key).map { name, rows in
-            Group(name: name, attempts: rows.count, devices: Set(rows.map { $0.device.uppercased() }).count,
-                  ok: rows.filter(succeeded).count, failed: rows.filter { !succeeded($0) }.count)
+        var groups: [String: (attempts: Int, devices: Set<String>, ok: Int)] = [:]
+        for record in records {
+            let name = key(record)
+            groups[name, default: (0, [], 0)].attempts += 1
+            groups[name]!.devices.insert(record.device.uppercased())
+            if succeeded(record) { groups[name]!.ok += 1 }
+        }
+        return groups.map { name, g in
+            Group(name: name, attempts: g.attempts, devices: g.devices.count, ok: g.ok, failed: g.attempts - g.ok)
         }.sorted { $0.name < $1.name }
     }
 }

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Hummingbird
 import Ledger
 import LineView
@@ -49,14 +52,22 @@ public final class Dashboard: Sendable {
         var message: String?
     }
 
-    /// Reads the ledger (at most once per `freshness`; concurrent requests share one reading).
+    /// Reads the ledger (at most once per `freshness`; concurrent requests share one reading):
+    /// only the records it has not read (`LineFollower`); the model is drawn again only when
+    /// one came, the stations every time.
     actor LedgerReader {
         let location: String
         private var store: (any LedgerStore)?
+        private var follower = LineFollower()
+        /// The model and the device rows of `follower`'s records.
+        private var drawn: (model: LineModel, devices: [DeviceRow])?
         private var last: (at: ContinuousClock.Instant, result: Result<Snapshot, LedgerError>)?
         private var reading: Task<Result<Snapshot, LedgerError>, Never>?
 
-        init(location: String) { self.location = location }
+        init(location: String) {
+            self.location = location
+            Self.mapLargeBlocks()
+        }
 
         func snapshot() async -> Result<Snapshot, LedgerError> {
             if let last, ContinuousClock.now - last.at < Dashboard.freshness { return last.result }
@@ -72,8 +83,7 @@ public final class Dashboard: Sendable {
         private func read() async -> Result<Snapshot, LedgerError> {
             // A file deleted or moved under the dashboard: SQLite would go on reading the old one.
             if !Ledger.isServer(location), !FileManager.default.fileExists(atPath: location) {
-                await store?.close()
-                store = nil
+                await forget()
                 return .failure(LedgerError(.cannotOpen, "the ledger \(location) is gone (deleted or moved); the page shows the line again once it is back"))
             }
             do throws(LedgerError) {
@@ -81,36 +91,81 @@ public final class Dashboard: Sendable {
                 if let open = self.store {
                     store = open
                 } else {
+                    // A ledger opened again may be another one (a file put back, a server restored):
+                    // it is read from its start.
                     store = try Ledger.open(location)
                     self.store = store
+                    follower = LineFollower()
+                    drawn = nil
                 }
-                let records = try await store.records(LedgerQuery())
+                let new = try await store.records(follower.query)
                 let heartbeats = try await store.heartbeats()
+                if follower.take(new) || drawn == nil {
+                    drawn = Self.draw(follower.records)
+                    Self.giveBackFreedMemory()
+                }
                 let stations = heartbeats.map { beat in
                     LineModel.Station(name: beat.station, alive: beat.alive, lastBeatSeconds: beat.age, adapters: beat.adapters,
                                       inProgress: beat.inProgress, claimsHeld: beat.claimsHeld)
                 }
-                var last: [String: LedgerRecord] = [:]
-                for r in records where !r.isEncounter { last[r.device.uppercased()] = r }
-                let devices = last.values.sorted { $0.endedAt > $1.endedAt }.map { r in
-                    DeviceRow(device: r.device, serialNumber: r.serialNumber, station: r.station, result: r.result.rawValue, errorCode: r.errorCode,
-                              attempts: r.attempts, startedAt: r.startedAt, endedAt: r.endedAt, firmwareAfter: r.firmwareAfter, message: r.message)
-                }
-                return .success(Snapshot(model: LineModel(records: records, stations: stations), devices: devices, heartbeats: heartbeats,
+                let drawn = self.drawn ?? Self.draw([])
+                return .success(Snapshot(model: drawn.model.with(stations: stations), devices: drawn.devices, heartbeats: heartbeats,
                                          readAt: LedgerRecord.timestamp(Date())))
             } catch {
-                if error.kind == .unreachable || error.kind == .corrupt || error.kind == .cannotOpen {
-                    await store?.close()
-                    store = nil
-                }
+                if error.kind == .unreachable || error.kind == .corrupt || error.kind == .cannotOpen { await forget() }
                 return .failure(error)
             }
         }
 
-        func close() async {
+        /// The model of `records` and their devices, each by its last attempt, the newest first.
+        static func draw(_ records: [LedgerRecord]) -> (model: LineModel, devices: [DeviceRow]) {
+            var last: [String: Int] = [:]
+            for (i, r) in records.enumerated() where !r.isEncounter {
+                let key = r.device.uppercased()
+                if let seen = last[key], LedgerSummary.chronological(r, records[seen]) { continue }
+                last[key] = i
+            }
+            let devices = last.values.sorted { records[$0].endedAt > records[$1].endedAt }.map { i in
+                let r = records[i]
+                return DeviceRow(device: r.device, serialNumber: r.serialNumber, station: r.station, result: r.result.rawValue, errorCode: r.errorCode,
+                          attempts: r.attempts, startedAt: r.startedAt, endedAt: r.endedAt, firmwareAfter: r.firmwareAfter, message: r.message)
+            }
+            return (LineModel(records: records), devices)
+        }
+
+        /// Drawing a model allocates and frees several times the records' size; without this the
+        /// freed memory stays with the process (the C allocator's arenas) and the dashboard's
+        /// resident size follows the largest drawing, not what it holds (scripts/dashboard-bench --shift).
+        /// glibc serves a block over its mmap threshold from its own mapping, given back when freed;
+        /// but it raises the threshold to the largest block freed (up to 32 MiB), after which a
+        /// drawing's arrays of records come from the heap and stay there. A fixed threshold of
+        /// 1 MiB keeps them mapped (mallopt(M_MMAP_THRESHOLD), M_MMAP_THRESHOLD = -3 in malloc.h).
+        static func mapLargeBlocks() {
+            #if canImport(Glibc)
+            if let mallopt = dlsym(nil, "mallopt") {
+                _ = unsafeBitCast(mallopt, to: (@convention(c) (Int32, Int32) -> Int32).self)(-3, 1 << 20)
+            }
+            #endif
+        }
+
+        static func giveBackFreedMemory() {
+            #if canImport(Glibc)
+            // glibc's malloc_trim (malloc.h, which the Glibc module leaves out); RTLD_DEFAULT is 0.
+            if let trim = dlsym(nil, "malloc_trim") {
+                _ = unsafeBitCast(trim, to: (@convention(c) (Int) -> Int32).self)(0)
+            }
+            #endif
+        }
+
+        /// Closes the ledger and forgets what was read of it.
+        private func forget() async {
             await store?.close()
             store = nil
+            follower = LineFollower()
+            drawn = nil
         }
+
+        func close() async { await forget() }
     }
 
     // MARK: - HTTP
@@ -167,6 +222,10 @@ public final class Dashboard: Sendable {
                 return json(Devices(devices: Array(matching.prefix(limit)), total: matching.count, limit: limit))
             case .failure(let e): return failure(e)
             }
+        }
+        // Anything else: one line that says what there is, never an empty answer.
+        router.get("**") { [self] _, _ -> Response in
+            problem(.notFound, "no such page: the dashboard serves /, /api/summary, /api/stations and /api/devices?q=…&limit=…")
         }
         return router
     }
@@ -290,6 +349,8 @@ public final class Dashboard: Sendable {
           }
           refresh();
           setInterval(refresh, 1000);
+          // The page's own load time (from the navigation's start), for scripts/dashboard-bench.
+          window.addEventListener('load', function () { document.body.setAttribute('data-load-ms', String(Math.round(performance.now()))); });
         })();
         """
 }

@@ -76,7 +76,13 @@ public final class HTTPListener: Sendable {
     /// be (`option` names it: "--metrics 127.0.0.1:9464: the port is in use …").
     public static func start(_ router: Router<BasicRequestContext>, on address: ListenAddress, option: String) async throws(ListenerError) -> HTTPListener {
         let outcome = Outcome()
-        let app = Application(router: router, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "otaflash"),
+        // Nothing otaflash serves is written through: any other method than GET (or HEAD) is one line, 405.
+        let routes = router.buildResponder()
+        let readOnly = CallbackResponder<BasicRequestContext> { request, context in
+            guard request.method == .get || request.method == .head else { return Self.methodNotAllowed }
+            return try await routes.respond(to: request, context: context)
+        }
+        let app = Application(responder: readOnly, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "otaflash"),
                               onServerRunning: { _ in outcome.settle(nil) },
                               logger: Logger(label: "otaflash.http", factory: { _ in SwiftLogNoOpLogHandler() }))
         let task = Task {
@@ -92,6 +98,11 @@ public final class HTTPListener: Sendable {
             throw ListenerError("\(option) \(address): \(failure)")
         }
         return HTTPListener(task: task, address: address)
+    }
+
+    static var methodNotAllowed: Response {
+        Response(status: .methodNotAllowed, headers: [.contentType: "application/json", .allow: "GET"],
+                 body: ResponseBody(byteBuffer: ByteBuffer(string: #"{"error":"otaflash serves this for reading only: it has no write endpoint (GET only)"}"#)))
     }
 
     /// How long `stop()` waits for the connections in progress to close.

@@ -105,9 +105,8 @@ public struct LineModel: Sendable {
     /// stations with records but no heartbeat are listed too. `retries` is the stations' `--retries`
     /// (for `quarantined`).
     public init(records: [LedgerRecord], stations live: [Station] = [], retries: Int = 1) {
-        let attempts = records.filter { !$0.isEncounter }.sorted { a, b in
-            a.startedAt != b.startedAt ? a.startedAt < b.startedAt : (a.id ?? 0) < (b.id ?? 0)
-        }
+        var attempts = records.filter { !$0.isEncounter }
+        attempts.sort(by: LedgerSummary.chronological)
         summary = LedgerSummary(attempts)
         var succeeded: Set<String> = []
         var failedPerImage: [String: Int] = [:]
@@ -132,7 +131,25 @@ public struct LineModel: Sendable {
         from = attempts.first?.startedAt
         to = attempts.map(\.endedAt).max()
 
-        var rows = Dictionary(uniqueKeysWithValues: live.map { ($0.name, $0) })
+        stations = Self.stations(live, summary: summary)
+
+        failures = attempts.reversed().filter { !$0.result.succeeded }.prefix(Self.failureLimit).map { r in
+            Failure(startedAt: r.startedAt, station: r.station, device: r.device, serialNumber: r.serialNumber, attempt: r.attempts,
+                    errorCode: r.errorCode ?? r.result.rawValue, message: r.message ?? "")
+        }
+        plots = LinePlots(attempts, summary: summary, start: start, end: end).plots
+    }
+
+    /// The same model with other live stations (a newer heartbeat): nothing else is drawn again.
+    public func with(stations live: [Station]) -> LineModel {
+        var model = self
+        model.stations = Self.stations(live, summary: summary)
+        return model
+    }
+
+    /// The live stations, and those with records but no heartbeat, with their counts.
+    static func stations(_ live: [Station], summary: LedgerSummary) -> [Station] {
+        var rows = Dictionary(live.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         for group in summary.stations {
             var row = rows[group.name] ?? Station(name: group.name)
             row.attempts = group.attempts
@@ -140,12 +157,6 @@ public struct LineModel: Sendable {
             row.failed = group.failed
             rows[group.name] = row
         }
-        stations = rows.values.sorted { $0.name < $1.name }
-
-        failures = attempts.reversed().filter { !$0.result.succeeded }.prefix(Self.failureLimit).map { r in
-            Failure(startedAt: r.startedAt, station: r.station, device: r.device, serialNumber: r.serialNumber, attempt: r.attempts,
-                    errorCode: r.errorCode ?? r.result.rawValue, message: r.message ?? "")
-        }
-        plots = LinePlots(attempts, summary: summary, start: start, end: end).plots
+        return rows.values.sorted { $0.name < $1.name }
     }
 }

@@ -29,7 +29,7 @@ struct LinePlots {
             guard let t = LineTime.seconds(r.endedAt) else { continue }
             perStation[r.station, default: Array(repeating: 0, count: count)][index(t)] += 1
         }
-        let throughput = SVGChart(x: first...(first + Double(count) * bin), y: 0...Self.niceMax(perStation.values.flatMap { $0 }.max() ?? 0),
+        let throughput = SVGChart(x: first...(first + Double(count) * bin), y: 0...Self.niceMax(perStation.values.flatMap { $0 }.max() ?? 0, whole: true),
                                   xLabel: { LineTime.label($0, withDate: withDate) }, yLabel: { String(format: "%.0f", $0) })
             .lines(perStation.keys.sorted().map { name in
                 (name, perStation[name]!.enumerated().map { (first + (Double($0.offset) + 0.5) * bin, $0.element) })
@@ -67,7 +67,7 @@ struct LinePlots {
             .lines([("first-pass yield", firstSeries), ("final yield", finalSeries)], yUnit: "%")
 
         // Seconds per device: attempts that ended ok.
-        let times = records.filter { $0.result == .ok }.map(\.seconds)
+        let times = records.compactMap { $0.result == .ok ? $0.seconds : nil }
         let durations: String
         if let longest = times.max() {
             let top = Self.niceMax(longest)
@@ -78,7 +78,7 @@ struct LinePlots {
             var marks: [(String, Double)] = []
             if let median = summary.medianSeconds { marks.append((String(format: "median %.1f s", median), median)) }
             if let p95 = summary.p95Seconds { marks.append((String(format: "p95 %.1f s", p95), p95)) }
-            durations = SVGChart(x: 0...top, y: 0...Self.niceMax(histogram.max() ?? 0),
+            durations = SVGChart(x: 0...top, y: 0...Self.niceMax(histogram.max() ?? 0, whole: true),
                                  xLabel: { String(format: top < 10 ? "%.1f s" : "%.0f s", $0) }, yLabel: { String(format: "%.0f", $0) })
                 .bars([("devices", histogram.enumerated().map { (Double($0.offset) * width, width, $0.element) })], marks: marks, yUnit: "devices")
         } else {
@@ -100,7 +100,7 @@ struct LinePlots {
             }
             var stacked = Array(repeating: 0.0, count: count)
             for name in names { for b in 0..<count { stacked[b] += perClass[name]![b] } }
-            failures = SVGChart(x: first...(first + Double(count) * bin), y: 0...Self.niceMax(stacked.max() ?? 0),
+            failures = SVGChart(x: first...(first + Double(count) * bin), y: 0...Self.niceMax(stacked.max() ?? 0, whole: true),
                                 xLabel: { LineTime.label($0, withDate: withDate) }, yLabel: { String(format: "%.0f", $0) })
                 .bars(names.map { name in (name, perClass[name]!.enumerated().map { (first + Double($0.offset) * bin, bin, $0.element) }) },
                       stacked: true, yUnit: "attempts")
@@ -121,12 +121,15 @@ struct LinePlots {
         }
     }
 
-    /// A round axis top at or above `value` (1, 2, 5 × 10^n); 1 for nothing.
-    static func niceMax(_ value: Double) -> Double {
-        guard value > 0 else { return 1 }
-        let magnitude = pow(10, (log10(value)).rounded(.down))
-        for step in [1.0, 2, 5, 10] where step * magnitude >= value { return step * magnitude }
-        return 10 * magnitude
+    /// An axis top at or above `value` whose four tick intervals are round (1, 2 or 5 × 10^n each);
+    /// whole numbers with `whole` (counts: never a tick at 0.5 device). 1 (4 when whole) for nothing.
+    static func niceMax(_ value: Double, whole: Bool = false) -> Double {
+        guard value > 0 else { return whole ? 4 : 1 }
+        let least = value / 4
+        let magnitude = pow(10, log10(least).rounded(.down))
+        var step = [1.0, 2, 5, 10].lazy.map { $0 * magnitude }.first { $0 >= least } ?? 10 * magnitude
+        if whole { step = max(1, step.rounded(.up)) }
+        return 4 * step
     }
 }
 

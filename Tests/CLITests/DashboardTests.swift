@@ -82,8 +82,48 @@ struct DashboardTests {
                 let error = try Self.object(answer.body)["error"] as? String
                 #expect(answer.status == 400 && error?.isEmpty == false, "\(bad): \(answer)")
             }
-            #expect(try await Self.get(port, "/api/summary", method: "POST").status != 200, "no write endpoint")
-            #expect(try await Self.get(port, "/nothing").status == 404)
+            for method in ["POST", "PUT", "DELETE"] {
+                let write = try await Self.get(port, "/api/summary", method: method)
+                let line = try Self.object(write.body)["error"] as? String
+                #expect(write.status == 405 && line?.contains("no write endpoint") == true, "\(method): \(write)")
+            }
+            let nothing = try await Self.get(port, "/nothing")
+            let what = try Self.object(nothing.body)["error"] as? String
+            #expect(nothing.status == 404 && what?.contains("/api/summary") == true, "\(nothing)")
+        }
+    }
+
+    /// The dashboard reads only the records it has not read: one written while it runs shows,
+    /// counted once, whatever the number of reads.
+    @Test func aRecordWrittenWhileItRunsShowsOnce() async throws {
+        let scratch = try Scratch()
+        let (ledger, _) = try await LineCLITests.shift(scratch)
+        try await Self.serve(ledger) { port in
+            func attempts() async throws -> Int? {
+                let counts = try Self.object(try await Self.get(port, "/api/summary").body)["counts"] as? [String: Any]
+                return counts?["attempts"] as? Int
+            }
+            let before = try #require(try await attempts())
+            let store = try Ledger.open(ledger)
+            var record = try #require(try await store.records(LedgerQuery(limit: 1)).first)
+            record.id = nil
+            record.device = "0E:5D:FF:FF:FF:01"
+            record.startedAt = LedgerRecord.timestamp(Date())
+            try await store.append(record)
+            await store.close()
+            let written = ContinuousClock.now
+            var seen = before
+            // The dashboard reads at most once a second, on a request: it shows within a second and
+            // a request (five allowed here, for a loaded machine).
+            while seen == before, ContinuousClock.now - written < .seconds(5) {
+                try await Task.sleep(for: .milliseconds(100))
+                seen = try #require(try await attempts())
+            }
+            #expect(seen == before + 1, "one record more, counted once")
+            try await Task.sleep(for: .seconds(1.1))
+            #expect(try await attempts() == before + 1, "read again: still counted once")
+            let devices = try Self.object(try await Self.get(port, "/api/devices?q=0E:5D:FF:FF:FF:01").body)
+            #expect(devices["total"] as? Int == 1)
         }
     }
 

@@ -29,6 +29,7 @@ let shiftQueries = [
     LedgerQuery(device: "AA:00:00:00:00:02"), LedgerQuery(device: "aa:00:00:00:00:02"), LedgerQuery(serialNumber: "S2"),
     LedgerQuery(result: .error), LedgerQuery(image: "app.bin"), LedgerQuery(image: "abababab"), LedgerQuery(image: "CDCDCDCD"),
     LedgerQuery(station: "st2"), LedgerQuery(station: "st2", limit: 1), LedgerQuery(limit: 2), LedgerQuery(result: .ok, limit: 0),
+    LedgerQuery(afterID: 3), LedgerQuery(station: "st2", afterID: 2), LedgerQuery(limit: 1, afterID: 2), LedgerQuery(afterID: 99),
 ]
 
 /// The claim rules (docs/LEDGER.md, "Claims") as two holders see them through two stores on one
