@@ -129,7 +129,4 @@ enum BlueZErrors {
     }
 }
 
-func formatSeconds(_ duration: Duration) -> String {
-    let s = duration.seconds
-    return s == s.rounded() ? "\(Int(s)) s" : "\((s * 10).rounded() / 10) s"
-}
+func formatSeconds(_ duration: Duration) -> String { duration.secondsText }

@@ -60,6 +60,12 @@ extension Duration {
         return Double(s) + Double(atto) / 1e18
     }
 
+    /// "20 s", "18.4 s": whole seconds as they are, else to a tenth (a line for people).
+    public var secondsText: String {
+        let s = seconds
+        return s == s.rounded() ? "\(Int(s)) s" : "\((s * 10).rounded() / 10) s"
+    }
+
     /// The same span for a dispatch timer; `.never` past about 68 years.
     public var dispatchInterval: DispatchTimeInterval {
         let (s, atto) = components

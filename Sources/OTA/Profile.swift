@@ -465,7 +465,7 @@ extension GATTCentral {
         let scanFor = max(.milliseconds(1), (deadline - clock.now) / 2)
         let found = try await scan(filter: ScanFilter(namePrefix: name), timeout: scanFor).first { $0.name == name }
         guard let found else {
-            throw GATTError(missed.code, "\(missed.message); nor did a device advertising '\(name)' appear within \(scanFor.seconds) s")
+            throw GATTError(missed.code, "\(missed.message); nor did a device advertising '\(name)' appear within \(scanFor.secondsText)")
         }
         return try await connect(to: found.address, timeout: max(.milliseconds(1), deadline - clock.now))
     }

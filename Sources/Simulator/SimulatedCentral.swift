@@ -25,7 +25,7 @@ public final class SimulatedCentral: GATTCentral {
         let deadline = clock.now + timeout
         guard let device = devices.first(where: { $0.address == address }) else {
             try await sleep(timeout)
-            throw GATTError(.deviceNotFound, "device \(address) was not found within \(timeout.seconds) s")
+            throw GATTError(.deviceNotFound, "device \(address) was not found within \(timeout.secondsText)")
         }
         // A rebooting device does not advertise: the attempt waits for it to come back, and
         // fails as a connection error when that is past the deadline.
@@ -34,7 +34,7 @@ public final class SimulatedCentral: GATTCentral {
         }
         if gone || availableAt > deadline {
             try await sleep(until: deadline)
-            throw GATTError(.connectFailed, "connecting to \(address) failed: no answer within \(timeout.seconds) s")
+            throw GATTError(.connectFailed, "connecting to \(address) failed: no answer within \(timeout.secondsText)")
         }
         try await sleep(until: max(clock.now, availableAt))
         try await sleep(device.config.link.timed ? device.config.link.connectionInterval * 3 : .zero)

@@ -57,7 +57,7 @@ struct ButtonlessFlashTests {
     @Test(arguments: [
         ("refusing", 9, "\(application) refused Enter Bootloader: operation failed: the application could not enter the bootloader"),
         ("bonded", 12, "\(application) enters its bootloader only for a bonded central (buttonless DFU with bonds, 8EC90004); pass --pair to bond with it first"),
-        ("lost", 6, "connecting to \(bootloader) failed: no answer within 10.0 s; nor did a device advertising 'DFU-C0FFEE000001' appear within 5.0 s"),
+        ("lost", 6, "connecting to \(bootloader) failed: no answer within 10 s; nor did a device advertising 'DFU-C0FFEE000001' appear within 5 s"),
     ])
     func aDeviceThatCannotBeMovedIntoItsBootloaderGetsOneLineAndItsExitCode(kind: String, status: Int32, says: String) async throws {
         let run = await otaflash(simulator + ["--json", "--reconnect-window", "0", "--sim-buttonless", kind, nordicSample("blinky-app.zip")])
