@@ -36,12 +36,15 @@ final class InterruptHandler {
         }
     }
 
-    /// Restores the default dispositions.
+    /// Stops watching: the work has ended. A signal from now on (a second Ctrl-C as the run
+    /// prints its summary) exits at once with the `interrupted` code, never killed by the signal
+    /// (which would leave the shell no documented exit code); a later `InterruptHandler` takes over.
     func cancel() {
         for source in sources { source.cancel() }
-        signal(SIGINT, SIG_DFL)
-        signal(SIGTERM, SIG_DFL)
-        signal(SIGHUP, SIG_DFL)
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            // Only async-signal-safe work in a handler: _exit, not exit.
+            signal(sig) { _ in _exit(ExitCode.interrupted.rawValue) }
+        }
     }
 }
 
