@@ -128,18 +128,17 @@ public final class Dashboard: Sendable {
             let devices = last.values.sorted { records[$0].endedAt > records[$1].endedAt }.map { i in
                 let r = records[i]
                 return DeviceRow(device: r.device, serialNumber: r.serialNumber, station: r.station, result: r.result.rawValue, errorCode: r.errorCode,
-                          attempts: r.attempts, startedAt: r.startedAt, endedAt: r.endedAt, firmwareAfter: r.firmwareAfter, message: r.message)
+                                 attempts: r.attempts, startedAt: r.startedAt, endedAt: r.endedAt, firmwareAfter: r.firmwareAfter, message: r.message)
             }
             return (LineModel(records: records), devices)
         }
 
-        /// Drawing a model allocates and frees several times the records' size; without this the
-        /// freed memory stays with the process (the C allocator's arenas) and the dashboard's
-        /// resident size follows the largest drawing, not what it holds (scripts/dashboard-bench --shift).
-        /// glibc serves a block over its mmap threshold from its own mapping, given back when freed;
-        /// but it raises the threshold to the largest block freed (up to 32 MiB), after which a
-        /// drawing's arrays of records come from the heap and stay there. A fixed threshold of
-        /// 1 MiB keeps them mapped (mallopt(M_MMAP_THRESHOLD), M_MMAP_THRESHOLD = -3 in malloc.h).
+        /// Drawing a model allocates and frees several times the records' size; left to glibc, the
+        /// dashboard's resident size follows the largest drawing, not what it holds
+        /// (scripts/dashboard-bench --shift). glibc serves a block over its mmap threshold from a
+        /// mapping of its own, given back when freed, but raises the threshold to the largest block
+        /// freed (up to 32 MiB), after which a drawing's arrays come from the heap and stay there.
+        /// A fixed threshold of 1 MiB keeps them mapped (mallopt(M_MMAP_THRESHOLD = -3, …), malloc.h).
         static func mapLargeBlocks() {
             #if canImport(Glibc)
             if let mallopt = dlsym(nil, "mallopt") {
@@ -148,9 +147,10 @@ public final class Dashboard: Sendable {
             #endif
         }
 
+        /// Gives back to the system what a drawing freed below the threshold (malloc_trim).
         static func giveBackFreedMemory() {
             #if canImport(Glibc)
-            // glibc's malloc_trim (malloc.h, which the Glibc module leaves out); RTLD_DEFAULT is 0.
+            // malloc.h is not in the Glibc module: found by name (RTLD_DEFAULT is 0).
             if let trim = dlsym(nil, "malloc_trim") {
                 _ = unsafeBitCast(trim, to: (@convention(c) (Int) -> Int32).self)(0)
             }
